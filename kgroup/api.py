@@ -1,0 +1,129 @@
+"""pydantic models of the ConsumerGroup resource (``kgroup.dev/v1alpha1``).
+
+These models are the single source of truth for the CRD: ``python -m kgroup.crdgen``
+renders ``crds/`` from them, and a test fails when the checked-in YAML drifts.
+Python attributes are snake_case; the wire (and the CRD) uses camelCase aliases.
+Field-level validation that the API server must enforce lives in ``json_schema_extra``
+(``x-kubernetes-validations`` CEL rules) so the generator can carry it into the CRD.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+Phase = Literal["Pending", "Rebalancing", "Stable", "Degraded", "Paused"]
+AssignorName = Literal["sticky", "range"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict that goes to the API server (defaults included)."""
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class LabelSelectorRequirement(_Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(_Model):
+    """A metav1.LabelSelector: the member pods of the group."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        for key, value in self.match_labels.items():
+            if labels.get(key) != value:
+                return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            if req.operator == "In" and (not present or labels[req.key] not in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+    def to_label_selector_string(self) -> str:
+        """The ``labelSelector`` query string for list/watch calls."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for req in self.match_expressions:
+            if req.operator == "In":
+                parts.append(f"{req.key} in ({','.join(req.values)})")
+            elif req.operator == "NotIn":
+                parts.append(f"{req.key} notin ({','.join(req.values)})")
+            elif req.operator == "Exists":
+                parts.append(req.key)
+            else:
+                parts.append(f"!{req.key}")
+        return ",".join(parts)
+
+
+class LeaseSettings(_Model):
+    duration_seconds: int = Field(default=15, ge=2, le=3600)
+    renew_interval_seconds: int = Field(default=5, ge=1, le=3600)
+
+
+class HandoffSettings(_Model):
+    drain_timeout_seconds: int = Field(default=30, ge=0, le=86400)
+
+
+class ConsumerGroupSpec(_Model):
+    partitions: int = Field(ge=1, le=100_000)
+    selector: LabelSelector
+    assignor: AssignorName = "sticky"
+    stabilization_window_seconds: int = Field(default=5, ge=0, le=3600)
+    stabilization_max_delay_seconds: int = Field(default=30, ge=0, le=86400)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    handoff: HandoffSettings = Field(default_factory=HandoffSettings)
+    restart_grace_seconds: int = Field(default=0, ge=0, le=86400)
+    paused: bool = False
+    source: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemberStatus(_Model):
+    name: str
+    assigned: str = ""
+    assigned_count: int = 0
+    owned_count: int = 0
+    acknowledged_epoch: int = 0
+
+
+class LastRebalance(_Model):
+    epoch: int
+    reason: str
+    moved: int
+    started_at: str | None = None
+    completed_at: str | None = None
+    duration_seconds: float | None = None
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ConsumerGroupStatus(_Model):
+    observed_generation: int | None = None
+    epoch: int = 0
+    phase: Phase | None = None
+    member_count: int = 0
+    unowned: int = 0
+    assignment: dict[str, str] = Field(default_factory=dict)
+    members: list[MemberStatus] = Field(default_factory=list)
+    last_rebalance: LastRebalance | None = None
+    conditions: list[Condition] = Field(default_factory=list)

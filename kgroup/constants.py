@@ -1,0 +1,37 @@
+"""Names shared by every kgroup component: API group, labels, annotations, Lease names.
+
+The wire contract these names belong to is written down in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+API_GROUP = "kgroup.dev"
+API_VERSION = "v1alpha1"
+KIND = "ConsumerGroup"
+PLURAL = "consumergroups"
+SHORT_NAME = "cg"
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+
+LABEL_GROUP = "kgroup.dev/group"
+LABEL_ROLE = "kgroup.dev/role"
+LABEL_MEMBER = "kgroup.dev/member"
+LABEL_PARTITION = "kgroup.dev/partition"
+ROLE_MEMBER = "member"
+ROLE_PARTITION = "partition"
+
+ANNOTATION_SESSION = "kgroup.dev/session"
+ANNOTATION_EPOCH = "kgroup.dev/epoch"
+ANNOTATION_POSITION = "kgroup.dev/position"
+ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def member_lease_name(group: str, member: str) -> str:
+    """The session Lease of `member` (a pod name) in `group`."""
+    return f"{group}-member-{member}"
+
+
+def partition_lease_name(group: str, partition: int) -> str:
+    """The lock Lease of `partition` in `group`."""
+    return f"{group}-partition-{partition}"
