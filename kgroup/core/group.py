@@ -1,0 +1,305 @@
+"""The operator's decisions: who is a member, when to rebalance, and what the target is.
+
+Rule of this module: it is pure. It reads no clock (every time is a ``now`` in seconds on
+the caller's monotonic clock), does no I/O and imports neither kopf nor the Kubernetes
+client. The operator feeds it what it observed and writes back what it returns; a
+deterministic simulation can feed it the same way.
+
+The decisions, in the order the operator takes them:
+
+1. **Membership** (:func:`current_members`): pods matching the selector that are
+   running, ready and not terminating, *and* whose member Lease carries a session the
+   observer still considers live (that liveness is measured by
+   :class:`kgroup.core.locks.SessionTracker` on the operator's own clock; this module
+   only receives its verdict as ``live_sessions``).
+2. **Stabilisation** (:class:`GroupPlanner`): a membership change is acted upon once
+   membership has been quiet for ``stabilizationWindowSeconds``, or at the latest
+   ``stabilizationMaxDelaySeconds`` after the first pending change, so constant churn
+   cannot starve the group. A member that left (pod gone or session expired) keeps its
+   target for ``restartGraceSeconds``: a pod that comes back under the same name in that
+   time finds its partitions untouched and no epoch bump happened.
+3. **Target** (:meth:`GroupPlanner.plan`): the assignor computes the next target from
+   the current one and the live lock holders. The epoch is bumped *only* when the target
+   changed; an unchanged target is never rewritten. A paused group's target is frozen.
+   A group with no target yet (a fresh group, or one migrated from an older operator) is
+   seeded from the live lock holders, so nothing that is held moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kgroup.api import ConsumerGroupSpec, LabelSelector
+from kgroup.core.assignors import Member, get_assignor, moved_partitions
+
+__all__ = [
+    "Decision",
+    "GroupPlanner",
+    "LockObservation",
+    "PodObservation",
+    "Target",
+    "correct_hand_edit",
+    "current_members",
+    "eligible_pods",
+    "live_holders",
+    "normalize_target",
+    "rebalance_reason",
+]
+
+Target = dict[str, list[int]]
+"""Member id (pod name) -> the partitions targeted to it, ascending."""
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """What the operator needs to know about one pod."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    running: bool = True
+    ready: bool = True
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class LockObservation:
+    """One partition Lease as last seen: its holder and the holder's session id."""
+
+    partition: int
+    holder: str | None
+    session: str | None
+
+
+def eligible_pods(selector: LabelSelector, pods: Iterable[PodObservation]) -> set[str]:
+    """Names of pods matching `selector` that are running, ready and not terminating."""
+    return {
+        p.name
+        for p in pods
+        if p.running and p.ready and not p.terminating and selector.matches(dict(p.labels))
+    }
+
+
+def current_members(
+    *,
+    selector: LabelSelector,
+    pods: Iterable[PodObservation],
+    live_sessions: Mapping[str, str],
+) -> set[str]:
+    """The group's members now: eligible pods whose member session is live.
+
+    `live_sessions` maps a member id to the session id the observer considers live.
+    """
+    return {name for name in eligible_pods(selector, pods) if name in live_sessions}
+
+
+def live_holders(
+    locks: Iterable[LockObservation], live_sessions: Mapping[str, str]
+) -> dict[int, str]:
+    """Partition -> holder, for locks whose holder's live session is the one on the lock.
+
+    A lock whose holder has no live session, or a live session with another id, is free
+    (docs/protocol.md, "A lock is held while ...").
+    """
+    out: dict[int, str] = {}
+    for lock in locks:
+        if lock.holder and lock.session and live_sessions.get(lock.holder) == lock.session:
+            out[lock.partition] = lock.holder
+    return out
+
+
+def normalize_target(target: Mapping[str, Sequence[int]]) -> Target:
+    """A canonical copy: every list sorted and de-duplicated, keys kept (also empty ones)."""
+    return {m: sorted(set(ps)) for m, ps in sorted(target.items())}
+
+
+def _covered(target: Mapping[str, Sequence[int]]) -> set[int]:
+    return {p for ps in target.values() for p in ps}
+
+
+def _names(prefix: str, names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    noun = "member" if len(ordered) == 1 else "members"
+    return f"{noun} {prefix}: {', '.join(ordered)}"
+
+
+def rebalance_reason(
+    *,
+    before: Mapping[str, Sequence[int]],
+    after: Mapping[str, Sequence[int]],
+    partitions: int,
+    seeded: bool = False,
+) -> str:
+    """A human sentence for why the target changed, e.g. ``member joined: x``."""
+    parts: list[str] = []
+    if seeded:
+        parts.append("seeded from current lock holders")
+    joined = set(after) - set(before)
+    left = set(before) - set(after)
+    if joined and not seeded:
+        parts.append(_names("joined", joined))
+    if left:
+        parts.append(_names("left", left))
+    old = len(_covered(before))
+    if before and old < partitions:
+        parts.append(f"partitions grew {old}\u2192{partitions}")
+    if not parts:
+        parts.append("rebalanced")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`GroupPlanner.plan` decided.
+
+    ``target`` is None when the target stays as it is (nothing to write for it).
+    ``next_check`` is when (on the caller's clock) the planner wants to be asked again
+    even if nothing is observed in between (end of a window, a grace period), or None.
+    """
+
+    target: Target | None = None
+    epoch: int = 0
+    reason: str = ""
+    moved: int = 0
+    next_check: float | None = None
+
+
+@dataclass
+class GroupPlanner:
+    """Per-group memory of the stabiliser and of departed members; one per group.
+
+    The planner remembers only timings (when membership last changed, when a change first
+    became pending, when each member left). The target and epoch themselves always come
+    from the group's status, so an operator restart loses nothing that matters: at worst
+    a pending change waits one more window.
+    """
+
+    _observed: frozenset[str] | None = None
+    _changed_at: float = 0.0
+    _pending_since: float | None = None
+    _departed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def last_membership_change(self) -> float:
+        """When (caller's clock) the effective membership was last seen to change."""
+        return self._changed_at
+
+    def plan(
+        self,
+        *,
+        spec: ConsumerGroupSpec,
+        target: Mapping[str, Sequence[int]],
+        epoch: int,
+        members: set[str],
+        holders: Mapping[int, str],
+        now: float,
+    ) -> Decision:
+        """Decide whether the target changes now; see the module docstring."""
+        current = normalize_target(target)
+        effective, grace_deadline = self._effective_members(spec, current, members, now)
+        if self._observed is None or effective != self._observed:
+            self._observed = frozenset(effective)
+            self._changed_at = now
+        if spec.paused:
+            self._pending_since = None
+            return Decision(epoch=epoch, next_check=grace_deadline)
+
+        membership_pending = effective != set(current)
+        covered = _covered(current)
+        structure_pending = bool(effective) and covered != set(range(spec.partitions))
+        if not membership_pending and not structure_pending:
+            self._pending_since = None
+            return Decision(epoch=epoch, next_check=grace_deadline)
+
+        if membership_pending:
+            if self._pending_since is None:
+                self._pending_since = now
+            due = min(
+                self._changed_at + spec.stabilization_window_seconds,
+                self._pending_since + spec.stabilization_max_delay_seconds,
+            )
+            if now < due:
+                return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
+
+        seeded = not current and epoch == 0 and bool(holders)
+        assignor = get_assignor(spec.assignor)
+        after = normalize_target(
+            assignor.assign(
+                spec.partitions,
+                [Member(id=m) for m in sorted(effective)],
+                current,
+                dict(holders),
+            )
+        )
+        self._pending_since = None
+        if after == current:
+            return Decision(epoch=epoch, next_check=grace_deadline)
+        before: Mapping[str, Sequence[int]] = current
+        if seeded:
+            before = _by_member(holders)
+        return Decision(
+            target=after,
+            epoch=epoch + 1,
+            reason=rebalance_reason(
+                before=current, after=after, partitions=spec.partitions, seeded=seeded
+            ),
+            moved=moved_partitions(before, after),
+            next_check=grace_deadline,
+        )
+
+    def _effective_members(
+        self, spec: ConsumerGroupSpec, current: Target, members: set[str], now: float
+    ) -> tuple[set[str], float | None]:
+        """Members plus departed targeted members still within their restart grace."""
+        for m in members:
+            self._departed.pop(m, None)
+        for m in current:
+            if m not in members:
+                self._departed.setdefault(m, now)
+        for m in list(self._departed):
+            if m not in current:
+                del self._departed[m]
+        grace = spec.restart_grace_seconds
+        graced = {m for m, t in self._departed.items() if grace > 0 and now < t + grace}
+        deadline = min((self._departed[m] + grace for m in graced), default=None)
+        return members | graced, deadline
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _by_member(holders: Mapping[int, str]) -> Target:
+    out: Target = {}
+    for p, m in sorted(holders.items()):
+        out.setdefault(m, []).append(p)
+    return out
+
+
+def correct_hand_edit(
+    *,
+    written_target: Mapping[str, Sequence[int]],
+    written_epoch: int,
+    seen_target: Mapping[str, Sequence[int]],
+    seen_epoch: int,
+) -> Decision | None:
+    """If someone else changed the target or epoch we wrote, the correction to write.
+
+    Members may already have acted on the edited target under its epoch, so the
+    correction restores our target under a *new* epoch above both, which makes every
+    member re-converge and re-acknowledge. None when the status still says what we wrote.
+    """
+    if normalize_target(written_target) == normalize_target(seen_target) and (
+        written_epoch == seen_epoch
+    ):
+        return None
+    return Decision(
+        target=normalize_target(written_target),
+        epoch=max(written_epoch, seen_epoch) + 1,
+        reason="status edited by hand; target restored",
+        moved=moved_partitions(normalize_target(seen_target), normalize_target(written_target)),
+    )

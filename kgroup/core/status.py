@@ -1,0 +1,294 @@
+"""Status aggregation: from what the operator observed to the ConsumerGroup's status.
+
+Rule of this module: pure, like :mod:`kgroup.core.group` — no clock (``now`` is the
+caller's monotonic seconds, ``wall`` the timestamp to write), no I/O, no Kubernetes
+imports. Aggregating the same observations twice gives an identical status, which is what
+lets the operator skip a status write when nothing changed (quiet steady state).
+
+Phase, first match wins:
+
+- ``Paused``: ``spec.paused``.
+- ``Pending``: the group has no member.
+- ``Degraded``: partitions stayed unowned for longer than drain timeout + lease duration
+  after the last change (the liveness promise's outer bound), or a problem such as a
+  malformed member annotation.
+- ``Rebalancing``: a targeted member has not acknowledged the epoch, or a targeted
+  partition is not yet owned by its target member.
+- ``Stable``: otherwise.
+
+Conditions follow the Kubernetes API conventions: ``reason`` is CamelCase, ``message``
+is for people, and ``lastTransitionTime`` changes only when the condition's status does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from kgroup.api import (
+    Condition,
+    ConsumerGroupSpec,
+    ConsumerGroupStatus,
+    LastRebalance,
+    MemberStatus,
+    Phase,
+)
+from kgroup.core.ranges import format_ranges
+
+_Verdict = tuple[Literal["True", "False"], str, str]
+
+__all__ = [
+    "MemberLeaseObservation",
+    "Problem",
+    "aggregate_status",
+    "format_timestamp",
+    "parse_acknowledged_epoch",
+    "parse_timestamp",
+]
+
+
+@dataclass(frozen=True)
+class MemberLeaseObservation:
+    """One member Lease as last seen: its session id and raw ``kgroup.dev/epoch``."""
+
+    member: str
+    session: str | None
+    epoch_annotation: str | None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong in the observed state, reported as an Event and a condition."""
+
+    reason: str  # CamelCase, e.g. "BadMemberAnnotation"
+    message: str
+
+
+def parse_acknowledged_epoch(member: str, raw: str | None) -> tuple[int, Problem | None]:
+    """The epoch a member acknowledged; absent is 0, malformed is 0 plus a problem."""
+    if raw is None or raw == "":
+        return 0, None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        return 0, Problem(
+            "BadMemberAnnotation",
+            f"member {member}: kgroup.dev/epoch={raw!r} is not a non-negative integer",
+        )
+    return value, None
+
+
+def format_timestamp(wall: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, second precision (metav1.Time)."""
+    return wall.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _phase(
+    *,
+    spec: ConsumerGroupSpec,
+    members: set[str],
+    unowned_too_long: bool,
+    problems: Sequence[Problem],
+    rebalancing: bool,
+) -> Phase:
+    if spec.paused:
+        return "Paused"
+    if not members:
+        return "Pending"
+    if unowned_too_long or problems:
+        return "Degraded"
+    if rebalancing:
+        return "Rebalancing"
+    return "Stable"
+
+
+def aggregate_status(
+    *,
+    spec: ConsumerGroupSpec,
+    generation: int | None,
+    previous: ConsumerGroupStatus,
+    epoch: int,
+    target: Mapping[str, Sequence[int]],
+    members: set[str],
+    member_leases: Mapping[str, MemberLeaseObservation],
+    holders: Mapping[int, str],
+    last_change_at: float,
+    now: float,
+    wall: datetime,
+    extra_problems: Sequence[Problem] = (),
+    last_rebalance: LastRebalance | None = None,
+) -> tuple[ConsumerGroupStatus, list[Problem]]:
+    """The status to write, and every problem seen (for Events).
+
+    `holders` are the *live* lock holders (see :func:`kgroup.core.group.live_holders`);
+    `last_change_at` is when, on the caller's clock, the target or the membership last
+    changed; `last_rebalance` replaces ``previous.last_rebalance`` when a new epoch is
+    being written in the same update.
+    """
+    problems: list[Problem] = list(extra_problems)
+    owned: dict[str, int] = {}
+    for p, m in holders.items():
+        if 0 <= p < spec.partitions:
+            owned[m] = owned.get(m, 0) + 1
+    unowned = spec.partitions - sum(owned.values())
+
+    acked: dict[str, int] = {}
+    for name in sorted(set(target) | members):
+        lease = member_leases.get(name)
+        value, problem = parse_acknowledged_epoch(name, lease.epoch_annotation if lease else None)
+        acked[name] = value
+        if problem is not None:
+            problems.append(problem)
+
+    misplaced = sum(
+        1 for m, ps in target.items() for p in ps if holders.get(p) != m and p < spec.partitions
+    )
+    unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
+    rebalancing = bool(unacked) or misplaced > 0
+    patience = spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds
+    unowned_too_long = unowned > 0 and now - last_change_at > patience
+    phase = _phase(
+        spec=spec,
+        members=members,
+        unowned_too_long=unowned_too_long,
+        problems=problems,
+        rebalancing=rebalancing,
+    )
+
+    rebalance = last_rebalance or previous.last_rebalance
+    if (
+        rebalance is not None
+        and rebalance.completed_at is None
+        and rebalance.epoch == epoch
+        and not rebalancing
+    ):
+        started = parse_timestamp(rebalance.started_at or "")
+        rebalance = rebalance.model_copy(
+            update={
+                "completed_at": format_timestamp(wall),
+                "duration_seconds": (
+                    round((wall - started).total_seconds(), 3) if started else None
+                ),
+            }
+        )
+
+    member_rows = [
+        MemberStatus(
+            name=name,
+            assigned=format_ranges(target.get(name, [])),
+            assigned_count=len(target.get(name, [])),
+            owned_count=owned.get(name, 0),
+            acknowledged_epoch=acked[name],
+        )
+        for name in sorted(set(target) | members)
+    ]
+    healthy_problem = next((pr for pr in problems), None)
+    conditions = _conditions(
+        previous=previous.conditions,
+        generation=generation,
+        wall=wall,
+        phase=phase,
+        unowned=unowned,
+        unowned_too_long=unowned_too_long,
+        unacked=unacked,
+        misplaced=misplaced,
+        problem=healthy_problem,
+        epoch=epoch,
+    )
+    status = ConsumerGroupStatus(
+        observed_generation=generation,
+        epoch=epoch,
+        phase=phase,
+        member_count=len(members),
+        unowned=unowned,
+        assignment={m: format_ranges(ps) for m, ps in sorted(target.items())},
+        members=member_rows,
+        last_rebalance=rebalance,
+        conditions=conditions,
+    )
+    return status, problems
+
+
+def _conditions(
+    *,
+    previous: Sequence[Condition],
+    generation: int | None,
+    wall: datetime,
+    phase: Phase,
+    unowned: int,
+    unowned_too_long: bool,
+    unacked: Sequence[str],
+    misplaced: int,
+    problem: Problem | None,
+    epoch: int,
+) -> list[Condition]:
+    rebalancing = bool(unacked) or misplaced > 0
+    ready: _Verdict
+    rebal: _Verdict
+    degraded: _Verdict
+    if phase == "Pending":
+        ready = ("False", "NoMembers", "no member pod is running, ready and in session")
+    elif phase == "Degraded":
+        ready = ("False", "Degraded", "the group is degraded; see the Degraded condition")
+    elif rebalancing:
+        ready = ("False", "Rebalancing", f"moving to epoch {epoch}")
+    elif unowned:
+        ready = ("False", "PartitionsUnowned", f"{unowned} partitions have no live owner")
+    else:
+        ready = ("True", "AllPartitionsOwned", f"every partition is owned at epoch {epoch}")
+
+    if rebalancing:
+        waiting = ", ".join(unacked[:5]) + (" ..." if len(unacked) > 5 else "")
+        msg = f"epoch {epoch}: {misplaced} partitions not yet with their target member"
+        if unacked:
+            msg += f"; not acknowledged by {waiting}"
+        rebal = ("True", "EpochNotAcknowledged" if unacked else "PartitionsMoving", msg)
+    else:
+        rebal = ("False", "Settled", f"every member acknowledged epoch {epoch}")
+
+    if unowned_too_long:
+        degraded = (
+            "True",
+            "PartitionsUnowned",
+            f"{unowned} partitions unowned for longer than drain timeout + lease duration",
+        )
+    elif problem is not None:
+        degraded = ("True", problem.reason, problem.message)
+    else:
+        degraded = ("False", "Healthy", "no problem seen")
+
+    before = {c.type: c for c in previous}
+    out: list[Condition] = []
+    for ctype, (status, reason, message) in (
+        ("Ready", ready),
+        ("Rebalancing", rebal),
+        ("Degraded", degraded),
+    ):
+        old = before.get(ctype)
+        since = (
+            old.last_transition_time
+            if old is not None and old.status == status and old.last_transition_time
+            else format_timestamp(wall)
+        )
+        out.append(
+            Condition(
+                type=ctype,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=since,
+                observed_generation=generation,
+            )
+        )
+    return out
