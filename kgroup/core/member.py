@@ -1,0 +1,563 @@
+"""The sidecar's state machine: make this member's held partitions converge on its target.
+
+Shape: Kafka KIP-848's member reconciliation. The adapter feeds an observed
+:class:`Snapshot` (group target, partition locks, the session tracker, the app's release
+requests, ``now``) to :meth:`Member.step`, executes the returned actions in order, and
+reports each action's outcome back (``session_started``, ``renewed``, ``acquired``, ...).
+Nothing here does I/O or reads a clock; all times are the caller's monotonic seconds.
+
+Rules, in the order ``step`` applies them:
+
+1. Session first. When the fencing deadline (``locks.fencing_deadline`` of the last
+   *confirmed* renewal) has passed, **fence**: every partition is reported lost at once
+   (the app view empties), in-flight results of the old session are ignored, and only
+   then a new session is started. No lock is taken before the session is confirmed.
+2. Trust our own writes over stale reads: an observed lock whose token is lower than the
+   one we acquired with is an old event and is ignored; a lock whose token is higher, or
+   whose holder/session is no longer ours while we are not releasing it, is *lost*.
+3. Revoke before assign: a partition held but not targeted becomes *revoking* (the app
+   is told to finish in-flight work); it is released when the app acknowledges (with its
+   position) or when ``drain_timeout`` has passed since revoking started. A revoking
+   partition that is targeted again becomes active again without being released.
+4. Acquire a targeted partition only when its lock exists (the operator creates it) and
+   is FREE or TAKEABLE; the new token is the observed token + 1, the write carries the
+   observed resourceVersion. A lock held by our own *older* session is FREE to us.
+5. Acknowledge epoch E on the member Lease only when held == target(E) exactly.
+6. Renew the session every renew interval (one member-Lease write in flight at a time).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgroup.core.locks import LeaseTiming, LockState, SessionTracker, fencing_deadline, lock_state
+
+SESSION_RETRY_SECONDS = 1.0
+"""Pause before retrying a failed session start or a failed acquisition/release."""
+
+
+class PartitionState(enum.Enum):
+    ACTIVE = "active"  # process it
+    REVOKING = "revoking"  # finish in-flight work, take no new work, then acknowledge
+    RELEASING = "releasing"  # release write in flight; not shown to the app
+
+
+@dataclass(frozen=True)
+class Lock:
+    """An observed partition Lease."""
+
+    partition: int
+    holder: str | None
+    session: str | None
+    token: int
+    resource_version: str
+    position: str | None = None
+    position_token: int | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    epoch: int
+    partitions: frozenset[int]
+
+
+@dataclass(frozen=True)
+class AppRelease:
+    """The app acknowledged (or asked for) the release of a partition."""
+
+    token: int
+    position: str | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    timing: LeaseTiming | None  # None until the ConsumerGroup was seen
+    drain_timeout: float
+    target: Target | None
+    locks: Mapping[int, Lock]
+    tracker: SessionTracker
+    app_releases: Mapping[int, AppRelease] = field(default_factory=dict)
+
+
+# ---- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartSession:
+    """Create (or take over) the member Lease with a fresh session id; report
+    ``session_started`` with the time the write was sent."""
+
+    timing: LeaseTiming
+
+
+@dataclass(frozen=True)
+class Renew:
+    """Update the member Lease (renewTime, duration, acknowledged epoch)."""
+
+    session: str
+    timing: LeaseTiming
+    epoch: int | None
+
+
+@dataclass(frozen=True)
+class AckEpoch(Renew):
+    """A renewal that records a newly acknowledged epoch (held == target(epoch))."""
+
+
+@dataclass(frozen=True)
+class Acquire:
+    """Conditional update of the partition Lease: holder = us, token = ``token``.
+
+    When ``verify_holder`` is set, re-read that member's Lease first (quorum read), feed it
+    to the tracker, and skip the write if it shows ``verify_session`` renewed since."""
+
+    partition: int
+    session: str
+    token: int
+    expected_rv: str
+    verify_holder: str | None
+    verify_session: str | None
+
+
+@dataclass(frozen=True)
+class Revoke:
+    """Informational: the partition turned revoking (the app view changed)."""
+
+    partition: int
+    token: int
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Release:
+    """Conditional update clearing the holder; ``position`` None keeps the old one."""
+
+    partition: int
+    session: str
+    token: int
+    expected_rv: str
+    position: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The session is over: every partition in ``partitions`` is lost; ownership ended at
+    ``until`` (the deadline), whenever this action is executed."""
+
+    session: str
+    partitions: tuple[tuple[int, int], ...]  # (partition, token)
+    until: float
+
+
+@dataclass(frozen=True)
+class Lost:
+    """One partition was taken by another session (we must have been seen as dead)."""
+
+    partition: int
+    session: str
+    token: int
+
+
+@dataclass(frozen=True)
+class EndSession:
+    """Shutdown finished releasing: delete the member Lease."""
+
+    session: str
+
+
+Action = StartSession | Renew | Acquire | Revoke | Release | Fence | Lost | EndSession
+
+
+@dataclass
+class _Owned:
+    token: int
+    state: PartitionState
+    resource_version: str
+    position: str | None
+    revoking_since: float | None = None
+    release_position: str | None = None
+    release_reason: str = ""
+    release_in_flight: bool = False
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    partition: int
+    token: int
+    state: str
+    position: str | None
+    revoke_deadline_seconds: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "token": self.token,
+            "state": self.state,
+            "position": self.position,
+            "revokeDeadlineSeconds": self.revoke_deadline_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class View:
+    """What the app sees (the body of ``GET /v1/assignment``)."""
+
+    member: str
+    session: str | None
+    version: int
+    epoch: int | None
+    acked_epoch: int | None
+    fenced: bool
+    valid_for_seconds: float
+    partitions: tuple[PartitionView, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "member": self.member,
+            "session": self.session,
+            "version": self.version,
+            "epoch": self.epoch,
+            "ackedEpoch": self.acked_epoch,
+            "fenced": self.fenced,
+            "validForSeconds": round(self.valid_for_seconds, 3),
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+
+class Member:
+    """One member's reconciliation state. Single-threaded: call it from one loop."""
+
+    def __init__(self, member: str) -> None:
+        self.member = member
+        self.session: str | None = None
+        self._starting = False
+        self._retry_session_at = 0.0
+        self._confirmed_sent: float | None = None  # send time of last confirmed write
+        self._confirmed_timing: LeaseTiming | None = None
+        self._session_write_in_flight = False
+        self._next_renew_at = 0.0
+        self._written_epoch: int | None = None
+        self.owned: dict[int, _Owned] = {}
+        self._acquiring: dict[int, str | None] = {}  # partition -> handed-over position
+        self._retry_at: dict[int, float] = {}
+        self._epoch: int | None = None
+        self.version = 0
+        self.fenced = False
+        self.shutting_down = False
+        self._ending = False
+        self.done = False
+        self.fence_count = 0
+        self._drain_timeout = 0.0
+
+    # ---- derived --------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float | None:
+        """Fencing deadline of the current session, or None when none is confirmed."""
+        if self.session is None or self._confirmed_sent is None:
+            return None
+        timing = self._confirmed_timing
+        assert timing is not None
+        return fencing_deadline(self._confirmed_sent, timing.duration, timing.effective_margin)
+
+    def _expired(self, now: float) -> bool:
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
+
+    def view(self, now: float) -> View:
+        """The app's view at ``now``; empty once the deadline passed, even before ``step``."""
+        deadline = self.deadline
+        live = deadline is not None and now < deadline and not self.fenced
+        parts: list[PartitionView] = []
+        if live:
+            for p in sorted(self.owned):
+                o = self.owned[p]
+                if o.state is PartitionState.RELEASING:
+                    continue
+                revoke_deadline = None
+                if o.state is PartitionState.REVOKING and o.revoking_since is not None:
+                    revoke_deadline = max(0.0, o.revoking_since + self._drain_timeout - now)
+                parts.append(PartitionView(p, o.token, o.state.value, o.position, revoke_deadline))
+        return View(
+            member=self.member,
+            session=self.session,
+            version=self.version,
+            epoch=self._epoch,
+            acked_epoch=self._written_epoch,
+            fenced=not live,
+            valid_for_seconds=max(0.0, deadline - now) if live and deadline is not None else 0.0,
+            partitions=tuple(parts),
+        )
+
+    def check_release(self, partition: int, token: int) -> tuple[int, str] | None:
+        """Validate an app's release request: None if acceptable, else (HTTP status, why)."""
+        owned = self.owned.get(partition)
+        if owned is None or self.fenced or owned.state is PartitionState.RELEASING:
+            return 404, f"partition {partition} is not held by this member"
+        if owned.token != token:
+            return 409, f"token {token} is not the current token {owned.token} of {partition}"
+        return None
+
+    def next_wakeup(self, snap: Snapshot) -> float | None:
+        """The earliest time ``step`` has something to do without a new observation."""
+        times: list[float] = []
+        deadline = self.deadline
+        if deadline is not None:
+            times.append(deadline)
+        if self.session is None and not self._starting:
+            times.append(self._retry_session_at)
+        if self.session is not None and not self._session_write_in_flight:
+            times.append(self._next_renew_at)
+        for o in self.owned.values():
+            if o.state is PartitionState.REVOKING and o.revoking_since is not None:
+                times.append(o.revoking_since + snap.drain_timeout)
+        times.extend(self._retry_at.values())
+        if snap.target is not None:
+            for p in snap.target.partitions:
+                lock = snap.locks.get(p)
+                if p in self.owned or lock is None or not lock.holder or lock.session is None:
+                    continue
+                expiry = snap.tracker.expires_at(lock.holder, lock.session)
+                if expiry is not None:
+                    times.append(expiry)
+        return min(times) if times else None
+
+    # ---- the reconciliation step ----------------------------------------------------
+
+    def step(self, snap: Snapshot) -> list[Action]:
+        now = snap.now
+        actions: list[Action] = []
+        if self.done or snap.timing is None:
+            return actions
+        self._drain_timeout = snap.drain_timeout
+        if snap.target is not None and snap.target.epoch != self._epoch:
+            self._epoch = snap.target.epoch
+            self._bump()
+        # 1. the session: fence on a passed deadline, then (re)start.
+        if self._expired(now):
+            actions.extend(self._fence(now))
+        if self.session is None:
+            if self.shutting_down:
+                if not self._starting:
+                    self.done = True
+                return actions
+            if not self._starting and now >= self._retry_session_at:
+                self._starting = True
+                actions.append(StartSession(timing=snap.timing))
+            return actions
+        session = self.session
+        # 2. reconcile what we hold with what we observe.
+        for p in sorted(self.owned):
+            o = self.owned[p]
+            lock = snap.locks.get(p)
+            if lock is None or lock.token < o.token:
+                continue  # deleted lock or a stale event: our own write is newer
+            ours = lock.holder == self.member and lock.session == session
+            if ours and lock.token == o.token:
+                o.resource_version = lock.resource_version
+                continue
+            if o.state is PartitionState.RELEASING:
+                continue  # our release result is on its way
+            del self.owned[p]
+            self._bump()
+            actions.append(Lost(partition=p, session=session, token=o.token))
+        targeted = snap.target.partitions if snap.target is not None else frozenset()
+        if self.shutting_down:
+            targeted = frozenset()
+        # 3. revoke before assign; release on the app's word or at the drain timeout.
+        for p in sorted(self.owned):
+            o = self.owned[p]
+            if o.state is PartitionState.ACTIVE and p not in targeted:
+                o.state, o.revoking_since = PartitionState.REVOKING, now
+                self._bump()
+                actions.append(Revoke(p, o.token, now + snap.drain_timeout))
+            elif o.state is PartitionState.REVOKING and p in targeted:
+                o.state, o.revoking_since = PartitionState.ACTIVE, None
+                self._bump()
+            if self._retry_at.get(p, 0.0) > now:
+                continue
+            if o.state is PartitionState.RELEASING:
+                if not o.release_in_flight:  # a retry after a failed release
+                    actions.append(self._release(p, o, o.release_position, o.release_reason))
+                continue
+            app = snap.app_releases.get(p)
+            if app is not None and app.token == o.token:
+                actions.append(self._release(p, o, app.position, "app"))
+            elif (
+                o.state is PartitionState.REVOKING
+                and o.revoking_since is not None
+                and now >= o.revoking_since + snap.drain_timeout
+            ):
+                actions.append(self._release(p, o, None, "drain-timeout"))
+        # 4. acquire what is targeted, free or takeable.
+        for p in sorted(targeted):
+            if p in self.owned or p in self._acquiring or self._retry_at.get(p, 0.0) > now:
+                continue
+            lock = snap.locks.get(p)
+            if lock is None:
+                continue  # the operator has not created it yet: wait for the watch
+            own_old = lock.holder == self.member and lock.session != session
+            state = (
+                LockState.FREE
+                if own_old
+                else lock_state(
+                    holder=lock.holder, session=lock.session, tracker=snap.tracker, now=now
+                )
+            )
+            if lock.holder == self.member and lock.session == session:
+                continue  # ours already (an acquisition we are about to hear of)
+            if state is LockState.HELD:
+                continue
+            verify = lock.holder if lock.holder and not own_old else None
+            self._acquiring[p] = lock.position
+            actions.append(
+                Acquire(
+                    partition=p,
+                    session=session,
+                    token=lock.token + 1,
+                    expected_rv=lock.resource_version,
+                    verify_holder=verify,
+                    verify_session=lock.session if verify else None,
+                )
+            )
+        # 5. acknowledge the epoch once held == target exactly; 6. renew.
+        if not self._session_write_in_flight:
+            epoch = self._ackable_epoch(snap)
+            if epoch is not None and epoch != self._written_epoch:
+                self._session_write_in_flight = True
+                actions.append(AckEpoch(session, snap.timing, epoch))
+            elif now >= self._next_renew_at:
+                self._session_write_in_flight = True
+                actions.append(Renew(session, snap.timing, self._written_epoch))
+        if self.shutting_down and not self.owned and not self._acquiring and not self._ending:
+            self._ending = True
+            actions.append(EndSession(session))
+        return actions
+
+    def _ackable_epoch(self, snap: Snapshot) -> int | None:
+        if snap.target is None or self.shutting_down or self._acquiring:
+            return None
+        held = {p for p, o in self.owned.items() if o.state is PartitionState.ACTIVE}
+        if len(held) != len(self.owned) or held != set(snap.target.partitions):
+            return None
+        return snap.target.epoch
+
+    def _release(self, p: int, o: _Owned, position: str | None, reason: str) -> Release:
+        assert self.session is not None
+        if o.state is not PartitionState.RELEASING:
+            o.state = PartitionState.RELEASING
+            self._bump()
+        o.release_position, o.release_reason, o.release_in_flight = position, reason, True
+        return Release(p, self.session, o.token, o.resource_version, position, reason)
+
+    def _fence(self, now: float) -> list[Action]:
+        session = self.session
+        deadline = self.deadline
+        assert session is not None and deadline is not None
+        lost = tuple((p, o.token) for p, o in sorted(self.owned.items()))
+        self.owned.clear()
+        self._acquiring.clear()
+        self._retry_at.clear()
+        self.session = None
+        self._confirmed_sent = None
+        self._session_write_in_flight = False
+        self._written_epoch = None
+        self.fenced = True
+        self.fence_count += 1
+        self._bump()
+        return [Fence(session=session, partitions=lost, until=deadline)]
+
+    def _bump(self) -> None:
+        self.version += 1
+
+    # ---- outcomes reported by the adapter -------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        self.shutting_down = True
+
+    def session_started(
+        self, session: str, *, sent_at: float, timing: LeaseTiming, now: float
+    ) -> None:
+        self._starting = False
+        if fencing_deadline(sent_at, timing.duration, timing.effective_margin) <= now:
+            self._retry_session_at = now  # confirmed too late to be of use: start again
+            return
+        self.session = session
+        self._confirmed_sent = sent_at
+        self._confirmed_timing = timing
+        self._next_renew_at = sent_at + timing.renew_interval
+        self._written_epoch = None
+        self.fenced = False
+        self._bump()
+
+    def session_start_failed(self, *, now: float) -> None:
+        self._starting = False
+        self._retry_session_at = now + SESSION_RETRY_SECONDS
+
+    def renewed(
+        self, session: str, *, sent_at: float, timing: LeaseTiming, epoch: int | None, now: float
+    ) -> None:
+        """A member-Lease write sent at ``sent_at`` succeeded. A confirmation that arrives
+        after the current deadline does not rescue the session (see locks.py)."""
+        if session != self.session:
+            return
+        self._session_write_in_flight = False
+        if self._expired(now):
+            return  # the next step fences
+        self._confirmed_sent = sent_at
+        self._confirmed_timing = timing
+        self._next_renew_at = sent_at + timing.renew_interval
+        if epoch != self._written_epoch:
+            self._written_epoch = epoch
+            self._bump()
+
+    def renew_failed(
+        self, session: str, *, now: float, session_lost: bool, retry_in: float
+    ) -> None:
+        """``session_lost``: the member Lease is gone or carries another session."""
+        if session != self.session:
+            return
+        self._session_write_in_flight = False
+        self._next_renew_at = now + retry_in
+        if session_lost and self._confirmed_sent is not None:
+            self._confirmed_sent = -1e18  # the deadline is now: the next step fences
+
+    def acquired(self, partition: int, session: str, *, token: int, resource_version: str) -> None:
+        position = self._acquiring.pop(partition, None)
+        if session != self.session:
+            return  # an old session's write; the new session sees the lock as FREE
+        self.owned[partition] = _Owned(token, PartitionState.ACTIVE, resource_version, position)
+        self._bump()
+
+    def acquire_failed(self, partition: int, session: str, *, now: float) -> None:
+        self._acquiring.pop(partition, None)
+        if session == self.session:
+            self._retry_at[partition] = now + SESSION_RETRY_SECONDS
+
+    def released(self, partition: int, session: str) -> None:
+        o = self.owned.get(partition)
+        if session == self.session and o is not None and o.state is PartitionState.RELEASING:
+            del self.owned[partition]
+            self._retry_at.pop(partition, None)
+            self._bump()
+
+    def release_failed(self, partition: int, session: str, *, now: float, still_ours: bool) -> None:
+        o = self.owned.get(partition)
+        if session != self.session or o is None:
+            return
+        o.release_in_flight = False
+        if still_ours:
+            self._retry_at[partition] = now + SESSION_RETRY_SECONDS  # retried by step
+        else:
+            del self.owned[partition]
+            self._bump()
+
+    def session_ended(self) -> None:
+        self.done = True
+        self.session = None
+        self._bump()

@@ -1,0 +1,348 @@
+"""The sidecar's state machine (kgroup.core.member): one rule per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
+
+from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.member import (
+    AckEpoch,
+    Acquire,
+    Action,
+    AppRelease,
+    EndSession,
+    Fence,
+    Lock,
+    Lost,
+    Member,
+    Release,
+    Renew,
+    Revoke,
+    Snapshot,
+    StartSession,
+    Target,
+)
+
+A = TypeVar("A")
+TIMING = LeaseTiming(duration=10, renew_interval=2)  # fencing deadline = sent + 8
+ME = "pod-a"
+
+
+class World:
+    """A scripted observation of the cluster around one member."""
+
+    def __init__(self, partitions: int = 4) -> None:
+        self.tracker = SessionTracker()
+        self.locks: dict[int, Lock] = {
+            p: Lock(p, None, None, 0, f"rv{p}-0") for p in range(partitions)
+        }
+        self.target: Target | None = Target(1, frozenset())
+        self.app: dict[int, AppRelease] = {}
+        self.drain = 5.0
+
+    def snap(self, now: float) -> Snapshot:
+        return Snapshot(now, TIMING, self.drain, self.target, dict(self.locks), self.tracker,
+                        dict(self.app))
+
+    def set_lock(self, p: int, holder: str | None, session: str | None, token: int,
+                 position: str | None = None) -> None:
+        self.locks[p] = Lock(p, holder, session, token, f"rv{p}-{token}-{holder}", position)
+
+
+def of(actions: Iterable[Action], kind: type[A]) -> list[A]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def joined(world: World, now: float = 0.0) -> Member:
+    m = Member(ME)
+    acts = m.step(world.snap(now))
+    assert acts == [StartSession(timing=TIMING)]
+    m.session_started("S1", sent_at=now, timing=TIMING, now=now)
+    world.tracker.observe(ME, "S1", "m1", 10, now)
+    return m
+
+
+def acquire_all(m: Member, world: World, now: float) -> None:
+    for a in of(m.step(world.snap(now)), Acquire):
+        assert isinstance(a, Acquire)
+        world.set_lock(a.partition, ME, a.session, a.token)
+        m.acquired(a.partition, a.session, token=a.token,
+                   resource_version=world.locks[a.partition].resource_version)
+
+
+def test_no_lock_is_taken_before_the_session_is_confirmed() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    m = Member(ME)
+    assert of(m.step(w.snap(0)), Acquire) == []
+    assert of(m.step(w.snap(0.5)), StartSession) == []  # already starting
+
+
+def test_free_targeted_locks_are_acquired_with_token_plus_one() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    w.set_lock(1, None, None, 6)
+    m = joined(w)
+    acqs = of(m.step(w.snap(0.1)), Acquire)
+    assert [(a.partition, a.token, a.expected_rv) for a in acqs] == [
+        (0, 1, "rv0-0"), (1, 7, w.locks[1].resource_version)]
+
+
+def test_held_lock_waits_and_takeable_lock_is_acquired_with_verification() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    w.set_lock(0, "pod-b", "B1", 3)
+    w.tracker.observe("pod-b", "B1", "x", 10, 0.0)
+    m = joined(w)
+    m.step(w.snap(2.0))
+    m.renewed("S1", sent_at=7.0, timing=TIMING, epoch=None, now=7.0)
+    assert of(m.step(w.snap(9.9)), Acquire) == []
+    assert m.next_wakeup(w.snap(9.9)) == 10.0
+    [a] = of(m.step(w.snap(10.0)), Acquire)
+    assert isinstance(a, Acquire)
+    assert (a.token, a.verify_holder, a.verify_session) == (4, "pod-b", "B1")
+
+
+def test_lock_held_by_our_own_old_session_is_free_to_us() -> None:
+    w = World()
+    w.target = Target(1, frozenset({2}))
+    w.set_lock(2, ME, "S0", 5)
+    w.tracker.observe(ME, "S0", "old", 10, 0.0)  # the watch has not shown S1 yet
+    m = joined(w)
+    w.tracker.observe(ME, "S0", "old", 10, 0.0)
+    [a] = of(m.step(w.snap(0.1)), Acquire)
+    assert isinstance(a, Acquire)
+    assert (a.token, a.verify_holder) == (6, None)
+
+
+def test_missing_partition_lease_is_waited_for() -> None:
+    w = World(partitions=0)
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    assert of(m.step(w.snap(0.1)), Acquire) == []
+
+
+def test_epoch_is_acknowledged_only_when_held_equals_target() -> None:
+    w = World()
+    w.target = Target(3, frozenset({0, 1}))
+    m = joined(w)
+    acts = m.step(w.snap(0.1))
+    assert of(acts, AckEpoch) == []
+    for a in of(acts, Acquire):
+        assert isinstance(a, Acquire)
+        w.set_lock(a.partition, ME, "S1", a.token)
+        m.acquired(a.partition, "S1", token=a.token, resource_version="r")
+        acts = m.step(w.snap(0.2))
+        if a.partition == 0:
+            assert of(acts, AckEpoch) == []
+    [ack] = of(acts, AckEpoch)
+    assert isinstance(ack, AckEpoch) and ack.epoch == 3
+    m.renewed("S1", sent_at=0.2, timing=TIMING, epoch=3, now=0.3)
+    assert m.view(0.3).acked_epoch == 3
+
+
+def test_empty_target_is_acknowledged_at_once() -> None:
+    w = World()
+    w.target = Target(2, frozenset())
+    m = joined(w)
+    [ack] = of(m.step(w.snap(0.1)), AckEpoch)
+    assert isinstance(ack, AckEpoch) and ack.epoch == 2
+
+
+def test_untargeted_partition_is_revoked_then_released_on_app_ack() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.target = Target(2, frozenset({0}))
+    acts = m.step(w.snap(1.0))
+    assert [(a.partition) for a in of(acts, Revoke)] == [1]
+    assert of(acts, Release) == [] and of(acts, AckEpoch) == []
+    view = m.view(1.0)
+    assert [(p.partition, p.state) for p in view.partitions] == [(0, "active"), (1, "revoking")]
+    assert view.partitions[1].revoke_deadline_seconds == 5.0
+    w.app[1] = AppRelease(token=1, position="17-0")
+    [rel] = of(m.step(w.snap(1.5)), Release)
+    assert isinstance(rel, Release)
+    assert (rel.partition, rel.token, rel.position, rel.reason) == (1, 1, "17-0", "app")
+    assert [p.partition for p in m.view(1.5).partitions] == [0]  # not shown while releasing
+    assert of(m.step(w.snap(1.6)), AckEpoch) == []  # still held until released
+    m.released(1, "S1")
+    w.set_lock(1, None, None, 1)
+    [ack] = of(m.step(w.snap(1.7)), AckEpoch)
+    assert isinstance(ack, AckEpoch) and ack.epoch == 2
+
+
+def test_app_ack_with_another_token_is_ignored_and_refused() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    assert m.check_release(0, 99) == (409, "token 99 is not the current token 1 of 0")
+    refused = m.check_release(3, 1)
+    assert refused is not None and refused[0] == 404
+    assert m.check_release(0, 1) is None
+    w.target = Target(2, frozenset())
+    w.app[0] = AppRelease(token=99, position="x")
+    assert of(m.step(w.snap(1.0)), Release) == []
+
+
+def test_drain_timeout_releases_without_a_position() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.target = Target(2, frozenset())
+    m.step(w.snap(1.0))
+    m.renewed("S1", sent_at=3.0, timing=TIMING, epoch=None, now=3.0)
+    assert m.next_wakeup(w.snap(3.0)) == 5.0
+    assert of(m.step(w.snap(5.9)), Release) == []
+    [rel] = of(m.step(w.snap(6.0)), Release)
+    assert isinstance(rel, Release)
+    assert (rel.position, rel.reason) == (None, "drain-timeout")
+
+
+def test_target_giving_back_a_revoking_partition_makes_it_active_without_release() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.target = Target(2, frozenset())
+    m.step(w.snap(1.0))
+    w.target = Target(3, frozenset({0}))
+    acts = m.step(w.snap(2.0))
+    assert of(acts, Release) == [] and of(acts, Acquire) == []
+    assert [(p.partition, p.state, p.token) for p in m.view(2.0).partitions] == [(0, "active", 1)]
+    [ack] = of(acts, AckEpoch)
+    assert isinstance(ack, AckEpoch) and ack.epoch == 3
+
+
+def test_target_change_while_revoking_keeps_the_drain_clock() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.target = Target(2, frozenset({1}))
+    m.step(w.snap(1.0))
+    w.target = Target(3, frozenset({1, 2}))
+    acts = m.step(w.snap(3.0))
+    assert [a.partition for a in of(acts, Acquire)] == [2]
+    assert m.view(3.0).partitions[0].revoke_deadline_seconds == 3.0  # since 1.0, not 3.0
+
+
+def test_stale_observation_with_lower_token_is_ignored() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    w.set_lock(0, None, None, 4)
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.set_lock(0, "pod-b", "B1", 4)  # an event older than our write (token 5)
+    acts = m.step(w.snap(0.5))
+    assert of(acts, Lost) == [] and of(acts, Acquire) == []
+    assert [(p.partition, p.token) for p in m.view(0.5).partitions] == [(0, 5)]
+
+
+def test_lock_taken_by_a_higher_token_is_lost() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.set_lock(0, "pod-b", "B1", 2)
+    w.tracker.observe("pod-b", "B1", "x", 10, 0.5)
+    acts = m.step(w.snap(0.5))
+    assert [(a.partition, a.token) for a in of(acts, Lost)] == [(0, 1)]
+    assert m.view(0.5).partitions == ()
+
+
+def test_fencing_empties_the_view_at_the_deadline_then_starts_a_new_session() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    assert len(m.view(7.9).partitions) == 2
+    assert 0 < m.view(7.9).valid_for_seconds <= 0.1 + 1e-9
+    # a renewal sent at 2.0 is still in flight: no confirmation, no extension
+    view = m.view(8.0)
+    assert view.fenced and view.partitions == ()  # even before step runs
+    acts = m.step(w.snap(9.0))
+    assert isinstance(acts[0], Fence)
+    assert acts[0].partitions == ((0, 1), (1, 1)) and acts[0].until == 8.0
+    assert isinstance(acts[1], StartSession)
+    assert of(acts, Acquire) == []
+    m.acquired(2, "S1", token=1, resource_version="late")  # old session's late result
+    assert m.view(9.0).partitions == ()
+    m.session_started("S2", sent_at=9.1, timing=TIMING, now=9.2)
+    acqs = of(m.step(w.snap(9.3)), Acquire)
+    assert [(a.partition, a.token, a.verify_holder) for a in acqs] == [
+        (0, 2, None), (1, 2, None)]
+
+
+def test_renewal_confirmed_after_the_deadline_does_not_rescue_the_session() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    renews = of(m.step(w.snap(2.0)), Renew)
+    assert len(renews) == 1
+    m.renewed("S1", sent_at=2.0, timing=TIMING, epoch=None, now=8.5)  # after deadline 8.0
+    assert isinstance(m.step(w.snap(8.5))[0], Fence)
+
+
+def test_renewal_extends_the_deadline_from_its_send_time() -> None:
+    w = World()
+    m = joined(w)
+    m.step(w.snap(2.0))
+    m.renewed("S1", sent_at=2.0, timing=TIMING, epoch=None, now=2.4)
+    assert m.deadline == 10.0
+    assert not m.view(9.9).fenced
+
+
+def test_lost_session_fences_at_once() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    m.step(w.snap(2.0))
+    m.renew_failed("S1", now=2.1, session_lost=True, retry_in=1.0)
+    assert isinstance(m.step(w.snap(2.1))[0], Fence)
+
+
+def test_renewal_is_due_every_interval_with_one_write_in_flight() -> None:
+    w = World()
+    w.target = None
+    m = joined(w)
+    assert of(m.step(w.snap(1.9)), Renew) == []
+    assert len(of(m.step(w.snap(2.0)), Renew)) == 1
+    assert of(m.step(w.snap(2.5)), Renew) == []
+
+
+def test_shutdown_revokes_everything_releases_then_ends_the_session() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    m.begin_shutdown()
+    assert len(of(m.step(w.snap(0.5)), Revoke)) == 1
+    w.app[0] = AppRelease(token=1, position="p")
+    [rel] = of(m.step(w.snap(0.6)), Release)
+    assert of(m.step(w.snap(0.7)), EndSession) == []
+    assert isinstance(rel, Release)
+    m.released(0, "S1")
+    assert of(m.step(w.snap(0.8)), EndSession) == [EndSession("S1")]
+
+
+def test_failed_release_still_ours_is_retried_with_the_same_position() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.target = Target(2, frozenset())
+    w.app[0] = AppRelease(token=1, position="p9")
+    m.step(w.snap(0.5))
+    assert len(of(m.step(w.snap(0.5)), Release)) == 0  # in flight
+    m.release_failed(0, "S1", now=0.6, still_ours=True)
+    w.app.clear()
+    assert of(m.step(w.snap(1.0)), Release) == []
+    [rel] = of(m.step(w.snap(1.6)), Release)
+    assert isinstance(rel, Release) and rel.position == "p9"
