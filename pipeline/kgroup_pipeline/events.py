@@ -1,0 +1,198 @@
+"""Reading a planned range of one partition, and turning it into per-key results.
+
+Rule: the Spark job and the light worker share these functions, so they compute the same
+output for the same range. A range is ``(from, to]`` in stream ids: exclusive of ``from``
+(the committed offset), inclusive of ``to`` (the planned end), and never beyond ``to``
+even when more events have arrived since the batch was planned.
+
+A malformed event (a field missing, a non-numeric amount or seq) becomes a dead letter
+with its reason; it counts as read (the offset moves past it) and never stops the job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import redis
+
+from kgroup_pipeline.keys import StreamKeys
+
+# The rows the source yields: one per event, plus one marker row (id null) per range so a
+# range whose events all vanished (trimmed) still reaches the sink and moves the offset.
+SOURCE_SCHEMA = pa.schema([
+    ("partition", pa.int32()), ("token", pa.int64()), ("from_id", pa.string()),
+    ("to_id", pa.string()), ("id", pa.string()), ("key", pa.string()),
+    ("amount", pa.int64()), ("seq", pa.int64()), ("error", pa.string()), ("raw", pa.string()),
+])
+SOURCE_DDL = ("partition INT, token BIGINT, from_id STRING, to_id STRING, id STRING, "
+              "key STRING, amount BIGINT, seq BIGINT, error STRING, raw STRING")
+
+# The rows the per-partition aggregation yields: kind 'part' (one per range, count = events
+# read), 'key' (one per key), 'dead' (one per malformed event; key holds its stream id).
+RESULT_SCHEMA = pa.schema([
+    ("kind", pa.string()), ("partition", pa.int32()), ("token", pa.int64()),
+    ("from_id", pa.string()), ("to_id", pa.string()), ("key", pa.string()),
+    ("count", pa.int64()), ("total", pa.int64()), ("first_seq", pa.int64()),
+    ("last_seq", pa.int64()), ("gaps", pa.int64()), ("reason", pa.string()), ("raw", pa.string()),
+])
+RESULT_DDL = ("kind STRING, partition INT, token BIGINT, from_id STRING, to_id STRING, "
+              "key STRING, count BIGINT, total BIGINT, first_seq BIGINT, last_seq BIGINT, "
+              "gaps BIGINT, reason STRING, raw STRING")
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    key: str
+    count: int
+    total: int
+    first_seq: int
+    last_seq: int
+    gaps: int  # adjacent events of the key, in stream order, whose seq is not last+1
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: str
+    reason: str
+    raw: str
+
+
+@dataclass
+class PartitionResult:
+    """The output of one planned range of one partition: what the sink commits at once."""
+
+    partition: int
+    token: int
+    from_id: str
+    to_id: str
+    events: int = 0
+    keys: list[KeyResult] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+def _parse(fields: Any) -> tuple[str | None, int | None, int | None, str | None]:
+    """(key, amount, seq, error) of one entry."""
+    key = fields.get("key")
+    if not key:
+        return None, None, None, "missing field: key"
+    if "event" not in fields:
+        return key, None, None, "missing field: event"
+    if "amount" not in fields:
+        return key, None, None, "missing field: amount"
+    try:
+        amount = int(fields["amount"])
+    except ValueError:
+        return key, None, None, f"non-numeric amount: {fields['amount'][:40]!r}"
+    if "seq" not in fields:
+        return key, None, None, "missing field: seq"
+    try:
+        seq = int(fields["seq"])
+    except ValueError:
+        return key, None, None, f"non-numeric seq: {fields['seq'][:40]!r}"
+    return key, amount, seq, None
+
+
+def read_range(
+    client: redis.Redis, *, stream: str, partition: int, token: int, from_id: str, to_id: str,
+    chunk: int = 5000,
+) -> Iterator[pa.RecordBatch]:
+    """The events of ``(from_id, to_id]`` of one partition as RecordBatches (SOURCE_SCHEMA)."""
+    name = StreamKeys(stream).partition(partition)
+    cursor = from_id
+    yielded = False
+    while cursor != to_id:
+        entries = client.xrange(name, min="(" + cursor, max=to_id, count=chunk)
+        if not entries:
+            break
+        ids: list[str] = []
+        keys: list[str | None] = []
+        amounts: list[int | None] = []
+        seqs: list[int | None] = []
+        errors: list[str | None] = []
+        raws: list[str | None] = []
+        for entry_id, fields in entries:
+            key, amount, seq, error = _parse(fields)
+            ids.append(str(entry_id))
+            keys.append(key)
+            amounts.append(amount)
+            seqs.append(seq)
+            errors.append(error)
+            raws.append(None if error is None else json.dumps(fields, sort_keys=True))
+        cursor = ids[-1]
+        n = len(ids)
+        yield pa.RecordBatch.from_arrays([
+            pa.array([partition] * n, pa.int32()), pa.array([token] * n, pa.int64()),
+            pa.array([from_id] * n, pa.string()), pa.array([to_id] * n, pa.string()),
+            pa.array(ids, pa.string()), pa.array(keys, pa.string()),
+            pa.array(amounts, pa.int64()), pa.array(seqs, pa.int64()),
+            pa.array(errors, pa.string()), pa.array(raws, pa.string()),
+        ], schema=SOURCE_SCHEMA)
+        yielded = True
+    if not yielded:
+        yield pa.RecordBatch.from_pylist(
+            [{"partition": partition, "token": token, "from_id": from_id, "to_id": to_id}],
+            schema=SOURCE_SCHEMA)
+
+
+def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
+    """Per (partition, token, range): per-key count, total, first/last seq, gaps; dead letters."""
+    table = pa.Table.from_batches(list(batches), schema=SOURCE_SCHEMA)
+    if table.num_rows == 0:
+        return []
+    df = table.to_pandas()
+    out: list[PartitionResult] = []
+    for (part, token, from_id, to_id), grp in df.groupby(
+            ["partition", "token", "from_id", "to_id"], sort=True):
+        res = PartitionResult(int(part), int(token), str(from_id), str(to_id))
+        rows = grp[grp["id"].notna()]
+        res.events = len(rows)
+        bad = rows[rows["error"].notna()]
+        res.dead = [DeadLetter(str(i), str(r), str(w))
+                    for i, r, w in zip(bad["id"], bad["error"], bad["raw"], strict=True)]
+        good = rows[rows["error"].isna()]
+        if len(good):
+            by_key = good.groupby("key", sort=True)
+            gaps = (by_key["seq"].diff().fillna(1) != 1).groupby(good["key"]).sum()
+            agg = by_key.agg(count=("seq", "size"), total=("amount", "sum"),
+                             first=("seq", "first"), last=("seq", "last"))
+            res.keys = [KeyResult(str(k), int(c), int(t), int(f), int(la), int(gaps[k]))
+                        for k, c, t, f, la in zip(agg.index, agg["count"], agg["total"],
+                                                  agg["first"], agg["last"], strict=True)]
+        out.append(res)
+    return out
+
+
+def results_to_arrow(results: list[PartitionResult]) -> pa.RecordBatch:
+    rows: list[dict[str, object]] = []
+    for r in results:
+        base = {"partition": r.partition, "token": r.token, "from_id": r.from_id, "to_id": r.to_id}
+        rows.append({"kind": "part", **base, "count": r.events})
+        rows.extend({"kind": "key", **base, "key": k.key, "count": k.count, "total": k.total,
+                     "first_seq": k.first_seq, "last_seq": k.last_seq, "gaps": k.gaps}
+                    for k in r.keys)
+        rows.extend({"kind": "dead", **base, "key": d.id, "reason": d.reason, "raw": d.raw}
+                    for d in r.dead)
+    return pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def results_from_rows(rows: Iterable[dict[str, object]]) -> list[PartitionResult]:
+    """Inverse of :func:`results_to_arrow` (rows as dicts, e.g. ``Row.asDict()``)."""
+    found: dict[tuple[int, int, str, str], PartitionResult] = {}
+    for row in rows:
+        ident = (int(row["partition"]), int(row["token"]),  # type: ignore[call-overload]
+                 str(row["from_id"]), str(row["to_id"]))
+        res = found.setdefault(ident, PartitionResult(*ident))
+        kind = row["kind"]
+        if kind == "part":
+            res.events = int(row["count"])  # type: ignore[call-overload]
+        elif kind == "key":
+            res.keys.append(KeyResult(
+                str(row["key"]), int(row["count"]), int(row["total"]),  # type: ignore[call-overload]
+                int(row["first_seq"]), int(row["last_seq"]), int(row["gaps"])))  # type: ignore[call-overload]
+        elif kind == "dead":
+            res.dead.append(DeadLetter(str(row["key"]), str(row["reason"]), str(row["raw"])))
+    return sorted(found.values(), key=lambda r: r.partition)

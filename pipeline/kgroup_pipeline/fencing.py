@@ -1,0 +1,207 @@
+"""The fenced sink: output and offsets of a partition committed in one atomic Lua step.
+
+Rule: the sink's record of a partition (``offset``, ``token``) is the truth about how far
+that partition has been processed, and every write to it is fenced by the token:
+
+- ``PLAN`` (at batch planning) claims the partition for a token — it raises the stored
+  token to ours, so any older owner's later write is refused — and returns the range to
+  read: from the committed offset (or, for a partition the sink has never seen, the
+  position handed over with the lock) up to at most ``max_rows`` entries. It refuses to
+  plan a partition whose stored token is higher (we are the zombie) or which we sealed.
+- ``COMMIT`` applies one range's output (per-key count, total, last seq, out-of-order
+  counter, dead letters) and moves the offset to ``to``, all or nothing. It refuses, and
+  counts, a batch whose token is lower than the stored one (``zombie_refused``) or whose
+  ``from`` is not the committed offset (``replay_refused``: a gap or a replay).
+- ``SEAL`` (at handoff) forbids any further plan of the partition under this token and
+  returns the committed offset and the last planned end, so the handoff knows when the
+  last batch that read the partition has been committed.
+
+Each partition is committed by its own script call (partitions' outputs are disjoint), so
+a batch that carries one stale partition still commits the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from kgroup_pipeline.events import PartitionResult
+from kgroup_pipeline.keys import ZERO_ID, StreamKeys
+from kgroup_pipeline.ownership import OwnedPartition
+
+PLAN_LUA = """
+local max = tonumber(ARGV[1])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local sink, stream = KEYS[2*i-1], KEYS[2*i]
+  local token = tonumber(ARGV[2*i])
+  local handed = ARGV[2*i+1]
+  local stored = tonumber(redis.call('HGET', sink, 'token') or '0')
+  local sealed = tonumber(redis.call('HGET', sink, 'sealed') or '0')
+  if stored > token then
+    out[#out+1] = {'fenced', '', '', 0}
+  elseif sealed >= token then
+    out[#out+1] = {'sealed', '', '', 0}
+  else
+    if stored < token then redis.call('HSET', sink, 'token', token) end
+    local from = redis.call('HGET', sink, 'offset')
+    if not from then
+      if handed ~= '' then from = handed else from = '0-0' end
+      redis.call('HSET', sink, 'offset', from)
+    end
+    local entries = redis.call('XRANGE', stream, '(' .. from, '+', 'COUNT', max)
+    local n = #entries
+    local to = from
+    if n > 0 then
+      to = entries[n][1]
+      redis.call('HSET', sink, 'planned_to', to, 'planned_token', token)
+    end
+    out[#out+1] = {'ok', from, to, n}
+  end
+end
+return out
+"""
+
+COMMIT_LUA = """
+local part, token, from, to = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local stored = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+if stored > token then
+  redis.call('INCR', KEYS[6])
+  redis.call('HINCRBY', KEYS[1], 'zombie_refused', 1)
+  return {'stale-token', tostring(stored)}
+end
+local offset = redis.call('HGET', KEYS[1], 'offset') or '0-0'
+if offset ~= from then
+  redis.call('INCR', KEYS[7])
+  redis.call('HINCRBY', KEYS[1], 'replay_refused', 1)
+  return {'offset-mismatch', offset}
+end
+local nkeys = tonumber(ARGV[6])
+local ooo = 0
+for k = 0, nkeys - 1 do
+  local b = 7 + k * 6
+  local key = ARGV[b]
+  local last = tonumber(redis.call('HGET', KEYS[4], key) or '0')
+  if tonumber(ARGV[b+3]) ~= last + 1 then ooo = ooo + 1 end
+  ooo = ooo + tonumber(ARGV[b+5])
+  redis.call('HINCRBY', KEYS[2], key, ARGV[b+1])
+  redis.call('HINCRBY', KEYS[3], key, ARGV[b+2])
+  redis.call('HSET', KEYS[4], key, ARGV[b+4])
+end
+local d = 7 + nkeys * 6
+local ndead = tonumber(ARGV[d])
+for j = 0, ndead - 1 do
+  local b = d + 1 + j * 3
+  redis.call('XADD', KEYS[5], '*', 'partition', part, 'id', ARGV[b], 'reason', ARGV[b+1],
+             'raw', ARGV[b+2])
+end
+redis.call('HSET', KEYS[1], 'offset', to, 'token', token)
+redis.call('HINCRBY', KEYS[1], 'events', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'dead', ndead)
+redis.call('HINCRBY', KEYS[1], 'ooo', ooo)
+redis.call('HINCRBY', KEYS[1], 'batches', 1)
+return {'committed', to}
+"""
+
+SEAL_LUA = """
+local token = tonumber(ARGV[1])
+local stored = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+if stored > token then return {'fenced', '', '', '0'} end
+local sealed = tonumber(redis.call('HGET', KEYS[1], 'sealed') or '0')
+if token > sealed then redis.call('HSET', KEYS[1], 'sealed', token) end
+return {'sealed', redis.call('HGET', KEYS[1], 'offset') or '',
+        redis.call('HGET', KEYS[1], 'planned_to') or '',
+        redis.call('HGET', KEYS[1], 'planned_token') or '0'}
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    partition: int
+    token: int
+    status: str  # ok | fenced | sealed
+    from_id: str
+    to_id: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    partition: int
+    status: str  # committed | stale-token | offset-mismatch
+    detail: str
+
+
+@dataclass(frozen=True)
+class Seal:
+    status: str  # sealed | fenced
+    offset: str | None
+    drained: bool  # no range planned under this token is still uncommitted
+
+
+class FencedStore:
+    """The three fenced scripts of one stream, over a ``decode_responses=True`` client."""
+
+    def __init__(self, client: redis.Redis, stream: str) -> None:
+        self.client = client
+        self.stream = stream
+        self.keys = StreamKeys(stream)
+        self._plan = client.register_script(PLAN_LUA)
+        self._commit = client.register_script(COMMIT_LUA)
+        self._seal = client.register_script(SEAL_LUA)
+
+    def plan(self, owned: Sequence[OwnedPartition], *, max_rows: int) -> list[Plan]:
+        if not owned:
+            return []
+        keys: list[str] = []
+        args: list[str | int] = [max(1, max_rows)]
+        for p in owned:
+            keys += [self.keys.sink_partition(p.partition), self.keys.partition(p.partition)]
+            args += [p.token, p.position or ""]
+        raw = self._plan(keys=keys, args=args)
+        return [Plan(p.partition, p.token, str(s), str(f), str(t), int(n))
+                for p, (s, f, t, n) in zip(owned, raw, strict=True)]
+
+    def _commit_call(self, r: PartitionResult, client: redis.client.Pipeline | None) -> object:
+        n = r.partition
+        keys = [self.keys.sink_partition(n), self.keys.sink_count(n), self.keys.sink_total(n),
+                self.keys.sink_last(n), self.keys.dead, self.keys.zombie_refused,
+                self.keys.replay_refused]
+        args: list[str | int] = [n, r.token, r.from_id, r.to_id, r.events, len(r.keys)]
+        for k in r.keys:
+            args += [k.key, k.count, k.total, k.first_seq, k.last_seq, k.gaps]
+        args.append(len(r.dead))
+        for d in r.dead:
+            args += [d.id, d.reason, d.raw]
+        return self._commit(keys=keys, args=args, client=client)
+
+    def commit(self, results: Sequence[PartitionResult]) -> list[Outcome]:
+        """Commit each range with its own atomic script call, in one round trip."""
+        if not results:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for r in results:
+            self._commit_call(r, pipe)
+        raw = pipe.execute()
+        return [Outcome(r.partition, str(s), str(d))
+                for r, (s, d) in zip(results, raw, strict=True)]
+
+    def seal(self, partition: int, token: int) -> Seal:
+        status, offset, planned_to, planned_token = self._seal(
+            keys=[self.keys.sink_partition(partition)], args=[token])
+        drained = int(planned_token) != token or planned_to in ("", offset)
+        return Seal(str(status), offset or None, drained)
+
+    def committed(self, partition: int) -> dict[str, str]:
+        raw = self.client.hgetall(self.keys.sink_partition(partition))
+        return {str(k): str(v) for k, v in raw.items()}
+
+    def offset(self, partition: int) -> str:
+        return str(self.client.hget(self.keys.sink_partition(partition), "offset") or ZERO_ID)
+
+    def refused(self) -> tuple[int, int]:
+        """(zombie_refused, replay_refused) for the whole stream."""
+        z, r = self.client.mget([self.keys.zombie_refused, self.keys.replay_refused])
+        return int(z or 0), int(r or 0)

@@ -1,0 +1,127 @@
+"""The light worker: the pipeline's semantics in plain Python (no JVM).
+
+Rule: same Ownership, same fenced plan/commit scripts, same range reading and per-key
+aggregation, same handoff as the PySpark job — only the execution engine differs. It runs
+one batch at a time: plan (claims partitions, fixes each range) → read → aggregate →
+commit (fenced) → handoff step. Tests use it for quick semantic checks; scale and chaos
+runs use it where a JVM per pod would be too heavy.
+
+    python -m kgroup_pipeline.light_worker --redis URL --stream NAME --sidecar http://127.0.0.1:8470
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import redis
+
+from kgroup_pipeline.events import aggregate, read_range
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.handoff import HandoffController
+from kgroup_pipeline.ownership import Ownership, ownership_from_spec
+
+
+@dataclass
+class Stats:
+    batches: int = 0
+    rows: int = 0
+    refused: int = 0
+
+
+class LightWorker:
+    def __init__(self, *, client: redis.Redis, stream: str, ownership: Ownership,
+                 max_rows: int = 20_000, drain_timeout: float = 30.0,
+                 idle_wait: float = 0.05, log_every: float = 0.0) -> None:
+        self.store = FencedStore(client, stream)
+        self.stream = stream
+        self.ownership = ownership
+        self.max_rows = max_rows
+        self.idle_wait = idle_wait
+        self.log_every = log_every
+        self.handoff = HandoffController(ownership, self.store, drain_timeout)
+        self.stats = Stats()
+
+    def run_once(self) -> int:
+        """One batch over every active partition; returns the rows it committed."""
+        active = self.ownership.assignment().active()
+        plans = self.store.plan(active, max_rows=max(1, self.max_rows // max(1, len(active))))
+        results = []
+        for plan in plans:
+            if plan.status != "ok" or plan.rows == 0:
+                continue
+            results += aggregate(read_range(
+                self.store.client, stream=self.stream, partition=plan.partition,
+                token=plan.token, from_id=plan.from_id, to_id=plan.to_id))
+        rows = 0
+        for res, out in zip(results, self.store.commit(results), strict=True):
+            if out.status == "committed":
+                rows += res.events
+            else:
+                self.stats.refused += 1
+        if results:
+            self.stats.batches += 1
+            self.stats.rows += rows
+        self.handoff.step(time.monotonic())
+        return rows
+
+    def run(self, stop: threading.Event) -> Stats:
+        """Until `stop` is set; then hand every partition back at its committed offset."""
+        last_log = time.monotonic()
+        while not stop.is_set():
+            rows = self.run_once()
+            if self.log_every and time.monotonic() - last_log >= self.log_every:
+                last_log = time.monotonic()
+                print(f"light-worker batches={self.stats.batches} rows={self.stats.rows} "
+                      f"refused={self.stats.refused}", file=sys.stderr, flush=True)
+            if rows == 0:
+                stop.wait(self.idle_wait)
+        self.shutdown()
+        return self.stats
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ownership.assignment().partitions and time.monotonic() < deadline:
+            self.handoff.step(time.monotonic(), everything=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kgroup_pipeline.light_worker")
+    ap.add_argument("--redis", default=os.environ.get("KGROUP_REDIS_URL"))
+    ap.add_argument("--stream", default=os.environ.get("KGROUP_STREAM"))
+    ap.add_argument("--sidecar", default=os.environ.get("KGROUP_SIDECAR_URL"))
+    ap.add_argument("--static", default=None, help="partitions owned without a sidecar: 0-15")
+    ap.add_argument("--token", type=int, default=1, help="token of --static partitions")
+    ap.add_argument("--max-rows", type=int, default=20_000)
+    ap.add_argument("--drain-timeout", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    if not args.redis or not args.stream:
+        ap.error("--redis and --stream are required (or KGROUP_REDIS_URL, KGROUP_STREAM)")
+    if args.static is None and not args.sidecar:
+        ap.error("--sidecar (or KGROUP_SIDECAR_URL) or --static is required")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    spec = f"static:{args.static}@{args.token}" if args.static else f"sidecar:{args.sidecar}"
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    worker = LightWorker(client=redis.Redis.from_url(args.redis, decode_responses=True),
+                         stream=args.stream, ownership=ownership_from_spec(spec),
+                         max_rows=args.max_rows, drain_timeout=args.drain_timeout, log_every=5.0)
+    stats = worker.run(stop)
+    print(f"light-worker stopped: batches={stats.batches} rows={stats.rows}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

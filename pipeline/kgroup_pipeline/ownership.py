@@ -1,0 +1,142 @@
+"""What the worker owns: partitions with their fencing token, state and handed-over position.
+
+Rule: the pipeline asks an :class:`Ownership` and nothing else. In a pod that is the
+sidecar's local HTTP API (docs/protocol.md, ``GET /v1/assignment`` and
+``POST /v1/partitions/{n}/release``); in tests it is :class:`StaticOwnership` or the
+scripted coordinator in :mod:`kgroup_pipeline.scripted`.
+
+The PySpark source plans batches in a Python process of its own (not the driver's), so an
+ownership must be re-creatable from a string: :func:`ownership_from_spec` parses
+``sidecar:http://127.0.0.1:8470`` or ``static:0-15@1`` (partitions, token).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from kgroup.core.ranges import format_ranges, parse_ranges
+
+State = Literal["active", "revoking"]
+
+
+@dataclass(frozen=True)
+class OwnedPartition:
+    partition: int
+    token: int
+    state: State = "active"
+    position: str | None = None  # what the previous owner handed over, if anything
+
+
+@dataclass(frozen=True)
+class View:
+    """One answer of the ownership: what this member holds right now."""
+
+    partitions: tuple[OwnedPartition, ...]
+    version: int = 0
+    fenced: bool = False
+
+    def active(self) -> list[OwnedPartition]:
+        if self.fenced:
+            return []
+        return [p for p in self.partitions if p.state == "active"]
+
+    def revoking(self) -> list[OwnedPartition]:
+        return [p for p in self.partitions if p.state == "revoking"]
+
+
+class Ownership(Protocol):
+    def assignment(self) -> View: ...
+
+    def release(self, partition: int, token: int, position: str | None) -> bool:
+        """Hand the partition back at `position`; False if it was not ours (any more)."""
+        ...
+
+
+class StaticOwnership:
+    """A fixed set of partitions under one token, never revoked (one worker, no Kubernetes)."""
+
+    def __init__(self, partitions: list[int], *, token: int = 1) -> None:
+        self.token = token
+        self._held = {p: OwnedPartition(p, token) for p in sorted(partitions)}
+
+    def assignment(self) -> View:
+        return View(tuple(self._held.values()))
+
+    def release(self, partition: int, token: int, position: str | None) -> bool:
+        held = self._held.get(partition)
+        if held is None or held.token != token:
+            return False
+        del self._held[partition]
+        return True
+
+    def spec(self) -> str:
+        return f"static:{format_ranges(self._held)}@{self.token}"
+
+
+class SidecarOwnership:
+    """The sidecar's local API over plain urllib (loopback only, short timeouts)."""
+
+    def __init__(self, url: str, *, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def assignment(self) -> View:
+        doc = self._call("GET", "/v1/assignment")
+        return view_from_wire(doc)
+
+    def release(self, partition: int, token: int, position: str | None) -> bool:
+        try:
+            doc = self._call("POST", f"/v1/partitions/{partition}/release",
+                             {"token": token, "position": position})
+        except urllib.error.HTTPError as e:
+            if e.code in (404, 409):
+                return False
+            raise
+        return bool(doc and doc.get("released"))
+
+    def spec(self) -> str:
+        return f"sidecar:{self.url}"
+
+
+def view_from_wire(doc: dict[str, Any]) -> View:
+    """The ``GET /v1/assignment`` JSON (docs/protocol.md) as a :class:`View`."""
+    fenced = bool(doc.get("fenced", False))
+    parts = tuple(
+        OwnedPartition(int(p["partition"]), int(p["token"]),
+                       "revoking" if p.get("state") == "revoking" else "active",
+                       p.get("position"))
+        for p in doc.get("partitions", [])
+    )
+    return View(parts, int(doc.get("version", 0)), fenced)
+
+
+def view_to_wire(view: View, *, member: str) -> dict[str, Any]:
+    return {
+        "member": member, "session": member, "version": view.version, "epoch": view.version,
+        "ackedEpoch": view.version, "fenced": view.fenced, "validForSeconds": 30.0,
+        "partitions": [{"partition": p.partition, "token": p.token, "state": p.state,
+                        "position": p.position, "revokeDeadlineSeconds": None}
+                       for p in view.partitions],
+    }
+
+
+def ownership_from_spec(spec: str) -> StaticOwnership | SidecarOwnership:
+    """``sidecar:<url>`` or ``static:<ranges>[@token]``."""
+    kind, _, rest = spec.partition(":")
+    if kind == "sidecar":
+        return SidecarOwnership(rest)
+    if kind == "static":
+        ranges, _, token = rest.partition("@")
+        return StaticOwnership(parse_ranges(ranges), token=int(token or 1))
+    raise ValueError(f"unknown ownership spec {spec!r} (sidecar:URL or static:RANGES@TOKEN)")

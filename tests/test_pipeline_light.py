@@ -1,0 +1,186 @@
+"""The pipeline's semantics with the light worker (real redis-server, no JVM)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+import redis
+from kgroup_pipeline.events import aggregate, read_range
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.light_worker import LightWorker
+from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
+from kgroup_pipeline.producer import produce
+from kgroup_pipeline.scripted import ScriptedCoordinator
+from kgroup_pipeline.verify import main as verify_main
+from kgroup_pipeline.verify import verify
+from pipeline_fixtures import rclient, redis_url, stream
+
+__all__ = ["rclient", "redis_url", "stream"]
+PARTS = 16
+
+
+def xrange(client: redis.Redis, key: str, **kw: Any) -> list[tuple[str, dict[str, str]]]:
+    return cast("list[tuple[str, dict[str, str]]]", client.xrange(key, **kw))
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def drain(worker: LightWorker, client: redis.Redis, stream: str) -> None:
+    def caught_up() -> bool:
+        worker.run_once()
+        return verify(client, stream).caught_up
+    wait_for(caught_up, what="catch-up")
+
+
+def test_one_worker_consumes_every_partition_and_the_verifier_is_clean(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=PARTS, count=6000, keys=200, bad_every=101, seed=1)
+    worker = LightWorker(client=rclient, stream=stream,
+                         ownership=StaticOwnership(list(range(PARTS))), max_rows=1000)
+    drain(worker, rclient, stream)
+    report = verify(rclient, stream)
+    assert report.clean and report.caught_up
+    assert report.total("committed") == report.total("produced") > 5000
+    assert report.total("out_of_order") == 0
+    assert report.total("dead") == report.total("bad") > 0
+
+
+def test_dead_letters_carry_the_reason_and_never_stop_the_job(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=4, count=400, keys=20, bad_every=10, seed=2)
+    rclient.xadd(f"kgroup:{{{stream}}}:p:1", {"key": "c00001", "event": "x", "amount": "5",
+                                              "seq": "one"})
+    worker = LightWorker(client=rclient, stream=stream, ownership=StaticOwnership([0, 1, 2, 3]))
+    drain(worker, rclient, stream)
+    dead = xrange(rclient, f"kgroup:{{{stream}}}:dead")
+    reasons = {fields["reason"].split(":")[0] for _, fields in dead}
+    assert reasons == {"missing field", "non-numeric amount", "non-numeric seq"}
+    assert len(dead) == 40 + 1
+    assert verify(rclient, stream).total("committed") == 360
+
+
+def test_a_partition_moves_between_two_workers_without_loss_or_duplicate(
+        rclient: redis.Redis, stream: str, redis_url: str) -> None:
+    coord = ScriptedCoordinator(PARTS)
+    coord.assign("a", list(range(PARTS)))
+    workers = {m: LightWorker(client=redis.Redis.from_url(redis_url, decode_responses=True),
+                              stream=stream, ownership=coord.ownership(m), max_rows=500)
+               for m in ("a", "b")}
+    stop = threading.Event()
+    threads = [threading.Thread(target=w.run, args=(stop,)) for w in workers.values()]
+    producer = threading.Thread(target=produce,
+                                args=(redis.Redis.from_url(redis_url, decode_responses=True),),
+                                kwargs={"stream": stream, "partitions": PARTS, "count": 20_000,
+                                        "rate": 8000.0, "keys": 300, "seed": 3})
+    producer.start()
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: verify(rclient, stream).total("committed") > 3000, what="progress")
+        coord.move(3, "b")
+        coord.move(7, "b")
+        wait_for(lambda: coord.holder(3)[0] == "b" and coord.holder(7)[0] == "b",
+                 what="handoff")
+        producer.join()
+        wait_for(lambda: verify(rclient, stream).caught_up, what="catch-up")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    report = verify(rclient, stream)
+    assert report.clean, report
+    assert report.total("committed") == 20_000
+    assert report.total("out_of_order") == 0
+    released = {(m, p, tok) for m, p, tok, _ in coord.releases}
+    assert {("a", 3, 1), ("a", 7, 1)} <= released
+    sink3 = rclient.hgetall(f"kgroup:{{{stream}}}:sink:p:3")
+    assert sink3["token"] == "2"  # b wrote partition 3 under the new token
+    assert int(rclient.hget(f"kgroup:{{{stream}}}:sink:p:0", "token") or 0) == 1
+
+
+def test_a_zombie_write_with_a_stale_token_is_refused_and_counted(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=2, count=500, keys=10, seed=4)
+    store = FencedStore(rclient, stream)
+    coord = ScriptedCoordinator(2)
+    coord.assign("a", [0, 1])
+    # a plans and reads partition 0 under token 1 ... and stalls before committing.
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=10_000)
+    stale = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                 from_id=plan.from_id, to_id=plan.to_id))
+    coord.expire("a")  # its session lapsed; the lock goes to b with token 2
+    coord.assign("b", [0, 1])
+    assert coord.holder(0) == ("b", 2)
+    b = LightWorker(client=rclient, stream=stream, ownership=coord.ownership("b"))
+    drain(b, rclient, stream)
+    before = store.committed(0)
+    (outcome,) = store.commit(stale)
+    assert outcome.status == "stale-token"
+    assert store.refused() == (1, 0)
+    assert store.committed(0)["offset"] == before["offset"]
+    assert store.committed(0)["events"] == before["events"]
+    report = verify(rclient, stream)
+    assert report.clean and report.zombie_refused == 1
+
+
+def test_a_replayed_range_is_refused_and_a_gap_is_refused(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=1, count=100, keys=5, seed=5)
+    store = FencedStore(rclient, stream)
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=60)
+    first = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                 from_id=plan.from_id, to_id=plan.to_id))
+    assert [o.status for o in store.commit(first)] == ["committed"]
+    assert [o.status for o in store.commit(first)] == ["offset-mismatch"]  # replay
+    (plan2,) = store.plan([OwnedPartition(0, 1)], max_rows=60)
+    assert plan2.from_id == plan.to_id and plan2.rows == 40
+    entries = xrange(rclient, f"kgroup:{{{stream}}}:p:0", min="(" + plan2.from_id, count=20)
+    skipping = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                    from_id=entries[-1][0], to_id=plan2.to_id))
+    assert [o.status for o in store.commit(skipping)] == ["offset-mismatch"]  # a gap
+    assert store.refused() == (0, 2)
+    assert int(store.committed(0)["events"]) == 60
+
+
+def test_the_sink_offset_wins_over_the_handed_position_and_sealed_partitions_are_not_planned(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=1, count=50, keys=5, seed=6)
+    store = FencedStore(rclient, stream)
+    ids = [i for i, _ in xrange(rclient, f"kgroup:{{{stream}}}:p:0")]
+    # Never seen by the sink: start after the handed-over position.
+    (plan,) = store.plan([OwnedPartition(0, 1, position=ids[9])], max_rows=1000)
+    assert (plan.from_id, plan.rows) == (ids[9], 40)
+    # Known to the sink: its committed offset wins over a handed position.
+    (plan,) = store.plan([OwnedPartition(0, 2, position=ids[0])], max_rows=1000)
+    assert plan.from_id == ids[9]
+    seal = store.seal(0, 2)
+    assert seal.status == "sealed" and not seal.drained  # the range above is not committed
+    (plan,) = store.plan([OwnedPartition(0, 2)], max_rows=1000)
+    assert plan.status == "sealed"
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=1000)
+    assert plan.status == "fenced"
+
+
+def test_the_verifier_reports_duplicates_and_losses(
+        rclient: redis.Redis, stream: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    produce(rclient, stream=stream, partitions=2, count=300, keys=10, seed=7)
+    worker = LightWorker(client=rclient, stream=stream, ownership=StaticOwnership([0, 1]))
+    drain(worker, rclient, stream)
+    assert verify_main(["--redis", redis_url, "--stream", stream]) == 0
+    key = next(iter(rclient.hgetall(f"kgroup:{{{stream}}}:sink:count:0")))
+    rclient.hincrby(f"kgroup:{{{stream}}}:sink:count:0", key, 1)
+    assert verify(rclient, stream).total("duplicated") == 1
+    rclient.hincrby(f"kgroup:{{{stream}}}:sink:count:0", key, -3)
+    assert verify(rclient, stream).total("lost") == 2
+    assert verify_main(["--redis", redis_url, "--stream", stream]) == 1
