@@ -1,0 +1,89 @@
+"""Every kopf decorator of the operator, and nothing else: each handler only feeds the
+in-memory :class:`~kgroup_operator.world.World` and pokes the group loops that care.
+
+Watched: ConsumerGroups, pods (in the operator's namespace scope) and Leases labelled
+``kgroup.dev/group``. No handler lists or polls; the only listing is the initial one at
+start-up, so that no group is reconciled before the caches are complete (a group
+reconciled against half a cache would see members "leave" and move partitions).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from kgroup import constants as C
+
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def _rt(memo: Any) -> Runtime:
+    rt: Runtime = memo.runtime
+    return rt
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    settings.posting.enabled = False  # our Events are posted explicitly (kube.post_event)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kgroup.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kgroup.dev", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    await _rt(memo).start()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    await _rt(memo).stop()
+
+
+@kopf.on.event(C.API_GROUP, C.API_VERSION, C.PLURAL)
+async def group_event(
+    type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    rt = _rt(memo)
+    if namespace is None:
+        return
+    if type == "DELETED":
+        await rt.group_deleted((namespace, name))
+    else:
+        rt.group_seen((namespace, name), copy.deepcopy(dict(body)))
+
+
+@kopf.on.event("v1", "pods")
+async def pod_event(
+    type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    rt = _rt(memo)
+    if namespace is None:
+        return
+    if type == "DELETED":
+        old = rt.world.drop_pod(namespace, name)
+        rt.poke_pod(namespace, old, None)
+    else:
+        old, new = rt.world.put_pod(namespace, body)
+        if old != new:
+            rt.poke_pod(namespace, old, new)
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={C.LABEL_GROUP: kopf.PRESENT})
+async def lease_event(
+    type: str, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
+) -> None:
+    rt = _rt(memo)
+    if namespace is None:
+        return
+    if type == "DELETED":
+        key = rt.world.drop_lease(namespace, body)
+    else:
+        key = rt.world.put_lease(namespace, body, time.monotonic())
+    if key is not None:
+        rt.poke(key)

@@ -1,0 +1,178 @@
+"""Kubernetes calls of the operator: every request it makes lives here.
+
+Rules: the operator never changes a lock's holder (sidecars alone do); it creates
+partition Leases with no holder, writes the group's status only through the status
+subresource with the read ``resourceVersion`` (a 409 is raised as :class:`Conflict` for
+the caller to re-read and recompute), and posts core/v1 Events. The blocking client runs
+in threads so the kopf event loop never stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kgroup import constants as C
+
+log = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409)."""
+
+
+class Kube:
+    """Thin async wrappers over the blocking Kubernetes client."""
+
+    def __init__(self, api: client.ApiClient, *, identity: str) -> None:
+        self.api = api
+        self.identity = identity
+        self.custom = client.CustomObjectsApi(api)
+        self.coord = client.CoordinationV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        out: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return out
+
+    async def get_group(self, namespace: str, name: str) -> dict[str, Any] | None:
+        def call() -> dict[str, Any] | None:
+            try:
+                obj = self.custom.get_namespaced_custom_object(
+                    C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, name
+                )
+                return cast(dict[str, Any], obj)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        return await asyncio.to_thread(call)
+
+    async def replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """PUT the status subresource with `body`'s resourceVersion as precondition."""
+        meta = body["metadata"]
+        new = {
+            "apiVersion": body.get("apiVersion", f"{C.API_GROUP}/{C.API_VERSION}"),
+            "kind": body.get("kind", C.KIND),
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": body.get("spec", {}),
+            "status": status,
+        }
+
+        def call() -> dict[str, Any]:
+            try:
+                out = self.custom.replace_namespaced_custom_object_status(
+                    C.API_GROUP, C.API_VERSION, meta["namespace"], C.PLURAL, meta["name"], new
+                )
+                return cast(dict[str, Any], out)
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise Conflict(str(exc.reason)) from None
+                raise
+
+        return await asyncio.to_thread(call)
+
+    async def create_partition_lease(
+        self, *, namespace: str, group: str, uid: str, partition: int, duration: int
+    ) -> None:
+        """Create a free lock for `partition` (no holder, leaseTransitions 0); exists → ok."""
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": C.partition_lease_name(group, partition),
+                "namespace": namespace,
+                "labels": {
+                    C.LABEL_GROUP: group,
+                    C.LABEL_ROLE: C.ROLE_PARTITION,
+                    C.LABEL_PARTITION: str(partition),
+                    C.MANAGED_BY: "kgroup-operator",
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}",
+                        "kind": C.KIND,
+                        "name": group,
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "spec": {"leaseTransitions": 0, "leaseDurationSeconds": duration},
+        }
+
+        def call() -> None:
+            try:
+                self.coord.create_namespaced_lease(namespace, cast(Any, body))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+        await asyncio.to_thread(call)
+
+    async def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            if namespace is None:
+                res = self.core.list_pod_for_all_namespaces()
+            else:
+                res = self.core.list_namespaced_pod(namespace)
+            return [self._plain(p) for p in res.items]
+
+        return await asyncio.to_thread(call)
+
+    async def list_group_leases(self, namespace: str | None) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            if namespace is None:
+                res = self.coord.list_lease_for_all_namespaces(label_selector=C.LABEL_GROUP)
+            else:
+                res = self.coord.list_namespaced_lease(namespace, label_selector=C.LABEL_GROUP)
+            return [self._plain(x) for x in res.items]
+
+        return await asyncio.to_thread(call)
+
+    async def post_event(
+        self, body: dict[str, Any], *, type_: str, reason: str, message: str
+    ) -> None:
+        """A core/v1 Event about the ConsumerGroup `body`; failures are only logged."""
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}",
+                "kind": C.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "kgroup-operator"},
+            "reportingComponent": "kgroup.dev/operator",
+            "reportingInstance": self.identity[:128],
+        }
+
+        def call() -> None:
+            try:
+                self.core.create_namespaced_event(meta["namespace"], cast(Any, event))
+            except ApiException as exc:
+                log.warning("could not post event %s on %s: %s", reason, meta["name"], exc.reason)
+
+        await asyncio.to_thread(call)

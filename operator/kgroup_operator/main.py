@@ -1,0 +1,158 @@
+"""``kgroup-operator``: parse flags, elect a leader, run kopf with the handlers module.
+
+Everything listens on 127.0.0.1 by default (kopf's liveness endpoint, the metrics port).
+Exit status: 0 on a clean stop (SIGTERM/SIGINT), 2 when leadership was lost (the pod
+restarts and waits as a standby).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import kopf
+from kubernetes import client, config
+
+from .kube import Kube
+from .leader import LeaseElector
+from .runtime import Runtime
+from .settings import OperatorSettings
+
+log = logging.getLogger("kgroup_operator")
+
+
+def parse_args(argv: list[str] | None, settings: OperatorSettings) -> OperatorSettings:
+    p = argparse.ArgumentParser(prog="kgroup-operator", description=__doc__)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=None,
+        help="watch only this namespace (repeatable; env KGROUP_NAMESPACES)",
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)"
+    )
+    p.add_argument(
+        "--peering",
+        choices=["lease", "kopf", "none"],
+        default=settings.peering,
+        help="how exactly one replica is active (env KGROUP_PEERING)",
+    )
+    p.add_argument("--leader-lease", default=settings.leader_lease_name)
+    p.add_argument("--leader-namespace", default=settings.leader_lease_namespace)
+    p.add_argument("--leader-lease-seconds", type=float, default=settings.leader_lease_seconds)
+    p.add_argument(
+        "--liveness-port",
+        type=int,
+        default=settings.liveness_port,
+        help="kopf liveness endpoint on 127.0.0.1 (0 = off)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=settings.metrics_port,
+        help="Prometheus /metrics on 127.0.0.1 (0 = off)",
+    )
+    p.add_argument("--status-min-interval", type=float, default=settings.status_min_interval)
+    p.add_argument("--verbose", "-v", action="store_true", default=settings.verbose)
+    a = p.parse_args(argv)
+    if a.all_namespaces:
+        settings.namespaces = []
+    elif a.namespace:
+        settings.namespaces = list(a.namespace)
+    settings.peering = a.peering
+    settings.leader_lease_name = a.leader_lease
+    settings.leader_lease_namespace = a.leader_namespace
+    settings.leader_lease_seconds = a.leader_lease_seconds
+    settings.liveness_port = a.liveness_port
+    settings.metrics_port = a.metrics_port
+    settings.status_min_interval = a.status_min_interval
+    settings.verbose = a.verbose
+    return settings
+
+
+def _load_config() -> client.ApiClient:
+    if os.environ.get("KUBECONFIG") or not os.path.exists(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ):
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    else:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+async def run(settings: OperatorSettings) -> int:
+    # Import registers the kopf handlers in kopf's default registry.
+    from . import handlers  # noqa: F401
+
+    api = _load_config()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    elector: LeaseElector | None = None
+    hold: asyncio.Task[None] | None = None
+    if settings.peering == "lease":
+        elector = LeaseElector(
+            api,
+            namespace=settings.leader_lease_namespace,
+            name=settings.leader_lease_name,
+            identity=settings.identity,
+            duration=settings.leader_lease_seconds,
+        )
+        acquiring = asyncio.create_task(elector.acquire())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            acquiring.cancel()
+            return 0
+        stopping.cancel()
+        hold = asyncio.create_task(elector.hold(stop))
+    runtime = Runtime(kube=Kube(api, identity=settings.identity), settings=settings)
+    memo = kopf.Memo(runtime=runtime)
+    lost = False
+    try:
+        await kopf.operator(
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            standalone=settings.peering != "kopf",
+            peering_name="kgroup-operator" if settings.peering == "kopf" else None,
+            liveness_endpoint=(
+                f"http://127.0.0.1:{settings.liveness_port}/healthz"
+                if settings.liveness_port
+                else None
+            ),
+            stop_flag=stop,
+            memo=memo,
+        )
+    finally:
+        lost = hold is not None and hold.done() and stop.is_set()
+        if hold is not None:
+            hold.cancel()
+        if elector is not None:
+            await elector.release()
+    return 2 if lost and not _signalled(stop) else 0
+
+
+def _signalled(stop: asyncio.Event) -> bool:
+    return bool(getattr(stop, "by_signal", False))
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_args(argv, OperatorSettings.from_env())
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kopf.configure(verbose=settings.verbose)
+    sys.exit(asyncio.run(run(settings)))
+
+
+if __name__ == "__main__":
+    main()

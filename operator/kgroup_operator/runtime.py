@@ -1,0 +1,92 @@
+"""The operator's live state: the cache, the group loops, the metrics server.
+
+One :class:`Runtime` per process, handed to kopf handlers through kopf's ``memo``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from kgroup.core.group import PodObservation
+
+from .controller import GroupController
+from .kube import Kube
+from .metrics import Metrics, serve
+from .settings import OperatorSettings
+from .world import GroupKey, World
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, *, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.world = World()
+        self.metrics = Metrics()
+        self.controllers: dict[GroupKey, GroupController] = {}
+        self._metrics_runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Initial listing of pods and kgroup Leases, then let the group loops run."""
+        scopes: list[str | None] = list(self.settings.namespaces) or [None]
+        for ns in scopes:
+            for pod in await self.kube.list_pods(ns):
+                self.world.put_pod(pod["metadata"]["namespace"], pod)
+            now = time.monotonic()
+            for lease in await self.kube.list_group_leases(ns):
+                self.world.put_lease(lease["metadata"]["namespace"], lease, now)
+        self.world.synced = True
+        log.info("caches synced: %d namespaces with pods", len(self.world.pods))
+        if self.settings.metrics_port:
+            self._metrics_runner = await serve(
+                self.metrics, self.settings.metrics_host, self.settings.metrics_port
+            )
+        for c in self.controllers.values():
+            c.poke()
+
+    async def stop(self) -> None:
+        for key in list(self.controllers):
+            await self.controllers.pop(key).stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+
+    def group_seen(self, key: GroupKey, body: dict[str, Any]) -> None:
+        c = self.controllers.get(key)
+        if c is None:
+            c = GroupController(
+                key,
+                world=self.world,
+                kube=self.kube,
+                metrics=self.metrics,
+                settings=self.settings,
+            )
+            self.controllers[key] = c
+            c.start()
+        c.update(body)
+
+    async def group_deleted(self, key: GroupKey) -> None:
+        c = self.controllers.pop(key, None)
+        if c is not None:
+            await c.stop()
+        self.world.groups.pop(key, None)
+        self.metrics.forget(key)
+
+    def poke(self, key: GroupKey) -> None:
+        c = self.controllers.get(key)
+        if c is not None:
+            c.poke()
+
+    def poke_pod(
+        self, namespace: str, old: PodObservation | None, new: PodObservation | None
+    ) -> None:
+        """Poke the groups in `namespace` whose selector matches the pod before or after."""
+        for (ns, _), c in self.controllers.items():
+            if ns != namespace or c.selector is None:
+                continue
+            if any(p is not None and c.selector.matches(dict(p.labels)) for p in (old, new)):
+                c.poke()

@@ -1,0 +1,83 @@
+"""The operator's settings: one class, read from the environment, overridable by flags.
+
+Every field is documented here and in operator/README.md. Defaults are safe for a single
+namespace-less install: watch every namespace, elect a leader through a Lease, and serve
+liveness and metrics on loopback only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_list(name: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+
+
+@dataclass
+class OperatorSettings:
+    """Configuration of one operator process."""
+
+    namespaces: list[str] = field(default_factory=list)
+    """``KGROUP_NAMESPACES`` (comma-separated): watch only these; empty = all namespaces."""
+
+    peering: str = "lease"
+    """``KGROUP_PEERING``: ``lease`` (one active replica via a coordination Lease),
+    ``kopf`` (kopf's own peering; needs its peering CRDs) or ``none`` (standalone)."""
+
+    leader_lease_name: str = "kgroup-operator"
+    """``KGROUP_LEADER_LEASE``: name of the leader-election Lease."""
+
+    leader_lease_namespace: str = "default"
+    """``KGROUP_LEADER_NAMESPACE``: namespace of the leader-election Lease (the pod's own
+    namespace in the chart)."""
+
+    leader_lease_seconds: float = 15.0
+    """``KGROUP_LEADER_LEASE_SECONDS``: leader Lease duration; renewed every third."""
+
+    identity: str = ""
+    """``KGROUP_IDENTITY`` or ``POD_NAME``: this replica's id (default hostname-pid)."""
+
+    liveness_port: int = 8080
+    """``KGROUP_LIVENESS_PORT``: kopf's liveness endpoint on 127.0.0.1 (0 = off)."""
+
+    metrics_port: int = 9090
+    """``KGROUP_METRICS_PORT``: Prometheus text on ``127.0.0.1:<port>/metrics`` (0 = off)."""
+
+    metrics_host: str = "127.0.0.1"
+    """``KGROUP_METRICS_HOST``: bind address of the metrics server."""
+
+    status_min_interval: float = 1.0
+    """``KGROUP_STATUS_MIN_INTERVAL``: at most one status write per group per this many
+    seconds."""
+
+    verbose: bool = False
+    """``KGROUP_LOG_LEVEL=DEBUG``: kopf's verbose logging."""
+
+    @classmethod
+    def from_env(cls) -> OperatorSettings:
+        ident = os.environ.get("KGROUP_IDENTITY") or os.environ.get("POD_NAME") or ""
+        if not ident:
+            ident = f"{os.uname().nodename}-{os.getpid()}"
+        return cls(
+            namespaces=_env_list("KGROUP_NAMESPACES"),
+            peering=os.environ.get("KGROUP_PEERING", "lease"),
+            leader_lease_name=os.environ.get("KGROUP_LEADER_LEASE", "kgroup-operator"),
+            leader_lease_namespace=os.environ.get("KGROUP_LEADER_NAMESPACE")
+            or os.environ.get("POD_NAMESPACE", "default"),
+            leader_lease_seconds=float(os.environ.get("KGROUP_LEADER_LEASE_SECONDS", "15")),
+            identity=ident,
+            liveness_port=int(os.environ.get("KGROUP_LIVENESS_PORT", "8080")),
+            metrics_port=int(os.environ.get("KGROUP_METRICS_PORT", "9090")),
+            metrics_host=os.environ.get("KGROUP_METRICS_HOST", "127.0.0.1"),
+            status_min_interval=float(os.environ.get("KGROUP_STATUS_MIN_INTERVAL", "1.0")),
+            verbose=os.environ.get("KGROUP_LOG_LEVEL", "INFO").upper() == "DEBUG",
+        )
