@@ -1,0 +1,283 @@
+"""The application's client of its sidecar's local API (sync over urllib, async over aiohttp).
+
+The one rule: a partition is reported as owned only while the sidecar's promise holds.
+Every answer carries ``validForSeconds``; the client adds it to the time the request was
+*sent*, on its own monotonic clock, and stops reporting the partitions after that even
+when the sidecar cannot be reached (the sidecar may be paused, or its session fenced).
+Measuring from the send time is conservative: the sidecar computed the figure later.
+
+No kubernetes import here: the app knows only the loopback URL of its sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+
+
+class SidecarError(Exception):
+    """The sidecar refused a request (``status`` 400/404/409/503) or could not be reached
+    (``status`` 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Partition:
+    partition: int
+    token: int
+    state: str  # "active" | "revoking"
+    position: str | None
+    revoke_deadline_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One answer of ``GET /v1/assignment``, valid until ``valid_until`` (client clock)."""
+
+    member: str
+    session: str | None
+    version: int
+    epoch: int | None
+    acked_epoch: int | None
+    fenced: bool
+    valid_until: float
+    all_partitions: tuple[Partition, ...]
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any], *, sent_at: float,
+                  clock: Callable[[], float] = time.monotonic) -> Assignment:
+        parts = tuple(
+            Partition(
+                partition=int(p["partition"]),
+                token=int(p["token"]),
+                state=str(p["state"]),
+                position=p.get("position"),
+                revoke_deadline_seconds=p.get("revokeDeadlineSeconds"),
+            )
+            for p in body.get("partitions") or []
+        )
+        return cls(
+            member=str(body.get("member", "")),
+            session=body.get("session"),
+            version=int(body.get("version", 0)),
+            epoch=body.get("epoch"),
+            acked_epoch=body.get("ackedEpoch"),
+            fenced=bool(body.get("fenced", True)),
+            valid_until=sent_at + float(body.get("validForSeconds", 0.0)),
+            all_partitions=parts,
+            clock=clock,
+        )
+
+    @property
+    def expired(self) -> bool:
+        return self.fenced or self.clock() >= self.valid_until
+
+    @property
+    def partitions(self) -> tuple[Partition, ...]:
+        """Owned partitions (active and revoking); empty once the promise has run out."""
+        return () if self.expired else self.all_partitions
+
+    @property
+    def active(self) -> tuple[Partition, ...]:
+        return tuple(p for p in self.partitions if p.state == "active")
+
+
+Callback = Callable[[Partition], None]
+
+
+def _diff(old: dict[int, Partition], new: dict[int, Partition]
+          ) -> tuple[list[Partition], list[Partition], list[Partition]]:
+    """-> (assigned, revoked, lost) between two views keyed by partition."""
+    assigned, revoked, lost = [], [], []
+    for n, p in sorted(new.items()):
+        before = old.get(n)
+        if before is None or before.token != p.token:
+            if before is not None:
+                lost.append(before)
+            assigned.append(p)
+            if p.state == "revoking":
+                revoked.append(p)
+        elif before.state != "revoking" and p.state == "revoking":
+            revoked.append(p)
+    lost.extend(p for n, p in sorted(old.items()) if n not in new)
+    return assigned, revoked, lost
+
+
+class SidecarClient:
+    """Synchronous client (stdlib urllib)."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.clock = clock
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                result: dict[str, Any] = json.loads(resp.read())
+                return result
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", exc.reason)
+            except (ValueError, AttributeError):
+                message = str(exc.reason)
+            raise SidecarError(exc.code, str(message)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+
+    def assignment(self) -> Assignment:
+        sent = self.clock()
+        return Assignment.from_json(self._request("GET", "/v1/assignment"), sent_at=sent,
+                                    clock=self.clock)
+
+    def wait_for_change(self, since: int, timeout: float = 30.0) -> Assignment:
+        """Long-poll: the view once its version is above ``since``, or after ``timeout``."""
+        sent = self.clock()
+        body = self._request("GET", f"/v1/assignment?since={since}&wait={timeout:g}",
+                             timeout=timeout + self.timeout)
+        return Assignment.from_json(body, sent_at=sent, clock=self.clock)
+
+    def release(self, partition: int, token: int, position: str | None) -> bool:
+        """Acknowledge a revocation (or give a partition up) with its last position."""
+        body = self._request("POST", f"/v1/partitions/{partition}/release",
+                             {"token": token, "position": position}, timeout=65.0)
+        return bool(body.get("released"))
+
+    def watch(self, on_assigned: Callback, on_revoked: Callback, on_lost: Callback, *,
+              stop: threading.Event | None = None, wait: float = 30.0) -> None:
+        """Call back on every change until ``stop`` is set. A partition whose promise runs
+        out (sidecar unreachable, fenced) is reported lost at its deadline."""
+        stop = stop or threading.Event()
+        held: dict[int, Partition] = {}
+        current: Assignment | None = None
+        while not stop.is_set():
+            budget = wait
+            if current is not None and held:
+                budget = max(0.05, min(wait, current.valid_until - self.clock()))
+            try:
+                if current is None:
+                    current = self.assignment()
+                else:
+                    current = self.wait_for_change(current.version, budget)
+            except SidecarError:
+                if current is None or current.expired:
+                    _, _, lost = _diff(held, {})
+                    for p in lost:
+                        on_lost(p)
+                    held = {}
+                stop.wait(min(0.5, budget))
+                continue
+            new = {p.partition: p for p in current.partitions}
+            assigned, revoked, lost = _diff(held, new)
+            for p in lost:
+                on_lost(p)
+            for p in assigned:
+                on_assigned(p)
+            for p in revoked:
+                on_revoked(p)
+            held = new
+
+
+AsyncCallback = Callable[[Partition], Awaitable[None] | None]
+
+
+class AsyncSidecarClient:
+    """asyncio client (aiohttp); same semantics as :class:`SidecarClient`."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.clock = clock
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> dict[str, Any]:
+        import aiohttp
+
+        client_timeout = aiohttp.ClientTimeout(total=timeout or self.timeout)
+        try:
+            async with aiohttp.ClientSession(timeout=client_timeout) as session, \
+                    session.request(method, self.url + path, json=body) as resp:
+                payload: Any = await resp.json(content_type=None)
+                if resp.status >= 400:
+                    message = payload.get("error") if isinstance(payload, dict) else None
+                    raise SidecarError(resp.status, str(message or resp.reason))
+                result: dict[str, Any] = payload
+                return result
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+
+    async def assignment(self) -> Assignment:
+        sent = self.clock()
+        body = await self._request("GET", "/v1/assignment")
+        return Assignment.from_json(body, sent_at=sent, clock=self.clock)
+
+    async def wait_for_change(self, since: int, timeout: float = 30.0) -> Assignment:
+        sent = self.clock()
+        body = await self._request("GET", f"/v1/assignment?since={since}&wait={timeout:g}",
+                                   timeout=timeout + self.timeout)
+        return Assignment.from_json(body, sent_at=sent, clock=self.clock)
+
+    async def release(self, partition: int, token: int, position: str | None) -> bool:
+        body = await self._request("POST", f"/v1/partitions/{partition}/release",
+                                   {"token": token, "position": position}, timeout=65.0)
+        return bool(body.get("released"))
+
+    async def watch(self, on_assigned: AsyncCallback, on_revoked: AsyncCallback,
+                    on_lost: AsyncCallback, *, stop: asyncio.Event | None = None,
+                    wait: float = 30.0) -> None:
+        stop = stop or asyncio.Event()
+        held: dict[int, Partition] = {}
+        current: Assignment | None = None
+
+        async def call(cb: AsyncCallback, p: Partition) -> None:
+            result = cb(p)
+            if result is not None:
+                await result
+
+        while not stop.is_set():
+            budget = wait
+            if current is not None and held:
+                budget = max(0.05, min(wait, current.valid_until - self.clock()))
+            try:
+                if current is None:
+                    current = await self.assignment()
+                else:
+                    current = await self.wait_for_change(current.version, budget)
+            except SidecarError:
+                if current is None or current.expired:
+                    for p in _diff(held, {})[2]:
+                        await call(on_lost, p)
+                    held = {}
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(0.5, budget))
+                continue
+            new = {p.partition: p for p in current.partitions}
+            assigned, revoked, lost = _diff(held, new)
+            for p in lost:
+                await call(on_lost, p)
+            for p in assigned:
+                await call(on_assigned, p)
+            for p in revoked:
+                await call(on_revoked, p)
+            held = new

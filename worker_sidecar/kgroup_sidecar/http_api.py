@@ -1,0 +1,114 @@
+"""The sidecar's local HTTP API (aiohttp), exactly as in docs/protocol.md.
+
+Loopback only (settings refuse anything else). Every error is JSON ``{"error": "..."}``.
+The long-poll waits on the sidecar's change event, not on a timer loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from kgroup_sidecar.runtime import Sidecar
+
+SIDECAR_KEY: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
+DEFAULT_WAIT = 30.0
+MAX_WAIT = 300.0
+RELEASE_TIMEOUT = 60.0
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def assignment(request: web.Request) -> web.Response:
+    sidecar = request.app[SIDECAR_KEY]
+    since_text = request.query.get("since")
+    wait_text = request.query.get("wait")
+    try:
+        since = int(since_text) if since_text is not None else None
+        wait = float(wait_text) if wait_text is not None else DEFAULT_WAIT
+    except ValueError:
+        return _error(400, "since must be an integer and wait a number of seconds")
+    if wait < 0 or wait > MAX_WAIT:
+        return _error(400, f"wait must be between 0 and {MAX_WAIT:g} seconds")
+    if since is not None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait
+        while sidecar.member.version <= since:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(sidecar.changed.wait(), remaining)
+            except TimeoutError:
+                break
+    return web.json_response(sidecar.member.view(sidecar.clock()).to_json())
+
+
+async def release(request: web.Request) -> web.Response:
+    sidecar = request.app[SIDECAR_KEY]
+    try:
+        partition = int(request.match_info["n"])
+    except ValueError:
+        return _error(400, "partition must be an integer")
+    try:
+        body: Any = json.loads(await request.text())
+    except json.JSONDecodeError:
+        return _error(400, "body must be JSON: {\"token\": int, \"position\": str|null}")
+    if not isinstance(body, dict):
+        return _error(400, "body must be a JSON object")
+    token = body.get("token")
+    position = body.get("position")
+    if not isinstance(token, int) or isinstance(token, bool):
+        return _error(400, "token must be an integer")
+    if position is not None and not isinstance(position, str):
+        return _error(400, "position must be a string or null")
+    refused = sidecar.member.check_release(partition, token)
+    if refused is not None:
+        return _error(*refused)
+    try:
+        ok = await sidecar.app_release(partition, token, position, RELEASE_TIMEOUT)
+    except TimeoutError:
+        return _error(503, f"partition {partition} not released yet; try again")
+    if not ok:
+        return _error(409, f"partition {partition} was lost before it could be released")
+    return web.json_response({"released": True})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    sidecar = request.app[SIDECAR_KEY]
+    view = sidecar.member.view(sidecar.clock())
+    if view.session is None or view.fenced:
+        return web.json_response({"ready": False, "fenced": view.fenced}, status=503)
+    return web.json_response({"ready": True, "session": view.session})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sidecar = request.app[SIDECAR_KEY]
+    return web.Response(text=sidecar.metrics.render(), content_type="text/plain")
+
+
+def build_app(sidecar: Sidecar) -> web.Application:
+    app = web.Application()
+    app[SIDECAR_KEY] = sidecar
+    app.router.add_get("/v1/assignment", assignment)
+    app.router.add_post("/v1/partitions/{n}/release", release)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(sidecar: Sidecar, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(build_app(sidecar), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

@@ -1,0 +1,57 @@
+"""``kgroup-sidecar``: settings from the environment, then the loop until SIGTERM.
+
+Exit status: 0 after a graceful shutdown, 2 on bad settings, 1 on an unexpected error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from kgroup_sidecar.http_api import serve
+from kgroup_sidecar.kube import KubeAdapter
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("kgroup_sidecar")
+
+
+async def _run(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    sidecar = Sidecar(settings)
+    runner = await serve(sidecar, settings.listen_host, settings.listen_port)
+    log.info("listening on %s; group %s/%s as member %s", settings.listen,
+             settings.namespace, settings.group, settings.pod_name)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, sidecar.begin_shutdown)
+    kube = KubeAdapter(settings, loop=loop, on_list=sidecar.on_list,
+                       on_event=sidecar.on_event, metrics=sidecar.metrics)
+    try:
+        await sidecar.run(kube)
+    finally:
+        await runner.cleanup()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"kgroup-sidecar: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(_run(settings))
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
