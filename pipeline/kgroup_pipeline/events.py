@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import redis
 
@@ -105,31 +106,41 @@ def read_range(
     cursor = from_id
     yielded = False
     while cursor != to_id:
-        entries = client.xrange(name, min="(" + cursor, max=to_id, count=chunk)
+        entries: Any = client.xrange(name, min="(" + cursor, max=to_id, count=chunk)
         if not entries:
             break
         ids: list[str] = []
         keys: list[str | None] = []
         amounts: list[int | None] = []
         seqs: list[int | None] = []
-        errors: list[str | None] = []
-        raws: list[str | None] = []
+        bad: dict[int, tuple[str, str]] = {}
         for entry_id, fields in entries:
-            key, amount, seq, error = _parse(fields)
-            ids.append(str(entry_id))
+            key: str | None
+            amount: int | None
+            seq: int | None
+            try:  # the fast path: a well-formed event
+                key, amount, seq = fields["key"], int(fields["amount"]), int(fields["seq"])
+                if "event" not in fields or not key:
+                    raise KeyError("event")
+            except (KeyError, ValueError):
+                key, amount, seq, error = _parse(fields)
+                bad[len(ids)] = (str(error), json.dumps(fields, sort_keys=True))
+            ids.append(entry_id)
             keys.append(key)
             amounts.append(amount)
             seqs.append(seq)
-            errors.append(error)
-            raws.append(None if error is None else json.dumps(fields, sort_keys=True))
         cursor = ids[-1]
         n = len(ids)
+        if bad:
+            errors = pa.array([bad[i][0] if i in bad else None for i in range(n)], pa.string())
+            raws = pa.array([bad[i][1] if i in bad else None for i in range(n)], pa.string())
+        else:
+            errors = raws = pa.nulls(n, pa.string())
         yield pa.RecordBatch.from_arrays([
-            pa.array([partition] * n, pa.int32()), pa.array([token] * n, pa.int64()),
+            pa.array(np.full(n, partition, np.int32)), pa.array(np.full(n, token, np.int64)),
             pa.array([from_id] * n, pa.string()), pa.array([to_id] * n, pa.string()),
             pa.array(ids, pa.string()), pa.array(keys, pa.string()),
-            pa.array(amounts, pa.int64()), pa.array(seqs, pa.int64()),
-            pa.array(errors, pa.string()), pa.array(raws, pa.string()),
+            pa.array(amounts, pa.int64()), pa.array(seqs, pa.int64()), errors, raws,
         ], schema=SOURCE_SCHEMA)
         yielded = True
     if not yielded:

@@ -1,0 +1,158 @@
+"""The PySpark streaming source: the partitions this pod owns, as planned ranges.
+
+Rule: an offset is ``{"n": <plan number>, "p": {"<partition>": {"from", "to", "token",
+"rows"}}}`` and every entry is self-contained, so :meth:`partitions` never consults the
+live ownership: after a restart Spark replays a planned-but-uncommitted batch with the
+ranges (and tokens) it was planned with, and the fenced sink refuses whatever is stale.
+
+Planning (:meth:`KgroupStreamReader.latestOffset`) asks the :class:`Ownership` what is
+*active*, and runs the fenced ``PLAN`` script (:mod:`kgroup_pipeline.fencing`): it claims
+each partition for its token, starts at the sink's committed offset (the truth; the
+handed-over position only for a partition the sink has never seen), skips partitions
+that are revoking, sealed or fenced, and caps each range for admission control. When
+nothing is new it returns ``start`` itself, or Spark would run an empty batch. ``n``
+grows with each non-empty plan so a range re-planned after a refusal still differs from
+``start``.
+
+Spark calls the planner in a Python process of its own and pickles the reader for
+``read()``: Redis connections are made lazily and never pickled. ``read()`` yields pyarrow
+RecordBatches (much faster than tuples); each row carries its partition and token. The
+ranges of a batch are packed into ``splits`` tasks (option; the job passes Spark's default
+parallelism), whole ranges only, so each range is read in stream order by one task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from kgroup_pipeline.events import SOURCE_DDL, aggregate, read_range, results_to_arrow
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.ownership import Ownership, ownership_from_spec
+
+log = logging.getLogger(__name__)
+UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one Lua call
+
+
+Range = tuple[int, int, str, str]  # partition, token, from (exclusive), to (inclusive)
+
+
+class RangesPartition(InputPartition):
+    """One Spark task's share of a batch: whole ranges, never a split of one (order)."""
+
+    def __init__(self, ranges: list[Range]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
+def split_ranges(entries: dict[str, dict[str, Any]], splits: int) -> list[list[Range]]:
+    """Spread the planned ranges over at most `splits` tasks, balanced by rows.
+
+    A task per stream partition costs far more in Spark's per-task overhead than it gains
+    in parallelism on a pod's few cores, so ranges are packed (largest first, each to the
+    least loaded task). A range is never split: one task reads it in stream order.
+    """
+    bins: list[tuple[int, list[Range]]] = [(0, []) for _ in range(max(1, splits))]
+    for p, e in sorted(entries.items(), key=lambda kv: (-int(kv[1].get("rows", 0)), int(kv[0]))):
+        i = min(range(len(bins)), key=lambda j: bins[j][0])
+        load, ranges = bins[i]
+        ranges.append((int(p), int(e["token"]), str(e["from"]), str(e["to"])))
+        bins[i] = (load + int(e.get("rows", 0)), ranges)
+    return [sorted(r) for _, r in bins if r]
+
+
+class KgroupStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.redis_url = options["redis"]
+        self.stream = options["stream"]
+        self.ownership_spec = options["ownership"]
+        self.max_rows = int(options.get("maxrowsperbatch", "50000"))
+        self.splits = int(options.get("splits", "2"))
+        self._store: FencedStore | None = None
+        self._ownership: Ownership | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_store"] = state["_ownership"] = None
+        return state
+
+    def _planner(self) -> tuple[FencedStore, Ownership]:
+        if self._store is None or self._ownership is None:
+            client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+            self._store = FencedStore(client, self.stream)
+            self._ownership = ownership_from_spec(self.ownership_spec)
+        return self._store, self._ownership
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"n": 0, "p": {}}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        store, ownership = self._planner()
+        try:
+            active = ownership.assignment().active()
+        except OSError as e:  # the sidecar is unreachable: plan nothing, try again next time
+            log.warning("ownership unavailable: %s", e)
+            return start
+        if not active:
+            return start
+        total = UNLIMITED_ROWS if isinstance(limit, ReadAllAvailable) else self.max_rows
+        if isinstance(limit, ReadMaxRows):
+            total = limit.max_rows
+        plans = store.plan(active, max_rows=max(1, total // len(active)))
+        entries = {str(p.partition): {"from": p.from_id, "to": p.to_id, "token": p.token,
+                                      "rows": p.rows}
+                   for p in sorted(plans, key=lambda p: p.partition)
+                   if p.status == "ok" and p.rows > 0}
+        if not entries:
+            return start
+        return {"n": int(start.get("n", 0)) + 1, "p": entries}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if start == end:
+            return []
+        return [RangesPartition(r) for r in split_ranges(end.get("p", {}), self.splits)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangesPartition)
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            for part, token, from_id, to_id in partition.ranges:
+                yield from read_range(client, stream=self.stream, partition=part, token=token,
+                                      from_id=from_id, to_id=to_id)
+        finally:
+            client.close()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the sink's fenced transaction is the commit that counts."""
+
+
+class KgroupStreamSource(DataSource):
+    """``spark.readStream.format("kgroup").option("redis", ...).option("stream", ...)
+    .option("ownership", "sidecar:http://127.0.0.1:8470")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kgroup"
+
+    def schema(self) -> str:
+        return SOURCE_DDL
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KgroupStreamReader(dict(self.options))
+
+
+def aggregate_arrow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow: one Spark task = one planned range; per-key results out (RESULT_SCHEMA)."""
+    results = aggregate(batches)
+    if results:
+        yield results_to_arrow(results)

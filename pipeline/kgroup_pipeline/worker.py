@@ -1,0 +1,210 @@
+"""The PySpark job: read what the pod owns, aggregate per key, commit fenced, hand off.
+
+Rule: Spark computes; the sink's fenced transaction decides. Each micro-batch runs the
+kgroup source (ranges of owned partitions), a per-range aggregation in the same task
+(``mapInArrow``: a key lives in one partition, so no shuffle), and a ``foreachBatch`` sink
+that commits every range's output with its offset in one fenced Lua call
+(:mod:`kgroup_pipeline.fencing`). A handoff thread watches the ownership and releases a
+revoking partition once the last batch that read it is committed. On SIGTERM the worker
+seals everything, lets the running batch finish, releases every partition at its
+committed offset, stops the query and exits 0.
+
+    python -m kgroup_pipeline.worker --redis URL --stream NAME --sidecar http://127.0.0.1:8470
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import redis
+
+from kgroup_pipeline.events import RESULT_DDL, results_from_rows
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.handoff import HandoffController
+from kgroup_pipeline.keys import StreamKeys
+from kgroup_pipeline.ownership import ownership_from_spec
+
+log = logging.getLogger("kgroup_pipeline.worker")
+
+
+def spark_env() -> None:
+    """Loopback only, and the workers run this very interpreter (the venv's)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def build_session(master: str = "local[*]", app: str = "kgroup-pipeline") -> Any:
+    spark_env()
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.python.worker.reuse", "true")
+             .config("spark.sql.streaming.schemaInference", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    from kgroup_pipeline.source import KgroupStreamSource
+
+    spark.dataSource.register(KgroupStreamSource)
+    return spark
+
+
+@dataclass
+class Progress:
+    batches: int = 0
+    rows: int = 0
+    refused: int = 0
+    first_batch_at: float | None = None
+    last_at: float = field(default_factory=time.monotonic)
+    quiet: bool = False
+
+
+class FencedBatchSink:
+    """The foreachBatch function: commit each range's output fenced, print one line."""
+
+    def __init__(self, *, redis_url: str, stream: str, quiet: bool = False) -> None:
+        self.client = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.store = FencedStore(self.client, stream)
+        self.keys = StreamKeys(stream)
+        self.progress = Progress(quiet=quiet)
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        table = df.toArrow()
+        results = results_from_rows(table.to_pylist())
+        outcomes = self.store.commit(results)
+        rows = sum(r.events for r, o in zip(results, outcomes, strict=True)
+                   if o.status == "committed")
+        refused = [o for o in outcomes if o.status != "committed"]
+        now = time.monotonic()
+        p = self.progress
+        if p.first_batch_at is None:
+            p.first_batch_at = now
+        elapsed, p.last_at = max(now - p.last_at, 1e-6), now
+        p.batches += 1
+        p.rows += rows
+        p.refused += len(refused)
+        if not p.quiet:
+            print(f"batch={batch_id} partitions={len(results)} rows={rows} "
+                  f"events/s={rows / elapsed:.0f} lag={self.lag([r.partition for r in results])}"
+                  + (f" refused={[(o.partition, o.status) for o in refused]}" if refused else ""),
+                  flush=True)
+
+    def lag(self, partitions: list[int]) -> int:
+        """Events produced but not yet committed, over the given partitions."""
+        if not partitions:
+            return 0
+        names = [str(n) for n in partitions]
+        good = self.client.hmget(self.keys.produced_count, names)
+        bad = self.client.hmget(self.keys.produced_bad, names)
+        pipe = self.client.pipeline(transaction=False)
+        for n in partitions:
+            pipe.hget(self.keys.sink_partition(n), "events")
+        done = pipe.execute()
+        return sum(int(g or 0) + int(b or 0) - int(d or 0)
+                   for g, b, d in zip(good, bad, done, strict=True))
+
+
+def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, checkpoint: str,
+                sink: FencedBatchSink, trigger_seconds: float = 0.25,
+                max_rows: int = 100_000) -> Any:
+    from kgroup_pipeline.source import aggregate_arrow
+
+    events = (spark.readStream.format("kgroup")
+              .option("redis", redis_url).option("stream", stream)
+              .option("ownership", ownership).option("maxRowsPerBatch", str(max_rows))
+              .option("splits", str(spark.sparkContext.defaultParallelism))
+              .load())
+    results = events.mapInArrow(aggregate_arrow, RESULT_DDL)
+    return (results.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
+            .start())
+
+
+def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint: str,
+        stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
+        drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None) -> Progress:
+    """Run until `stop`; then seal, drain, release everything and stop the query.
+
+    With `spark` given (tests share one session per module) the session is left running.
+    """
+    started = time.monotonic()
+    own_session = spark is None
+    if spark is None:
+        spark = build_session(master)
+    sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
+    query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
+                        checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
+                        max_rows=max_rows)
+    handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
+    if not quiet:
+        print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
+    try:
+        while not stop.wait(0.2):
+            if query.exception() is not None:
+                raise RuntimeError(f"streaming query failed: {query.exception()}")
+            handoff.step(time.monotonic())
+        deadline = time.monotonic() + drain_timeout
+        while handoff.ownership.assignment().partitions and time.monotonic() < deadline:
+            handoff.step(time.monotonic(), everything=True)
+            time.sleep(0.1)
+    finally:
+        query.stop()
+        if own_session:
+            spark.stop()
+    if sink.progress.first_batch_at is not None and not quiet:
+        print(f"worker: first batch {sink.progress.first_batch_at - started:.1f}s after launch; "
+              f"{sink.progress.batches} batches, {sink.progress.rows} rows", flush=True)
+    return sink.progress
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kgroup_pipeline.worker")
+    ap.add_argument("--redis", default=os.environ.get("KGROUP_REDIS_URL"))
+    ap.add_argument("--stream", default=os.environ.get("KGROUP_STREAM"))
+    ap.add_argument("--sidecar", default=os.environ.get("KGROUP_SIDECAR_URL"))
+    ap.add_argument("--static", default=None, help="partitions owned without a sidecar: 0-15")
+    ap.add_argument("--token", type=int, default=1, help="token of --static partitions")
+    ap.add_argument("--master", default=os.environ.get("KGROUP_SPARK_MASTER", "local[*]"))
+    ap.add_argument("--checkpoint", default=None, help="checkpoint dir (default: a temp dir)")
+    ap.add_argument("--trigger", type=float, default=0.25, help="trigger interval, seconds")
+    ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
+    ap.add_argument("--drain-timeout", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    if not args.redis or not args.stream:
+        ap.error("--redis and --stream are required (or KGROUP_REDIS_URL, KGROUP_STREAM)")
+    if args.static is None and not args.sidecar:
+        ap.error("--sidecar (or KGROUP_SIDECAR_URL) or --static is required")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    spec = f"static:{args.static}@{args.token}" if args.static else f"sidecar:{args.sidecar}"
+    stop = threading.Event()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="kgroup-ckpt-")
+    run(redis_url=args.redis, stream=args.stream, ownership=spec, master=args.master,
+        checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
+        max_rows=args.max_rows, drain_timeout=args.drain_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
