@@ -1,0 +1,259 @@
+"""The app client against a real sidecar HTTP server fed by a scripted core (no cluster).
+
+The driver below is the sidecar's loop with the Kubernetes writes replaced by an
+in-memory lock table: every acquisition and release succeeds at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kgroup_sidecar.http_api import serve
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
+from kgroup_sidecar.testing import free_port
+
+from kgroup.client import AsyncSidecarClient, SidecarClient, SidecarError
+from kgroup.core.locks import LeaseTiming
+from kgroup.core.member import (
+    Acquire,
+    EndSession,
+    Fence,
+    Lock,
+    Release,
+    Renew,
+    StartSession,
+    Target,
+)
+
+POD = "pod-a"
+
+
+class Scripted:
+    """A real Sidecar object and HTTP server on a private loop; the core is scripted."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        settings = Settings(group="g", namespace="ns", pod_name=POD, listen_port=self.port)
+        self.sc = Sidecar(settings)
+        self.released: dict[int, str | None] = {}
+        self.renewals_fail = False
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner = self.call(serve(self.sc, "127.0.0.1", self.port))
+        self.driver = asyncio.run_coroutine_threadsafe(self.drive(), self.loop)
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def set(self, *, target: list[int], epoch: int, partitions: int = 4) -> None:
+        async def apply() -> None:
+            sc = self.sc
+            sc.timing, sc.drain_timeout = LeaseTiming(duration=3, renew_interval=1), 30.0
+            sc.synced = {"group", "lease"}
+            sc.target = Target(epoch, frozenset(target))
+            for p in range(partitions):
+                sc.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
+            sc.dirty.set()
+
+        self.call(apply())
+
+    async def drive(self) -> None:
+        sc, m = self.sc, self.sc.member
+        while True:
+            sc.dirty.clear()
+            snap = sc.snapshot()
+            for a in m.step(snap):
+                now = sc.clock()
+                if isinstance(a, StartSession) and self.renewals_fail:
+                    m.session_start_failed(now=now)
+                elif isinstance(a, StartSession):
+                    m.session_started("S1", sent_at=now, timing=a.timing, now=now)
+                elif isinstance(a, Renew) and not self.renewals_fail:
+                    m.renewed(a.session, sent_at=now, timing=a.timing, epoch=a.epoch, now=now)
+                elif isinstance(a, Acquire):
+                    sc.locks[a.partition] = Lock(a.partition, POD, a.session, a.token, "rv")
+                    m.acquired(a.partition, a.session, token=a.token, resource_version="rv")
+                elif isinstance(a, Release):
+                    sc.locks[a.partition] = Lock(a.partition, None, None, a.token, "rv", a.position)
+                    self.released[a.partition] = a.position
+                    m.released(a.partition, a.session)
+                    sc._resolve(a.partition, a.token, True)
+                elif isinstance(a, Fence):
+                    sc._fenced(a)
+                elif isinstance(a, EndSession):
+                    m.session_ended()
+            sc.publish()
+            wake = m.next_wakeup(snap) if snap.timing else None
+            timeout = None if wake is None else max(0.02, wake - sc.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sc.dirty.wait(), timeout)
+
+    def close(self) -> None:
+        self.driver.cancel()
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    s = Scripted()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def wait(what: str, cond: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = cond()
+        if result:
+            return result
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def raw(url: str, method: str = "GET", body: bytes | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            text = resp.read().decode()
+            return resp.status, json.loads(text) if text.startswith("{") else text
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_assignment_reports_partitions_tokens_and_validity(scripted: Scripted) -> None:
+    scripted.set(target=[1, 2], epoch=5)
+    c = SidecarClient(scripted.url)
+    a = wait("acked", lambda: (x := c.assignment()).acked_epoch == 5 and x)
+    assert [(p.partition, p.token, p.state) for p in a.partitions] == [(1, 1, "active"),
+                                                                        (2, 1, "active")]
+    assert a.session == "S1" and not a.fenced
+    assert 0 < a.valid_until - time.monotonic() <= 3.0
+
+
+def test_client_stops_reporting_past_valid_for_even_without_the_sidecar(
+        scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    now = [1000.0]
+    c = SidecarClient(scripted.url, clock=lambda: now[0])
+    a = wait("owned", lambda: (x := c.assignment()).partitions and x)
+    valid_for = a.valid_until - 1000.0
+    now[0] = 1000.0 + valid_for - 0.01
+    assert [p.partition for p in a.partitions] == [0]
+    now[0] = 1000.0 + valid_for
+    assert a.partitions == () and a.expired
+
+
+def test_long_poll_answers_on_change_and_on_timeout(scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    c = SidecarClient(scripted.url)
+    a = wait("acked", lambda: (x := c.assignment()).acked_epoch == 1 and x)
+    same = c.wait_for_change(a.version, timeout=0.2)
+    assert same.version == a.version
+    threading.Timer(0.2, lambda: scripted.set(target=[0], epoch=2)).start()
+    changed = c.wait_for_change(a.version, timeout=10)
+    assert changed.version > a.version
+    assert {p.partition: p.state for p in changed.partitions}[1] == "revoking"
+
+
+def test_release_hands_over_the_position_and_refuses_bad_requests(scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("acked", lambda: c.assignment().acked_epoch == 1)
+    scripted.set(target=[0], epoch=2)
+    wait("revoking", lambda: any(p.state == "revoking" for p in c.assignment().partitions))
+    status, body = raw(scripted.url + "/v1/partitions/1/release", "POST", b"not json")
+    assert status == 400 and "error" in body
+    status, body = raw(scripted.url + "/v1/partitions/x/release", "POST", b"{}")
+    assert status == 400
+    with pytest.raises(SidecarError) as refused:
+        c.release(3, 1, "p")
+    assert refused.value.status == 404
+    with pytest.raises(SidecarError) as stale:
+        c.release(1, 7, "p")
+    assert stale.value.status == 409
+    assert c.release(1, 1, "1700-5") is True
+    assert scripted.released == {1: "1700-5"}
+    assert [p.partition for p in c.assignment().partitions] == [0]
+    wait("epoch 2 acknowledged", lambda: c.assignment().acked_epoch == 2)
+
+
+def test_fenced_sidecar_reports_nothing_and_is_not_ready(scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("owned", lambda: c.assignment().partitions)
+    assert raw(scripted.url + "/readyz")[0] == 200
+    scripted.renewals_fail = True
+    a = wait("fenced", lambda: (x := c.assignment()).fenced and x, timeout=10)
+    assert a.partitions == ()
+    assert raw(scripted.url + "/readyz")[0] == 503
+    status, metrics = raw(scripted.url + "/metrics")
+    assert status == 200 and "kgroup_sidecar_fencings_total 1" in metrics
+
+
+def test_watch_calls_back_assigned_revoked_and_lost(scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    c = SidecarClient(scripted.url)
+    events: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def on_revoked(p: Any) -> None:
+        events.append(("revoked", p.partition))
+        c.release(p.partition, p.token, "pos")
+
+    t = threading.Thread(target=c.watch, kwargs=dict(
+        on_assigned=lambda p: events.append(("assigned", p.partition)),
+        on_revoked=on_revoked,
+        on_lost=lambda p: events.append(("lost", p.partition)),
+        stop=stop, wait=1.0), daemon=True)
+    t.start()
+    wait("assigned", lambda: ("assigned", 1) in events and ("assigned", 0) in events)
+    scripted.set(target=[0], epoch=2)
+    wait("released", lambda: scripted.released.get(1) == "pos")
+    scripted.renewals_fail = True
+    wait("lost", lambda: ("lost", 0) in events)
+    stop.set()
+    t.join(5)
+    assert events.index(("revoked", 1)) > events.index(("assigned", 1))
+    assert ("lost", 1) in events  # the released partition left the view
+
+
+def test_async_client_reads_and_releases(scripted: Scripted) -> None:
+    scripted.set(target=[2], epoch=1)
+
+    async def scenario() -> tuple[list[int], bool, int]:
+        c = AsyncSidecarClient(scripted.url)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            a = await c.assignment()
+            if a.partitions:
+                break
+        parts = [p.partition for p in a.partitions]
+        ok = await c.release(2, a.partitions[0].token, "9-0")
+        try:
+            await c.release(2, 99, None)
+        except SidecarError as exc:
+            return parts, ok, exc.status
+        return parts, ok, 0
+
+    parts, ok, status = asyncio.run(scenario())
+    assert parts == [2] and ok and status in (404, 409)
+    assert scripted.released[2] == "9-0"
