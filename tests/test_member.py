@@ -179,10 +179,11 @@ def test_app_ack_with_another_token_is_ignored_and_refused() -> None:
     w.target = Target(1, frozenset({0}))
     m = joined(w)
     acquire_all(m, w, 0.1)
-    assert m.check_release(0, 99) == (409, "token 99 is not the current token 1 of 0")
-    refused = m.check_release(3, 1)
+    assert m.check_release(0, 99, 0.2) == (409, "token 99 is not the current token 1 of 0")
+    refused = m.check_release(3, 1, 0.2)
     assert refused is not None and refused[0] == 404
-    assert m.check_release(0, 1) is None
+    assert m.check_release(0, 1, 0.2) is None
+    assert m.check_release(0, 1, 8.0) is not None  # past the fencing deadline
     w.target = Target(2, frozenset())
     w.app[0] = AppRelease(token=99, position="x")
     assert of(m.step(w.snap(1.0)), Release) == []

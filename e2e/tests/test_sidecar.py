@@ -6,14 +6,10 @@ partition, no two sessions' active-ownership intervals overlap and tokens increa
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-
-from kgroup.client import SidecarClient
 from kgroup_sidecar.testing import (
     ScriptedTarget,
     SidecarProcess,
@@ -21,6 +17,9 @@ from kgroup_sidecar.testing import (
     safety_violations,
     wait_until,
 )
+from kubernetes import client
+
+from kgroup.client import SidecarClient, SidecarError
 
 pytestmark = pytest.mark.cluster
 GROUP = "orders"
@@ -101,3 +100,151 @@ def test_two_members_join_split_the_target_and_acknowledge(harness: Harness) -> 
     assert lease is not None
     assert lease["metadata"]["annotations"]["kgroup.dev/epoch"] == str(epoch)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == h.target.uid
+
+
+def _converge(h: Harness, target: dict[str, list[int]]) -> int:
+    epoch = h.target.assign(target)
+    wait_until(f"members converge on epoch {epoch}", lambda: h.converged(target, epoch),
+               timeout=40)
+    return epoch
+
+
+def test_graceful_move_hands_over_the_position_with_token_plus_one(harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=4)
+    h.start("pod-a")
+    h.start("pod-b")
+    _converge(h, {"pod-a": [0, 1], "pod-b": [2, 3]})
+    app_a = h.client("pod-a")
+    epoch = h.target.assign({"pod-a": [0], "pod-b": [1, 2, 3]})
+    revoking = wait_until("partition 1 revoking on pod-a", lambda: [
+        p for p in app_a.assignment().partitions if p.state == "revoking"])
+    assert [(p.partition, p.token) for p in revoking] == [(1, 1)]
+    assert h.view("pod-a")[0] == ("active", 1)  # the partition that stays is not disturbed
+    assert h.view("pod-b").get(1) is None  # the new owner waits for the release
+    assert app_a.release(1, 1, "1700-5") is True
+    wait_until("both ack the new epoch", lambda: h.converged(
+        {"pod-a": [0], "pod-b": [1, 2, 3]}, epoch), timeout=30)
+    moved = {p.partition: p for p in h.client("pod-b").assignment().partitions}[1]
+    assert (moved.token, moved.position) == (2, "1700-5")
+    lock = h.target.lock(1)
+    assert lock["metadata"]["annotations"]["kgroup.dev/position-token"] == "1"
+
+
+def test_sigterm_releases_everything_with_positions_and_deletes_the_session(
+        harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=2)
+    sc = h.start("pod-a")
+    _converge(h, {"pod-a": [0, 1]})
+    app = h.client("pod-a")
+    sc.signal(signal.SIGTERM)
+    released: set[int] = set()
+
+    def ack_revocations() -> bool:
+        if not sc.alive():
+            return True
+        for p in app.assignment().partitions:
+            if p.state == "revoking" and p.partition not in released:
+                app.release(p.partition, p.token, f"pos-{p.partition}")
+                released.add(p.partition)
+        return False
+
+    wait_until("the sidecar exits", ack_revocations, timeout=30)
+    assert sc.proc is not None and sc.proc.returncode == 0
+    assert released == {0, 1}
+    for p in (0, 1):
+        holder, session, token = h.target.holder(p)
+        notes = h.target.lock(p)["metadata"]["annotations"]
+        assert (holder, session, token) == (None, None, 1)
+        assert notes["kgroup.dev/position"] == f"pos-{p}"
+    assert h.target.member_lease("pod-a") is None
+
+
+def test_sigkill_lets_another_member_take_over_after_a_lease_duration(harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=4)
+    a = h.start("pod-a")
+    h.start("pod-b")
+    _converge(h, {"pod-a": [0, 1], "pod-b": [2, 3]})
+    a.signal(signal.SIGKILL)
+    epoch = h.target.assign({"pod-b": [0, 1, 2, 3]})
+    wait_until("pod-b owns everything", lambda: h.converged({"pod-b": [0, 1, 2, 3]}, epoch),
+               timeout=40)
+    assert {p: t for p, (_, t) in h.view("pod-b").items()} == {0: 2, 1: 2, 2: 1, 3: 1}
+    takeovers = [r for r in read_audit([h.sidecars["pod-b"].audit_file])
+                 if r["event"] == "acquire" and r["partition"] in (0, 1)]
+    assert a.killed_at is not None
+    assert all(r["mono"] > a.killed_at for r in takeovers)
+
+
+def test_sigstop_longer_than_the_lease_fences_the_paused_member(harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=4)
+    a = h.start("pod-a")
+    h.start("pod-b")
+    _converge(h, {"pod-a": [0, 1], "pod-b": [2, 3]})
+    app_a = h.client("pod-a")
+    before = app_a.assignment()
+    old_tokens = {p.partition: p.token for p in before.partitions}
+    a.signal(signal.SIGSTOP)
+    try:
+        epoch = h.target.assign({"pod-b": [0, 1, 2, 3]})
+        wait_until("pod-b takes over", lambda: h.converged({"pod-b": [0, 1, 2, 3]}, epoch),
+                   timeout=40)
+        # While paused, the app's last answer has run out on the app's own clock.
+        assert before.expired and before.partitions == ()
+    finally:
+        a.signal(signal.SIGCONT)
+    after = wait_until("pod-a answers again", lambda: app_a.assignment())
+    assert after.partitions == ()
+    fences = [r for r in read_audit([a.audit_file]) if r["event"] == "fence"]
+    assert fences and sorted(p for p, _ in fences[0]["partitions"]) == [0, 1]
+    new_tokens = {p: t for p, (_, t) in h.view("pod-b").items()}
+    assert all(old_tokens[p] < new_tokens[p] for p in (0, 1))
+    with pytest.raises(SidecarError) as stale:
+        app_a.release(0, old_tokens[0], "zombie")
+    assert stale.value.status == 404
+    wait_until("pod-a rejoins with a new session",
+               lambda: (x := app_a.assignment()).session not in (None, before.session)
+               and not x.fenced)
+
+
+def test_drain_timeout_releases_a_partition_the_app_never_acknowledges(
+        harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=2, drain=2)
+    h.start("pod-a")
+    h.start("pod-b")
+    _converge(h, {"pod-a": [0, 1], "pod-b": []})
+    epoch = h.target.assign({"pod-a": [0], "pod-b": [1]})
+    wait_until("the partition moves without an ack", lambda: h.converged(
+        {"pod-a": [0], "pod-b": [1]}, epoch), timeout=30)
+    releases = [r for r in read_audit([h.sidecars["pod-a"].audit_file])
+                if r["event"] == "release"]
+    assert [(r["partition"], r["reason"], r["position"]) for r in releases] == [
+        (1, "drain-timeout", None)]
+    assert h.view("pod-b")[1] == ("active", 2)
+
+
+def test_api_server_restart_keeps_or_fences_then_converges(harness: Harness,
+                                                            cluster: object) -> None:
+    h = harness
+    h.target.create(partitions=4)
+    h.start("pod-a")
+    h.start("pod-b")
+    target = {"pod-a": [0, 1], "pod-b": [2, 3]}
+    epoch = _converge(h, target)
+    cluster.restart_apiserver()  # type: ignore[attr-defined]
+    wait_until("members converge after the restart", lambda: h.converged(target, epoch),
+               timeout=60)
+    epoch = h.target.assign({"pod-a": [0], "pod-b": [1, 2, 3]})
+    app_a = h.client("pod-a")
+
+    def ack() -> bool:
+        for p in app_a.assignment().partitions:
+            if p.state == "revoking":
+                app_a.release(p.partition, p.token, "after-restart")
+        return h.converged({"pod-a": [0], "pod-b": [1, 2, 3]}, epoch)
+
+    wait_until("a move still works after the restart", ack, timeout=40)

@@ -294,10 +294,11 @@ class Member:
             partitions=tuple(parts),
         )
 
-    def check_release(self, partition: int, token: int) -> tuple[int, str] | None:
+    def check_release(self, partition: int, token: int, now: float) -> tuple[int, str] | None:
         """Validate an app's release request: None if acceptable, else (HTTP status, why)."""
         owned = self.owned.get(partition)
-        if owned is None or self.fenced or owned.state is PartitionState.RELEASING:
+        if owned is None or self.fenced or self._expired(now) \
+                or owned.state is PartitionState.RELEASING:
             return 404, f"partition {partition} is not held by this member"
         if owned.token != token:
             return 409, f"token {token} is not the current token {owned.token} of {partition}"

@@ -67,7 +67,7 @@ async def release(request: web.Request) -> web.Response:
         return _error(400, "token must be an integer")
     if position is not None and not isinstance(position, str):
         return _error(400, "position must be a string or null")
-    refused = sidecar.member.check_release(partition, token)
+    refused = sidecar.member.check_release(partition, token, sidecar.clock())
     if refused is not None:
         return _error(*refused)
     try:
