@@ -1,0 +1,131 @@
+"""The PySpark job on a real local-mode Spark session (one per module) and a real redis-server."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from kgroup_pipeline.light_worker import LightWorker
+from kgroup_pipeline.producer import produce
+from kgroup_pipeline.scripted import ScriptedCoordinator, serve_sidecar
+from kgroup_pipeline.verify import verify
+from kgroup_pipeline.worker import Progress, build_session
+from kgroup_pipeline.worker import run as run_worker
+from pipeline_fixtures import rclient, redis_url, stream
+
+__all__ = ["rclient", "redis_url", "stream"]
+pytestmark = pytest.mark.spark
+PARTS = 16
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = build_session("local[2]", app="kgroup-pipeline-tests")
+    yield session
+    session.stop()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 180.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+class SparkWorker:
+    """worker.run in a thread, stopped (drain + release) by `stop()`."""
+
+    def __init__(self, spark: Any, *, redis_url: str, stream: str, ownership: str) -> None:
+        self.stop_event = threading.Event()
+        self.progress: Progress | None = None
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                self.progress = run_worker(
+                    redis_url=redis_url, stream=stream, ownership=ownership, master="",
+                    checkpoint=tempfile.mkdtemp(prefix="kgroup-test-ckpt-"),
+                    stop=self.stop_event, max_rows=20_000, drain_timeout=20.0, spark=spark)
+            except BaseException as e:
+                self.error = e
+
+        self.thread = threading.Thread(target=target, name="spark-worker")
+        self.thread.start()
+
+    def stop(self) -> Progress:
+        self.stop_event.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive()
+        assert self.error is None, self.error
+        assert self.progress is not None
+        return self.progress
+
+
+def test_one_pyspark_worker_consumes_all_16_partitions_and_the_verifier_is_clean(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=PARTS, count=30_000, keys=500, bad_every=500,
+            seed=11)
+    worker = SparkWorker(spark, redis_url=redis_url, stream=stream, ownership="static:0-15@1")
+    try:
+        wait_for(lambda: worker.error is not None or verify(rclient, stream).caught_up,
+                 what="catch-up")
+    finally:
+        progress = worker.stop()
+    report = verify(rclient, stream)
+    assert report.clean and report.caught_up
+    assert report.total("committed") == report.total("produced") == 30_000 - 60
+    assert report.total("out_of_order") == 0
+    assert report.total("dead") == report.total("bad") == 60
+    assert progress.rows == 30_000
+    assert rclient.xlen(f"kgroup:{{{stream}}}:dead") == 60
+
+
+def test_a_partition_moves_from_a_pyspark_worker_to_a_light_worker_mid_stream(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str) -> None:
+    coord = ScriptedCoordinator(PARTS)
+    coord.assign("a", list(range(PARTS)))
+    server, url = serve_sidecar(coord, "a")
+    producer = threading.Thread(
+        target=produce, args=(redis.Redis.from_url(redis_url, decode_responses=True),),
+        kwargs={"stream": stream, "partitions": PARTS, "count": 40_000, "rate": 4000.0,
+                "keys": 400, "seed": 12})
+    light_stop = threading.Event()
+    light = LightWorker(client=redis.Redis.from_url(redis_url, decode_responses=True),
+                        stream=stream, ownership=coord.ownership("b"), max_rows=2000)
+    light_thread = threading.Thread(target=light.run, args=(light_stop,))
+    producer.start()
+    light_thread.start()
+    worker = SparkWorker(spark, redis_url=redis_url, stream=stream, ownership=f"sidecar:{url}")
+    try:
+        wait_for(lambda: worker.error is not None
+                 or verify(rclient, stream).total("committed") > 5000, what="progress")
+        assert worker.error is None
+        coord.move(3, "b")
+        coord.move(7, "b")
+        wait_for(lambda: coord.holder(3)[0] == "b" and coord.holder(7)[0] == "b",
+                 what="handoff")
+        producer.join()
+        wait_for(lambda: verify(rclient, stream).caught_up, what="catch-up")
+    finally:
+        worker.stop()
+        light_stop.set()
+        light_thread.join(timeout=60)
+        server.shutdown()
+        server.server_close()
+    report = verify(rclient, stream)
+    assert report.clean, report
+    assert report.total("committed") == 40_000
+    assert report.total("out_of_order") == 0
+    handed = {p: pos for m, p, tok, pos in coord.releases if m == "a" and tok == 1}
+    assert handed.keys() >= {3, 7}
+    for p in (3, 7):
+        # b went on from exactly where a's last committed batch ended, under token 2.
+        assert rclient.hget(f"kgroup:{{{stream}}}:sink:p:{p}", "token") == "2"
+        assert int(rclient.hget(f"kgroup:{{{stream}}}:sink:p:{p}", "batches") or 0) >= 1
+    assert light.stats.rows > 0
