@@ -1,0 +1,212 @@
+"""The API server itself refuses invalid ConsumerGroups, with messages a person reads.
+
+These run against the real kube-apiserver with the generated CRD applied (fixture
+`crd`): OpenAPI bounds, enums and required fields, the CEL rules with their messages,
+the partitions-never-shrink transition rule, defaulting, and the status subresource.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kgroup.constants import API_GROUP, API_VERSION, KIND, PLURAL
+
+pytestmark = pytest.mark.cluster
+
+Body = dict[str, Any]
+
+
+def group(name: str = "orders", **spec: Any) -> Body:
+    base: Body = {"partitions": 8, "selector": {"matchLabels": {"app": "orders-worker"}}}
+    base.update(spec)
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {k: v for k, v in base.items() if v is not None},
+    }
+
+
+@pytest.fixture
+def api(kube: client.ApiClient, crd: list[str]) -> client.CustomObjectsApi:
+    assert f"{PLURAL}.{API_GROUP}" in crd
+    return client.CustomObjectsApi(kube)
+
+
+def create(api: client.CustomObjectsApi, namespace: str, body: Body) -> Body:
+    out = api.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, body)
+    return typing.cast(Body, out)
+
+
+def get(api: client.CustomObjectsApi, namespace: str, name: str) -> Body:
+    out = api.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+    return typing.cast(Body, out)
+
+
+def refused(call: Callable[[], object]) -> str:
+    """Runs a call the API server must refuse with 422; returns its message."""
+    with pytest.raises(client.ApiException) as info:
+        call()
+    assert info.value.status == 422, info.value.body
+    message: str = json.loads(info.value.body or "{}")["message"]
+    return message
+
+
+def test_a_valid_group_is_accepted_and_defaulted(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group(source={"stream": "orders", "redis": {"db": 3}}))
+    spec = get(api, namespace, "orders")["spec"]
+    assert spec["assignor"] == "sticky"
+    assert spec["lease"] == {"durationSeconds": 15, "renewIntervalSeconds": 5}
+    assert spec["handoff"] == {"drainTimeoutSeconds": 30}
+    assert spec["stabilizationWindowSeconds"] == 5
+    assert spec["stabilizationMaxDelaySeconds"] == 30
+    assert spec["restartGraceSeconds"] == 0
+    assert spec["paused"] is False
+    assert spec["source"] == {"stream": "orders", "redis": {"db": 3}}, "unknown fields kept"
+
+
+def test_a_partly_given_lease_gets_the_other_default(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group(lease={"durationSeconds": 60}))
+    assert get(api, namespace, "orders")["spec"]["lease"] == {
+        "durationSeconds": 60,
+        "renewIntervalSeconds": 5,
+    }
+
+
+INVALID: list[tuple[str, Body, list[str]]] = [
+    ("no partitions", {"partitions": 0}, ["spec.partitions", "greater than or equal to 1"]),
+    ("too many", {"partitions": 100_001}, ["spec.partitions", "less than or equal to 100000"]),
+    ("no selector", {"selector": None}, ["spec.selector", "Required value"]),
+    ("empty selector", {"selector": {}}, ["selector must select something"]),
+    (
+        "empty selector lists",
+        {"selector": {"matchLabels": {}, "matchExpressions": []}},
+        ["selector must select something"],
+    ),
+    ("unknown assignor", {"assignor": "roundrobin"}, ['Unsupported value: "roundrobin"']),
+    (
+        "renew equals duration",
+        {"lease": {"durationSeconds": 10, "renewIntervalSeconds": 10}},
+        ["lease.renewIntervalSeconds must be less than lease.durationSeconds"],
+    ),
+    (
+        "default renew above a short duration",
+        {"lease": {"durationSeconds": 3}},
+        ["lease.renewIntervalSeconds must be less than lease.durationSeconds"],
+    ),
+    (
+        "negative drain timeout",
+        {"handoff": {"drainTimeoutSeconds": -1}},
+        ["spec.handoff.drainTimeoutSeconds", "greater than or equal to 0"],
+    ),
+    (
+        "negative stabilization window",
+        {"stabilizationWindowSeconds": -5},
+        ["spec.stabilizationWindowSeconds", "greater than or equal to 0"],
+    ),
+    (
+        "negative restart grace",
+        {"restartGraceSeconds": -1},
+        ["spec.restartGraceSeconds", "greater than or equal to 0"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "messages"), INVALID, ids=[c[0] for c in INVALID])
+def test_an_invalid_group_is_refused_with_a_readable_message(
+    api: client.CustomObjectsApi, namespace: str, case: str, spec: Body, messages: list[str]
+) -> None:
+    message = refused(lambda: create(api, namespace, group(**spec)))
+    for expected in messages:
+        assert expected in message, f"{case}: {message}"
+
+
+def patch_spec(api: client.CustomObjectsApi, namespace: str, spec: Body) -> Body:
+    out = api.patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"spec": spec}
+    )
+    return typing.cast(Body, out)
+
+
+def test_shrinking_partitions_is_refused_and_growing_is_accepted(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group(partitions=8))
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 4}))
+    assert "spec.partitions cannot be reduced (from 8 to 4)" in message
+    assert "create a new ConsumerGroup to shrink" in message
+    assert get(api, namespace, "orders")["spec"]["partitions"] == 8
+    assert patch_spec(api, namespace, {"partitions": 16})["spec"]["partitions"] == 16
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 15}))
+    assert "(from 16 to 15)" in message
+
+
+def test_an_update_breaking_the_lease_rule_is_refused(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group())
+    message = refused(lambda: patch_spec(api, namespace, {"lease": {"durationSeconds": 4}}))
+    assert "lease.renewIntervalSeconds must be less than lease.durationSeconds" in message
+
+
+STATUS: Body = {
+    "epoch": 3,
+    "phase": "Stable",
+    "memberCount": 1,
+    "assignment": {"orders-worker-0": "0-7"},
+    "members": [{"name": "orders-worker-0", "assigned": "0-7", "assignedCount": 8}],
+}
+
+
+def test_status_is_written_only_through_the_status_subresource(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    body = group()
+    body["status"] = STATUS
+    created = create(api, namespace, body)
+    assert "epoch" not in created.get("status", {}), "status on create is dropped"
+
+    api.patch_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"status": STATUS}
+    )
+    assert get(api, namespace, "orders").get("status", {}).get("epoch") is None
+
+    api.patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"status": STATUS}
+    )
+    status = get(api, namespace, "orders")["status"]
+    assert status["epoch"] == 3
+    assert status["assignment"] == {"orders-worker-0": "0-7"}
+    assert status["members"][0]["ownedCount"] == 0, "defaults apply to status items too"
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"epoch": -1}, "status.epoch"),
+        ({"phase": "Happy"}, 'Unsupported value: "Happy"'),
+        ({"assignment": {"w": "0-3,x"}}, "status.assignment.w"),
+        ({"members": [{"name": "a"}, {"name": "a"}]}, "Duplicate value"),
+        ({"unowned": -2}, "status.unowned"),
+    ],
+)
+def test_an_insane_status_is_refused(
+    api: client.CustomObjectsApi, namespace: str, status: Body, expected: str
+) -> None:
+    create(api, namespace, group())
+    message = refused(
+        lambda: api.patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"status": status}
+        )
+    )
+    assert expected in message
