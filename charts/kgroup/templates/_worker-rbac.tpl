@@ -1,0 +1,58 @@
+{{/*
+kgroup.workerRbac: the ServiceAccount, Role and RoleBinding of kgroup worker pods in one
+namespace. The Role is exactly what the sidecar needs in its own namespace: its session
+and the partition locks (leases), and the ConsumerGroup it serves (read-only). Nothing
+else: no pods, no secrets, no status. What a worker may do to a Lease beyond this RBAC
+(only its own member Lease, only locks it holds or acquires) is enforced by the chart's
+ValidatingAdmissionPolicy.
+
+Usage (also from a chart that depends on kgroup):
+  {{ include "kgroup.workerRbac" (dict "root" $ "namespace" "orders") }}
+Optional keys: "serviceAccountName" (default .Values.workerRbac.serviceAccountName).
+*/}}
+{{- define "kgroup.workerRbac" -}}
+{{- $root := .root -}}
+{{- $ns := required "kgroup.workerRbac needs a namespace" .namespace -}}
+{{- $sa := default $root.Values.workerRbac.serviceAccountName .serviceAccountName -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ $sa }}
+  namespace: {{ $ns }}
+  labels:
+    {{- include "kgroup.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: worker
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $sa }}
+  namespace: {{ $ns }}
+  labels:
+    {{- include "kgroup.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: worker
+rules:
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["kgroup.dev"]
+    resources: ["consumergroups"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $sa }}
+  namespace: {{ $ns }}
+  labels:
+    {{- include "kgroup.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: worker
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ $sa }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ $ns }}
+{{- end -}}

@@ -1,0 +1,350 @@
+"""The Helm chart (charts/kgroup) renders what it promises: no cluster, only `helm`.
+
+Rule: every assertion is on objects `helm template` rendered (parsed YAML), never on the
+template text, so a test fails when what would reach the API server changes. `helm` is the
+binary scripts/build-tools.sh builds from its Go module (a no-op when cached).
+
+Why these checks: the chart is where least privilege and the CRD's lifetime are decided.
+RBAC verbs are compared exactly (a wildcard or an extra verb is a failure), the operator's
+securityContext is the hardened one, the CRD is kept on uninstall, the values schema
+refuses a misspelt key, and the chart's CRD copy is byte-identical to crds/ (generated from
+the pydantic models) so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kgroup_devcluster.cluster import build_tools
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "kgroup"
+CRD_FILE = "kgroup.dev_consumergroups.yaml"
+# `helm template` assumes Kubernetes 1.20 unless told; the chart requires >= 1.30.
+KUBE_VERSION = "1.35.4"
+
+Obj = dict[str, Any]
+
+
+@cache
+def helm_bin() -> str:
+    helm = build_tools() / "helm"
+    if not helm.exists():
+        pytest.fail(f"{helm} is missing: run scripts/build-tools.sh", pytrace=False)
+    return str(helm)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_bin(), *args], capture_output=True, text=True, check=check,
+                          timeout=120)
+
+
+def render(*sets: str, chart: Path = CHART, namespace: str = "kgroup-system") -> list[Obj]:
+    argv = ["template", "kg", str(chart), "--namespace", namespace,
+            "--kube-version", KUBE_VERSION]
+    for s in sets:
+        argv += ["--set", s]
+    out = helm(*argv, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [o for o in by_kind(objs, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def rule_table(rules: list[Obj]) -> set[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    """(apiGroup, resource, sorted verbs, resourceNames) for every rule's group x resource."""
+    table = set()
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                table.add((g, res, tuple(sorted(r["verbs"])),
+                           tuple(r.get("resourceNames", ()))))
+    return table
+
+
+def assert_no_wildcards(rules: list[Obj]) -> None:
+    for r in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert "*" not in r.get(key, []), f"wildcard in {key}: {r}"
+
+
+OPERATOR_RULES = {
+    ("kgroup.dev", "consumergroups", ("get", "list", "patch", "watch"), ()),
+    ("kgroup.dev", "consumergroups/status", ("get", "patch", "update"), ()),
+    ("", "pods", ("get", "list", "watch"), ()),
+    ("coordination.k8s.io", "leases",
+     ("create", "delete", "get", "list", "patch", "update", "watch"), ()),
+    ("", "events", ("create", "patch"), ()),
+}
+WORKER_RULES = {
+    ("coordination.k8s.io", "leases",
+     ("create", "delete", "get", "list", "patch", "update", "watch"), ()),
+    ("kgroup.dev", "consumergroups", ("get", "list", "watch"), ()),
+}
+
+
+def test_helm_lint_is_clean() -> None:
+    out = helm("lint", "--strict", str(CHART), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_default_render_has_every_component() -> None:
+    kinds = {o["kind"] for o in render()}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole",
+            "ClusterRoleBinding", "Role", "RoleBinding", "Service",
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+
+
+def test_operator_runs_hardened() -> None:
+    dep = one(render(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["command"] == ["kgroup-operator"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert c["livenessProbe"] and c["readinessProbe"]
+    assert pod["serviceAccountName"] == "kg-kgroup-operator"
+
+
+def test_operator_settings_follow_values() -> None:
+    objs = render("operator.watchNamespaces={orders,billing}", "operator.replicas=3",
+                  "operator.metricsPort=9100", "operator.healthPort=9101")
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KGROUP_NAMESPACES"] == "orders,billing"
+    assert env["KGROUP_PEERING"] == "lease"
+    assert env["KGROUP_METRICS_PORT"] == "9100"
+    assert env["KGROUP_LIVENESS_PORT"] == "9101"
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    assert one(objs, "Service")["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_operator_rbac_is_exactly_what_it_needs() -> None:
+    objs = render()
+    role = one(objs, "ClusterRole")
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == OPERATOR_RULES
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kg-kgroup-operator",
+                                    "namespace": "kgroup-system"}]
+
+
+def test_namespaced_operator_gets_roles_not_a_cluster_role() -> None:
+    objs = render("operator.watchNamespaces={orders,billing}")
+    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+    roles = {o["metadata"]["namespace"]: o for o in by_kind(objs, "Role")
+             if o["metadata"]["name"] == "kg-kgroup-operator"}
+    assert set(roles) == {"orders", "billing"}
+    for role in roles.values():
+        assert rule_table(role["rules"]) == OPERATOR_RULES
+
+
+def test_leader_election_role_is_scoped_to_its_lease() -> None:
+    objs = render("operator.replicas=2", "operator.leaderElection.leaseName=the-leader")
+    role = one(objs, "Role", "kg-kgroup-operator-leader-election")
+    assert role["metadata"]["namespace"] == "kgroup-system"
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == {
+        ("coordination.k8s.io", "leases", ("get", "patch", "update", "watch"), ("the-leader",)),
+        ("coordination.k8s.io", "leases", ("create",), ()),
+        ("", "events", ("create", "patch"), ()),
+    }
+    env = {e["name"]: e.get("value")
+           for e in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KGROUP_LEADER_LEASE"] == "the-leader"
+
+
+def test_standalone_operator_has_no_leader_election() -> None:
+    objs = render("operator.leaderElection.enabled=false")
+    assert not [o for o in by_kind(objs, "Role") if "leader" in o["metadata"]["name"]]
+    env = {e["name"]: e.get("value")
+           for e in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KGROUP_PEERING"] == "none"
+
+
+def test_worker_rbac_is_namespaced_and_minimal() -> None:
+    objs = render("workerRbac.namespaces={orders}", "workerRbac.serviceAccountName=orders-w")
+    sa = one(objs, "ServiceAccount", "orders-w")
+    assert sa["metadata"]["namespace"] == "orders"
+    role = one(objs, "Role", "orders-w")
+    assert role["metadata"]["namespace"] == "orders"
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == WORKER_RULES
+    rb = one(objs, "RoleBinding", "orders-w")
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "orders-w"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "orders-w",
+                               "namespace": "orders"}]
+
+
+def test_crd_is_kept_on_uninstall_by_default() -> None:
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "consumergroups.kgroup.dev"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    no_keep = one(render("crds.keep=false"), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (no_keep["metadata"].get("annotations") or {})
+    assert not by_kind(render("crds.enabled=false"), "CustomResourceDefinition")
+
+
+def test_chart_crd_copy_equals_the_generated_crd() -> None:
+    source = REPO / "crds" / CRD_FILE
+    copy = CHART / "files" / "crds" / CRD_FILE
+    assert copy.read_bytes() == source.read_bytes(), (
+        f"the chart's CRD drifted from crds/: cp {source} {copy}")
+
+
+def test_rendered_crd_schema_equals_the_generated_one() -> None:
+    # fromYaml/toYaml in the template must not change a value (e.g. numbers into floats).
+    source = yaml.safe_load((REPO / "crds" / CRD_FILE).read_text())
+    crd = one(render(), "CustomResourceDefinition")
+    assert json.dumps(crd["spec"], sort_keys=True) == json.dumps(source["spec"], sort_keys=True)
+
+
+@pytest.mark.parametrize("bad", ["bogus=1", "operator.bogus=1", "sidecar.image.bogus=x",
+                                 "admissionPolicy.failurePolicy=Sometimes"])
+def test_schema_refuses_unknown_or_invalid_values(bad: str) -> None:
+    out = helm("template", "kg", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad,
+               check=False)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
+
+
+def test_every_value_is_documented_with_an_example() -> None:
+    # A key is documented when the comment block right above it has "Example:"; a key
+    # without a comment block must sit inside a documented key (e.g. resources.limits.cpu).
+    documented: list[tuple[int, bool]] = []  # (indent, documented) of the open ancestors
+    comments: list[str] = []
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comments.append(stripped)
+            continue
+        if not stripped:
+            comments = []
+            continue
+        indent = len(line) - len(line.lstrip())
+        while documented and documented[-1][0] >= indent:
+            documented.pop()
+        key = stripped.split(":")[0]
+        own = any("Example:" in c for c in comments)
+        inherited = any(d for _, d in documented)
+        is_parent = stripped.endswith(":")
+        assert is_parent or own or inherited, f"values.yaml: {key} has no '# Example:'"
+        documented.append((indent, own))
+        comments = []
+
+
+def test_admission_policy_binds_the_worker_service_accounts() -> None:
+    objs = render("workerRbac.serviceAccountName=orders-w",
+                  "admissionPolicy.additionalServiceAccountNames={legacy}",
+                  "admissionPolicy.namespaces={orders}")
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert rule["resources"] == ["leases"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert '["orders-w","legacy"]' in conditions["caller-is-a-kgroup-worker"]
+    assert all(v.get("reason") == "Forbidden" for v in policy["spec"]["validations"])
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["orders"]}]
+
+
+def _parent_chart(tmp_path: Path, template: str) -> Path:
+    """A chart that depends on kgroup (copied into its charts/) and renders `template`."""
+    parent = tmp_path / "parent"
+    (parent / "templates").mkdir(parents=True)
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: parent\nversion: 0.0.1\nkubeVersion: '>=1.30.0-0'\n"
+        "dependencies:\n- name: kgroup\n  version: 0.1.0\n")
+    (parent / "values.yaml").write_text(
+        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '9.9.9'}}\n")
+    shutil.copytree(CHART, parent / "charts" / "kgroup")
+    (parent / "templates" / "pod.yaml").write_text(template)
+    return parent
+
+
+POD_TEMPLATE = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: w}
+spec:
+  serviceAccountName: kgroup-worker
+  %(where)s:
+    {{- $args := dict "root" $ "values" .Values.kgroup "group" "orders" %(extra)s }}
+    {{- include "kgroup.sidecarContainer" $args | nindent 4 }}
+  containers:
+    - {name: app, image: app}
+"""
+
+
+def test_sidecar_template_renders_a_native_sidecar_with_the_protocol_env(
+        tmp_path: Path) -> None:
+    parent = _parent_chart(tmp_path, POD_TEMPLATE % {"where": "initContainers", "extra": ""})
+    pod = one(render(chart=parent), "Pod")
+    (side,) = pod["spec"]["initContainers"]
+    assert side["name"] == "kgroup-sidecar"
+    assert side["restartPolicy"] == "Always"
+    assert side["image"] == "ghcr.io/kgroup/kgroup-sidecar:9.9.9"
+    assert side["command"] == ["kgroup-sidecar"]
+    env = {e["name"]: e for e in side["env"]}
+    assert env["KGROUP_GROUP"]["value"] == "orders"
+    assert env["KGROUP_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["KGROUP_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["KGROUP_LISTEN"]["value"] == "127.0.0.1:8470"
+    probes = {k: " ".join(side[k]["exec"]["command"])
+              for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert "http://127.0.0.1:8470/healthz" in probes["livenessProbe"]
+    assert "http://127.0.0.1:8470/readyz" in probes["readinessProbe"]
+    assert side["securityContext"]["readOnlyRootFilesystem"] is True
+    assert side["securityContext"]["runAsNonRoot"] is True
+
+
+def test_sidecar_template_renders_a_plain_container_when_not_native(tmp_path: Path) -> None:
+    parent = _parent_chart(tmp_path, POD_TEMPLATE % {
+        "where": "initContainers", "extra": '"native" false "port" 9470'})
+    (side,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
+    assert "restartPolicy" not in side
+    assert {e["name"]: e.get("value") for e in side["env"]}["KGROUP_LISTEN"] == "127.0.0.1:9470"
+
+
+def test_example_worker_deployment_matches_the_sidecar_template(tmp_path: Path) -> None:
+    example = yaml.safe_load((REPO / "examples" / "worker-deployment.yaml").read_text())
+    (side,) = [c for c in example["spec"]["template"]["spec"]["initContainers"]
+               if c["name"] == "kgroup-sidecar"]
+    parent = _parent_chart(tmp_path, POD_TEMPLATE % {"where": "initContainers", "extra": ""})
+    (parent / "values.yaml").write_text(
+        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '0.1.0'}}\n")
+    (rendered,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
+    assert side == rendered
