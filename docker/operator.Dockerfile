@@ -1,0 +1,27 @@
+# The kgroup operator (kopf). Build from the repository root:
+#   docker build -f docker/operator.Dockerfile -t ghcr.io/kgroup/kgroup-operator:0.1.0 .
+# Runs as a non-root user with a read-only root filesystem (the chart mounts /tmp).
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY kgroup ./kgroup
+COPY operator ./operator
+COPY worker_sidecar ./worker_sidecar
+COPY pipeline ./pipeline
+COPY e2e/kgroup_devcluster ./e2e/kgroup_devcluster
+# `pip install .` builds the one distribution (kgroup) with its console scripts, pinned by
+# constraints.txt; the source tree is removed afterwards.
+RUN pip install --constraint constraints.txt . && rm -rf /src
+
+RUN groupadd --system --gid 10001 kgroup \
+ && useradd --system --uid 10001 --gid kgroup --home-dir /nonexistent --shell /usr/sbin/nologin kgroup
+USER 10001:10001
+WORKDIR /
+
+ENTRYPOINT ["kgroup-operator"]
