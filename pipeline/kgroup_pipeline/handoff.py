@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from kgroup.client import SidecarError
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.ownership import OwnedPartition, Ownership
 
@@ -38,7 +39,11 @@ class HandoffController:
 
         Returns the partitions released by this step.
         """
-        view = self.ownership.assignment()
+        try:
+            view = self.ownership.assignment()
+        except (OSError, SidecarError) as e:
+            log.warning("ownership unavailable: %s", e)
+            return []
         todo: list[OwnedPartition] = list(view.partitions) if everything else view.revoking()
         done: list[int] = []
         for p in todo:

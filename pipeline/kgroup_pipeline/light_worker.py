@@ -23,6 +23,7 @@ from types import FrameType
 
 import redis
 
+from kgroup.client import SidecarError
 from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
@@ -51,7 +52,10 @@ class LightWorker:
 
     def run_once(self) -> int:
         """One batch over every active partition; returns the rows it committed."""
-        active = self.ownership.assignment().active()
+        try:
+            active = self.ownership.assignment().active()
+        except (OSError, SidecarError):
+            active = []  # the sidecar did not answer: own nothing until it does
         plans = self.store.plan(active, max_rows=max(1, self.max_rows // max(1, len(active))))
         results = []
         for plan in plans:
@@ -88,7 +92,12 @@ class LightWorker:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        while self.ownership.assignment().partitions and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            try:
+                if not self.ownership.assignment().partitions:
+                    return
+            except (OSError, SidecarError):
+                return
             self.handoff.step(time.monotonic(), everything=True)
 
 

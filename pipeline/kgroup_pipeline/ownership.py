@@ -12,12 +12,10 @@ ownership must be re-creatable from a string: :func:`ownership_from_spec` parses
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from kgroup.client import SidecarClient, SidecarError
 from kgroup.core.ranges import format_ranges, parse_ranges
 
 State = Literal["active", "revoking"]
@@ -78,32 +76,34 @@ class StaticOwnership:
 
 
 class SidecarOwnership:
-    """The sidecar's local API over plain urllib (loopback only, short timeouts)."""
+    """The sidecar's local API through :class:`kgroup.client.SidecarClient`.
+
+    The client stops reporting partitions once the sidecar's promise
+    (``validForSeconds``) has run out, so a worker cut off from its sidecar plans nothing
+    rather than processing partitions it may no longer own.
+    """
 
     def __init__(self, url: str, *, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return json.loads(resp.read() or b"null")
+        self.client = SidecarClient(self.url, timeout=timeout)
 
     def assignment(self) -> View:
-        doc = self._call("GET", "/v1/assignment")
-        return view_from_wire(doc)
+        """Raises :class:`kgroup.client.SidecarError` when the sidecar cannot answer."""
+        a = self.client.assignment()
+        parts = tuple(
+            OwnedPartition(p.partition, p.token,
+                           "revoking" if p.state == "revoking" else "active", p.position)
+            for p in a.partitions
+        )
+        return View(parts, a.version, a.expired)
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         try:
-            doc = self._call("POST", f"/v1/partitions/{partition}/release",
-                             {"token": token, "position": position})
-        except urllib.error.HTTPError as e:
-            if e.code in (404, 409):
+            return self.client.release(partition, token, position)
+        except SidecarError as e:
+            if e.status in (404, 409):
                 return False
             raise
-        return bool(doc and doc.get("released"))
 
     def spec(self) -> str:
         return f"sidecar:{self.url}"

@@ -33,6 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from kgroup.client import SidecarError
 from kgroup_pipeline.events import SOURCE_DDL, aggregate, read_range, results_to_arrow
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
@@ -100,7 +101,7 @@ class KgroupStreamReader(DataSourceStreamReader):
         store, ownership = self._planner()
         try:
             active = ownership.assignment().active()
-        except OSError as e:  # the sidecar is unreachable: plan nothing, try again next time
+        except (OSError, SidecarError) as e:  # no answer: plan nothing, ask again next time
             log.warning("ownership unavailable: %s", e)
             return start
         if not active:

@@ -28,6 +28,7 @@ from typing import Any
 
 import redis
 
+from kgroup.client import SidecarError
 from kgroup_pipeline.events import RESULT_DDL, results_from_rows
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
@@ -136,6 +137,13 @@ def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, chec
             .start())
 
 
+def held(handoff: HandoffController) -> bool:
+    try:
+        return bool(handoff.ownership.assignment().partitions)
+    except (OSError, SidecarError):
+        return False  # the sidecar is gone: nothing left to hand back through it
+
+
 def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint: str,
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None) -> Progress:
@@ -160,7 +168,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
                 raise RuntimeError(f"streaming query failed: {query.exception()}")
             handoff.step(time.monotonic())
         deadline = time.monotonic() + drain_timeout
-        while handoff.ownership.assignment().partitions and time.monotonic() < deadline:
+        while time.monotonic() < deadline and held(handoff):
             handoff.step(time.monotonic(), everything=True)
             time.sleep(0.1)
     finally:
