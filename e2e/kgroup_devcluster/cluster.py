@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import processes
-from .pki import Pki, ensure_pki
+from .pki import FRONT_PROXY_CLIENT, Pki, ensure_pki
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("KGROUP_STATE_ROOT", REPO / ".state"))
@@ -264,6 +264,13 @@ class Cluster:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={s / 'pki' / 'apiserver-generated'}",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+                f"--proxy-client-key-file={pki.front_proxy_client_key}",
             ]
         if name in ("kube-controller-manager", "kube-scheduler"):
             stem = "controller-manager" if name == "kube-controller-manager" else "scheduler"
@@ -285,7 +292,9 @@ class Cluster:
                 f"--root-ca-file={pki.ca_cert}",
                 f"--cluster-signing-cert-file={pki.ca_cert}",
                 f"--cluster-signing-key-file={pki.ca_key}",
-                "--controllers=*",
+                # The default set minus the controllers that need a cloud provider.
+                "--controllers=*,-cloud-node-lifecycle-controller,-node-route-controller,"
+                "-service-lb-controller",
             ]
         if name == "kwok":
             return [
@@ -293,7 +302,9 @@ class Cluster:
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 f"--server-address=127.0.0.1:{p['kwok']}",
-                "--node-ip=10.244.0.1", "--cidr=10.244.0.0/16",
+                # Fake addresses for nodes and pods: written into status, never connected to.
+                "--node-ip=10.244.0.1", "--cidr=10.244.0.1/16",
+                "--node-lease-duration-seconds=40",
             ]
         raise ValueError(f"unknown component {name!r}")
 
@@ -339,6 +350,7 @@ class Cluster:
 
     def start_component(self, name: str) -> processes.Record:
         """Start one component (the caller holds the state lock) and wait until healthy."""
+        ensure_pki(self.pki.dir)  # a state dir from an older version may lack a file
         argv = self.argv(name)
         rec = processes.start(name, argv, log=self.log(name), cwd=self.state_dir)
         records = self.records()

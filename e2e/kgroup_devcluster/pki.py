@@ -33,6 +33,9 @@ _APISERVER_DNS = (
 _APISERVER_IPS = ("127.0.0.1", "10.96.0.1")
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
 @dataclass(frozen=True)
 class ClientIdentity:
     """A client certificate to issue: file stem, user name, groups."""
@@ -73,6 +76,22 @@ class Pki:
     @property
     def apiserver_key(self) -> Path:
         return self.dir / "apiserver.key"
+
+    @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.dir / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_ca_key(self) -> Path:
+        return self.dir / "front-proxy-ca.key"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
 
     @property
     def sa_key(self) -> Path:
@@ -136,12 +155,14 @@ def _builder(
     )
 
 
-def _ensure_ca(pki: Pki) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
-    if pki.ca_cert.exists() and pki.ca_key.exists():
-        cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-        return cert, _load_key(pki.ca_key)
+def _ensure_ca(
+    cert_path: Path, key_path: Path, common_name: str
+) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+    if cert_path.exists() and key_path.exists():
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        return cert, _load_key(key_path)
     key = _new_key()
-    name = _name("kgroup-devcluster-ca")
+    name = _name(common_name)
     cert = (
         _builder(name, name, key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -156,8 +177,8 @@ def _ensure_ca(pki: Pki) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_key(pki.ca_key, key)
-    _write_cert(pki.ca_cert, cert)
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
     return cert, key
 
 
@@ -202,7 +223,7 @@ def ensure_pki(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
     pki = Pki(directory)
-    ca = _ensure_ca(pki)
+    ca = _ensure_ca(pki.ca_cert, pki.ca_key, "kgroup-devcluster-ca")
     sans = x509.SubjectAlternativeName(
         [x509.DNSName(n) for n in _APISERVER_DNS]
         + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in _APISERVER_IPS]
@@ -223,6 +244,19 @@ def ensure_pki(directory: Path) -> Pki:
             subject=_name(client.common_name, client.organizations),
             usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         )
+    # The request-header (front proxy) CA: the API server publishes it for aggregated API
+    # servers, and the controller manager and scheduler expect it in their delegated
+    # authentication; without it they log an error at every sync.
+    front_proxy_ca = _ensure_ca(
+        pki.front_proxy_ca_cert, pki.front_proxy_ca_key, "kgroup-devcluster-front-proxy-ca"
+    )
+    _leaf(
+        ca=front_proxy_ca,
+        cert_path=pki.front_proxy_client_cert,
+        key_path=pki.front_proxy_client_key,
+        subject=_name(FRONT_PROXY_CLIENT),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
     if not (pki.sa_key.exists() and pki.sa_pub.exists()):
         key = _new_key()
         _write_key(pki.sa_key, key)

@@ -88,7 +88,13 @@ def start(name: str, argv: Sequence[str], *, log: Path, env: Mapping[str, str] |
             cwd=cwd,
         )
     _CHILDREN[proc.pid] = proc
-    return Record(name=name, pid=proc.pid, argv=tuple(argv))
+    record = Record(name=name, pid=proc.pid, argv=tuple(argv))
+    # Popen may return while the kernel is still inside exec (the vfork parent resumes
+    # before the new argv is visible in /proc), so wait until the cmdline is ours.
+    deadline = time.monotonic() + 5.0
+    while not is_alive(record) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return record
 
 
 def stop(record: Record, *, grace: float = 10.0) -> bool:
