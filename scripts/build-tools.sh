@@ -18,6 +18,9 @@ toolchain=$(cd "$here/../e2e/toolchain" && pwd)
 cache=${KGROUP_CACHE:-$HOME/.cache/kgroup}
 bin="$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 mkdir -p "$bin"
+# One build at a time: a second caller waits here, then finds the binaries cached.
+exec 9>"$cache/bin/.build.lock"
+flock 9
 export GOFLAGS=-buildvcs=false
 export CGO_ENABLED=0
 
@@ -50,7 +53,8 @@ if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
 fi
 if need etcd; then
   build "$toolchain/etcd" "" go.etcd.io/etcd/server/v3
-  [ -x "$bin/etcd" ] || mv "$bin/v3" "$bin/etcd"
+  # go names the binary after the package path minus its major-version suffix: "server".
+  mv "$bin/server" "$bin/etcd"
 fi
 if need kwok; then
   build "$toolchain/kwok" "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
