@@ -1,0 +1,400 @@
+"""The chart's ValidatingAdmissionPolicy enforces Lease ownership on a real API server.
+
+Rule: a worker pod (service account kgroup-worker, pod-bound token) can take a partition
+lock only for itself, release or annotate only a lock it holds, bump the fencing token by
+exactly one at an acquisition, write only its own member Lease, and never delete a
+partition Lease; the admin (and so the operator, another identity) is not affected.
+
+How: the chart is rendered with `helm template` (operator.enabled=false, crds.enabled=false:
+the `crd` fixture applies the CRD) and its RBAC + policy objects are applied with kubectl,
+with the policy's binding limited to this module's namespace so that other suites running
+on the shared control plane are not judged by it. Two Pod objects (not run by anything:
+their nodeSelector matches no node) give two pod-bound tokens, A and B.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kgroup_devcluster.cluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
+from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig, whoami
+from kubernetes import client
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kgroup"
+WORKER_SA = "kgroup-worker"
+GROUP = "g"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+
+
+@dataclass
+class Env:
+    namespace: str
+    admin: client.CoordinationV1Api
+    a: client.CoordinationV1Api  # a pod-bound token of pod "pod-a"
+    b: client.CoordinationV1Api  # a pod-bound token of pod "pod-b"
+    unbound: client.CoordinationV1Api  # the worker SA with a token bound to no pod
+    policy: str
+
+
+def _render(cluster: Cluster, namespace: str, release: str) -> list[dict[str, Any]]:
+    out = cluster.helm(
+        "template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.4",
+        "--set", "operator.enabled=false", "--set", "crds.enabled=false",
+        "--set", f"workerRbac.namespaces={{{namespace}}}",
+        "--set", f"admissionPolicy.namespaces={{{namespace}}}",
+        check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _apply(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
+    out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
+    assert out.returncode == 0, out.stderr
+
+
+def _pod(core: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod:
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            service_account_name=WORKER_SA,
+            node_selector={"kgroup.dev/no-such-node": "true"},  # never scheduled, never run
+            containers=[client.V1Container(name="app", image="registry.invalid/app")],
+        ),
+    )
+    pod: client.V1Pod = core.create_namespaced_pod(namespace, body)
+    return pod
+
+
+def _unbound_kubeconfig(cluster: Cluster, namespace: str, path: Path) -> Path:
+    from kgroup_devcluster.tokens import admin_api_client, token_kubeconfig_text
+
+    with admin_api_client(cluster) as api:
+        out = client.CoreV1Api(api).create_namespaced_service_account_token(
+            WORKER_SA, namespace,
+            client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+    assert out.status is not None and out.status.token
+    path.write_text(token_kubeconfig_text(cluster, token=out.status.token, user="unbound",
+                                          namespace=namespace))
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    core = client.CoreV1Api(kube)
+    ns = f"t-admission-{secrets.token_hex(3)}"
+    release = f"adm-{secrets.token_hex(3)}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"kgroup.dev/e2e": "true"})))
+    objs = _render(cluster, ns, release)
+    kinds = sorted({o["kind"] for o in objs})
+    assert kinds == ["Role", "RoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"], kinds
+    clients: list[client.ApiClient] = []
+    try:
+        _apply(cluster, objs)
+        pods = {n: _pod(core, ns, n) for n in ("pod-a", "pod-b")}
+        tmp = tmp_path_factory.mktemp("admission")
+
+        def as_pod(name: str) -> client.CoordinationV1Api:
+            uid = str(pods[name].metadata.uid)  # type: ignore[union-attr]
+            path = pod_kubeconfig(cluster, namespace=ns, service_account=WORKER_SA,
+                                  pod_name=name, pod_uid=uid,
+                                  path=tmp / f"{name}.kubeconfig")
+            api = api_client_from_kubeconfig(path)
+            clients.append(api)
+            return client.CoordinationV1Api(api)
+
+        unbound_api = api_client_from_kubeconfig(_unbound_kubeconfig(
+            cluster, ns, tmp / "unbound.kubeconfig"))
+        clients.append(unbound_api)
+        policy = next(o["metadata"]["name"] for o in objs
+                      if o["kind"] == "ValidatingAdmissionPolicy")
+        e = Env(namespace=ns, admin=client.CoordinationV1Api(kube), a=as_pod("pod-a"),
+                b=as_pod("pod-b"), unbound=client.CoordinationV1Api(unbound_api),
+                policy=policy)
+        _wait_until_enforced(e)
+        yield e
+    finally:
+        for api in clients:
+            api.close()  # type: ignore[no-untyped-call]
+        for o in objs:
+            if o["kind"].startswith("ValidatingAdmissionPolicy"):
+                cluster.kubectl("delete", "--ignore-not-found", o["kind"].lower(),
+                                o["metadata"]["name"], check=False)
+        core.delete_namespace(ns, propagation_policy="Background")
+
+
+Lease = dict[str, Any]  # a Lease as JSON: the tests read and write plain dicts
+
+
+def _lease(name: str, role: str, *, holder: str | None = None, transitions: int | None = None,
+           labels: dict[str, str] | None = None,
+           annotations: dict[str, str] | None = None) -> Lease:
+    spec: dict[str, Any] = {"leaseDurationSeconds": 15}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    if transitions is not None:
+        spec["leaseTransitions"] = transitions
+    return {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "annotations": annotations or {},
+                     "labels": {"kgroup.dev/group": GROUP, "kgroup.dev/role": role,
+                                **(labels or {})}},
+        "spec": spec,
+    }
+
+
+def _json(api: client.CoordinationV1Api, obj: object) -> Lease:
+    out: Lease = api.api_client.sanitize_for_serialization(obj)
+    return out
+
+
+def _create(api: client.CoordinationV1Api, env: Env, lease: Lease) -> Lease:
+    # The client serialises a plain dict body as it is (its models are optional).
+    return _json(api, api.create_namespaced_lease(env.namespace, lease))  # type: ignore[arg-type]
+
+
+def _partition(env: Env, *, holder: str | None = None, transitions: int = 0,
+               annotations: dict[str, str] | None = None) -> str:
+    """A fresh partition Lease created by the admin (as the operator would); its name."""
+    n = secrets.randbelow(10**6)
+    name = f"{GROUP}-partition-{n}"
+    _create(env.admin, env, _lease(
+        name, "partition", holder=holder, transitions=transitions,
+        labels={"kgroup.dev/partition": str(n)}, annotations=annotations))
+    return name
+
+
+def _update(api: client.CoordinationV1Api, env: Env, name: str,
+            change: Callable[[Lease], object]) -> Lease:
+    """Read the Lease as the admin, apply `change`, write it back as `api` (with its RV)."""
+    lease = _json(env.admin, env.admin.read_namespaced_lease(name, env.namespace))
+    lease["metadata"].setdefault("annotations", {})
+    change(lease)
+    return _json(api, api.replace_namespaced_lease(
+        name, env.namespace, lease))  # type: ignore[arg-type]
+
+
+def _denied(call: Callable[[], object]) -> str:
+    """Run `call`, which the policy must refuse; return the API server's message."""
+    with pytest.raises(client.ApiException) as info:
+        call()
+    body = json.loads(info.value.body or "{}")
+    assert info.value.status == 403, body
+    message = str(body["message"])
+    assert "ValidatingAdmissionPolicy" in message, message  # not RBAC: the policy refused
+    return message
+
+
+def _acquire(holder: str, token: int) -> Callable[[Lease], None]:
+    def change(lease: Lease) -> None:
+        lease["spec"]["holderIdentity"] = holder
+        lease["spec"]["leaseTransitions"] = token
+        lease["metadata"]["annotations"]["kgroup.dev/session"] = f"s-{holder}"
+    return change
+
+
+def _release(lease: Lease) -> None:
+    lease["spec"].pop("holderIdentity", None)
+
+
+def _wait_until_enforced(env: Env) -> None:
+    """The policy takes effect a moment after it is created: poll with a write it refuses."""
+    name = _partition(env)
+
+    def refused() -> bool:
+        try:
+            _update(env.a, env, name, _acquire("pod-b", 1))
+        except client.ApiException as e:
+            return e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body)
+        # Not enforced yet: the write went through; undo it as the admin and try again.
+        def reset(lease: Lease) -> None:
+            lease["spec"].pop("holderIdentity", None)
+            lease["spec"]["leaseTransitions"] = 0
+        _update(env.admin, env, name, reset)
+        return False
+    wait_for("the admission policy to be enforced", refused, timeout=60)
+
+
+def test_tokens_name_their_pods(env: Env) -> None:
+    info = whoami(env.a.api_client)
+    assert info["username"] == f"system:serviceaccount:{env.namespace}:{WORKER_SA}"
+    assert info["extra"][POD_NAME_EXTRA] == ["pod-a"]
+    assert POD_NAME_EXTRA not in (whoami(env.unbound.api_client).get("extra") or {})
+
+
+def test_policy_expressions_type_check(env: Env, kube: client.ApiClient) -> None:
+    api = client.AdmissionregistrationV1Api(kube)
+
+    def checked() -> Any:
+        p = api.read_validating_admission_policy(env.policy)
+        status = p.status
+        if status is None or p.metadata is None or \
+                status.observed_generation != p.metadata.generation:
+            return None
+        return status
+    status = wait_for("the policy's type checking", checked, timeout=60)
+    assert status.type_checking is not None  # the API server type-checked the expressions
+    assert not status.type_checking.expression_warnings, status.type_checking
+
+
+def test_a_pod_takes_a_free_lock_for_itself_and_releases_it_with_a_position(env: Env) -> None:
+    name = _partition(env)
+    lease = _update(env.a, env, name, _acquire("pod-a", 1))
+    assert lease["spec"]["holderIdentity"] == "pod-a"
+    assert lease["spec"]["leaseTransitions"] == 1
+
+    def release(lease: Lease) -> None:
+        _release(lease)
+        lease["metadata"]["annotations"].update({"kgroup.dev/position": "1700-5",
+                                                 "kgroup.dev/position-token": "1"})
+    released = _update(env.a, env, name, release)
+    assert "holderIdentity" not in released["spec"]
+    assert released["spec"]["leaseTransitions"] == 1
+    assert released["metadata"]["annotations"]["kgroup.dev/position"] == "1700-5"
+
+
+def test_a_pod_cannot_take_a_lock_for_another_pod(env: Env) -> None:
+    name = _partition(env)
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-b", 1)))
+    assert 'pod pod-a may take partition lock' in message
+    assert 'holderIdentity must be "pod-a", not "pod-b"' in message
+
+
+def test_a_pod_cannot_release_another_pods_lock(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1,
+                      annotations={"kgroup.dev/session": "s-pod-b"})
+    message = _denied(lambda: _update(env.a, env, name, _release))
+    assert "pod pod-a may not release partition lock" in message
+    assert "held by pod-b" in message
+    # ... and its holder can.
+    assert "holderIdentity" not in _update(env.b, env, name, _release)["spec"]
+
+
+def test_a_pod_cannot_write_the_position_of_a_lock_it_does_not_hold(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1)
+
+    def annotate(lease: Lease) -> None:
+        lease["metadata"]["annotations"]["kgroup.dev/position"] = "9999-0"
+    message = _denied(lambda: _update(env.a, env, name, annotate))
+    assert "may not write the position" in message
+
+
+def test_a_pod_cannot_change_a_lock_it_does_not_hold(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1)
+
+    def stretch(lease: Lease) -> None:
+        lease["spec"]["leaseDurationSeconds"] = 3600
+    message = _denied(lambda: _update(env.a, env, name, stretch))
+    assert "does not hold partition lock" in message
+
+
+@pytest.mark.parametrize("token", [0, 3, 5])
+def test_an_acquisition_must_bump_the_fencing_token_by_exactly_one(env: Env,
+                                                                   token: int) -> None:
+    name = _partition(env, transitions=3)
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-a", token)))
+    assert "must set it to 4" in message and f"got {token}" in message
+    assert _update(env.a, env, name, _acquire("pod-a", 4))["spec"]["leaseTransitions"] == 4
+
+
+def test_a_holder_cannot_change_the_fencing_token_while_holding(env: Env) -> None:
+    name = _partition(env)
+    _update(env.a, env, name, _acquire("pod-a", 1))
+
+    def bump(lease: Lease) -> None:
+        lease["spec"]["leaseTransitions"] = 7
+    message = _denied(lambda: _update(env.a, env, name, bump))
+    assert "must stay 1" in message
+
+
+def test_a_pod_takes_over_a_dead_holders_lock_only_for_itself(env: Env) -> None:
+    # Whether B's session is dead is the sidecar's call (its own clock); the policy checks
+    # only that the new holder is the caller and the token grows by one.
+    name = _partition(env, holder="pod-b", transitions=2)
+    assert _update(env.a, env, name, _acquire("pod-a", 3))["spec"]["holderIdentity"] == "pod-a"
+
+
+def test_workers_cannot_delete_partition_leases(env: Env) -> None:
+    name = _partition(env, holder="pod-a", transitions=1)
+    message = _denied(lambda: env.a.delete_namespaced_lease(name, env.namespace))
+    assert "may not delete partition Lease" in message
+
+
+def _member(pod: str, *, name: str | None = None, holder: str | None = None) -> Lease:
+    return _lease(name or f"{GROUP}-member-{pod}", "member", holder=holder or pod,
+                  labels={"kgroup.dev/member": pod},
+                  annotations={"kgroup.dev/session": secrets.token_hex(4)})
+
+
+def test_a_pod_writes_its_own_member_lease_only(env: Env) -> None:
+    message = _denied(lambda: _create(env.a, env, _member("pod-b")))
+    assert "may write only its own member Lease" in message
+    # Its own name, but another holder: refused too.
+    message = _denied(lambda: _create(env.a, env, _member("pod-a", holder="pod-b")))
+    assert 'holderIdentity "pod-b"' in message
+    own = _create(env.a, env, _member("pod-a"))
+    assert own["spec"]["holderIdentity"] == "pod-a"
+    # Renewal of its own session: allowed.
+    renewed = _update(env.a, env, own["metadata"]["name"],
+                      lambda lease: lease["spec"].update(leaseDurationSeconds=20))
+    assert renewed["spec"]["leaseDurationSeconds"] == 20
+
+
+def test_a_pod_cannot_touch_another_pods_member_lease(env: Env) -> None:
+    name = _create(env.b, env, _member("pod-b"))["metadata"]["name"]
+    message = _denied(lambda: _update(env.a, env, name,
+                                      lambda lease: lease["spec"].update(holderIdentity="pod-a")))
+    assert "may write only its own member Lease" in message
+    message = _denied(lambda: env.a.delete_namespaced_lease(name, env.namespace))
+    assert "may delete only its own member Lease" in message
+    env.b.delete_namespaced_lease(name, env.namespace)  # its owner may
+
+
+def test_labels_cannot_be_stripped_to_escape_the_policy(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1)
+
+    def strip(lease: Lease) -> None:
+        lease["metadata"]["labels"] = {}
+        lease["spec"]["holderIdentity"] = "pod-a"
+    message = _denied(lambda: _update(env.a, env, name, strip))
+    assert "kgroup" in message
+
+
+def test_a_worker_token_not_bound_to_a_pod_is_refused(env: Env) -> None:
+    name = _partition(env)
+    message = _denied(lambda: _update(env.unbound, env, name, _acquire("pod-a", 1)))
+    assert "only with a pod-bound token" in message
+
+
+def test_the_admin_is_not_affected(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1)
+    lease = _update(env.admin, env, name, _acquire("pod-a", 9))  # any holder, any token
+    assert lease["spec"]["holderIdentity"] == "pod-a"
+    assert lease["spec"]["leaseTransitions"] == 9
+    _create(env.admin, env, _member("pod-b"))
+    env.admin.delete_namespaced_lease(f"{GROUP}-member-pod-b", env.namespace)
+    env.admin.delete_namespaced_lease(name, env.namespace)
+    with pytest.raises(client.ApiException) as info:
+        env.admin.read_namespaced_lease(name, env.namespace)
+    assert info.value.status == 404
+
+
+def test_rbac_still_limits_the_worker_to_its_namespace(env: Env) -> None:
+    with pytest.raises(client.ApiException) as info:
+        env.a.list_namespaced_lease("default")
+    assert info.value.status == 403
+
