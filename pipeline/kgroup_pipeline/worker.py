@@ -73,6 +73,7 @@ class Progress:
     first_batch_at: float | None = None
     last_at: float = field(default_factory=time.monotonic)
     quiet: bool = False
+    history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic end, rows)
 
 
 class FencedBatchSink:
@@ -99,6 +100,7 @@ class FencedBatchSink:
         p.batches += 1
         p.rows += rows
         p.refused += len(refused)
+        p.history.append((now, rows))
         if not p.quiet:
             print(f"batch={batch_id} partitions={len(results)} rows={rows} "
                   f"events/s={rows / elapsed:.0f} lag={self.lag([r.partition for r in results])}"
