@@ -13,9 +13,13 @@ the pydantic models) so the two cannot drift.
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import socket
 import subprocess
+import sys
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -348,3 +352,43 @@ def test_example_worker_deployment_matches_the_sidecar_template(tmp_path: Path) 
         "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '0.1.0'}}\n")
     (rendered,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
     assert side == rendered
+
+
+def _probe_script(port: int) -> list[str]:
+    dep = one(render(f"operator.healthPort={port}"), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    live, ready = c["livenessProbe"]["exec"]["command"], c["readinessProbe"]["exec"]["command"]
+    assert live == ready and live[:2] == ["python3", "-c"]
+    return [sys.executable, "-c", live[2]]
+
+
+def _serve(status: int) -> tuple[http.server.HTTPServer, int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+@pytest.mark.parametrize(("status", "passes"), [(200, True), (500, False), (None, True)])
+def test_operator_probe_passes_a_standby_and_fails_a_sick_leader(status: int | None,
+                                                                  passes: bool) -> None:
+    # None: nothing listens (a standby replica before it is elected) -> the probe passes.
+    if status is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # closed again when the block ends: refused
+        result = subprocess.run(_probe_script(port), capture_output=True, timeout=30)
+    else:
+        server, port = _serve(status)
+        try:
+            result = subprocess.run(_probe_script(port), capture_output=True, timeout=30)
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert (result.returncode == 0) is passes, result.stderr

@@ -80,3 +80,22 @@ The service-account names the admission policy checks, as a JSON list of strings
 {{- end -}}
 {{- $names | uniq | toJson -}}
 {{- end -}}
+
+{{/*
+The operator's exec probe: GET http://127.0.0.1:<healthPort>/healthz from inside the
+container; a refused connection (a standby replica, kopf not started) passes.
+*/}}
+{{- define "kgroup.operator.probe" -}}
+- python3
+- -c
+- |
+  import sys, urllib.error, urllib.request
+  try:
+      urllib.request.urlopen("http://127.0.0.1:{{ .Values.operator.healthPort }}/healthz", timeout=3)
+  except urllib.error.HTTPError:
+      raise
+  except urllib.error.URLError as e:
+      if isinstance(e.reason, ConnectionRefusedError):
+          sys.exit(0)
+      raise
+{{- end -}}
