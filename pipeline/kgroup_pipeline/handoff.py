@@ -61,7 +61,12 @@ class HandoffController:
                                 p.partition, position)
             else:
                 continue
-            if self.ownership.release(p.partition, p.token, position):
+            try:
+                ok = self.ownership.release(p.partition, p.token, position)
+            except (OSError, SidecarError) as e:  # e.g. 503 "not released yet": next step
+                log.info("release of partition %d not done yet: %s", p.partition, e)
+                continue
+            if ok:
                 self.released.append((p.partition, p.token, position))
                 done.append(p.partition)
                 log.info("released partition %d (token %d) at %s", p.partition, p.token, position)
