@@ -27,6 +27,7 @@ cluster-status: setup ## show the local control plane's processes
 
 crd: setup ## regenerate crds/ from the pydantic models
 	$(PY) -m kgroup.crdgen --write
+	cp crds/kgroup.dev_consumergroups.yaml charts/kgroup/files/crds/
 
 lint: setup ## ruff and mypy
 	$(PY) -m ruff check .
