@@ -6,11 +6,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.light_worker import LightWorker
+from kgroup_pipeline.ownership import OwnedPartition
 from kgroup_pipeline.producer import produce
 from kgroup_pipeline.scripted import ScriptedCoordinator, serve_sidecar
 from kgroup_pipeline.verify import verify
@@ -41,7 +44,8 @@ def wait_for(cond: Callable[[], bool], timeout: float = 180.0, what: str = "cond
 class SparkWorker:
     """worker.run in a thread, stopped (drain + release) by `stop()`."""
 
-    def __init__(self, spark: Any, *, redis_url: str, stream: str, ownership: str) -> None:
+    def __init__(self, spark: Any, *, redis_url: str, stream: str, ownership: str,
+                 checkpoint: str | None = None) -> None:
         self.stop_event = threading.Event()
         self.progress: Progress | None = None
         self.error: BaseException | None = None
@@ -50,7 +54,7 @@ class SparkWorker:
             try:
                 self.progress = run_worker(
                     redis_url=redis_url, stream=stream, ownership=ownership, master="",
-                    checkpoint=tempfile.mkdtemp(prefix="kgroup-test-ckpt-"),
+                    checkpoint=checkpoint or tempfile.mkdtemp(prefix="kgroup-test-ckpt-"),
                     stop=self.stop_event, max_rows=20_000, drain_timeout=20.0, spark=spark)
             except BaseException as e:
                 self.error = e
@@ -129,3 +133,38 @@ def test_a_partition_moves_from_a_pyspark_worker_to_a_light_worker_mid_stream(
         assert rclient.hget(f"kgroup:{{{stream}}}:sink:p:{p}", "token") == "2"
         assert int(rclient.hget(f"kgroup:{{{stream}}}:sink:p:{p}", "batches") or 0) >= 1
     assert light.stats.rows > 0
+
+
+def test_a_batch_replayed_after_a_restart_under_a_stale_token_is_refused(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str, tmp_path: Path) -> None:
+    produce(rclient, stream=stream, partitions=4, count=8000, keys=100, seed=13)
+    checkpoint = str(tmp_path / "ckpt")
+    worker = SparkWorker(spark, redis_url=redis_url, stream=stream, ownership="static:0-3@1",
+                         checkpoint=checkpoint)
+    try:
+        wait_for(lambda: worker.error is not None or verify(rclient, stream).caught_up,
+                 what="catch-up")
+    finally:
+        worker.stop()
+    store = FencedStore(rclient, stream)
+    offsets = {p: store.offset(p) for p in range(4)}
+    # The last batch was committed in the sink but, as far as Spark knows, never finished:
+    commits = sorted((tmp_path / "ckpt" / "commits").glob("[0-9]*"), key=lambda f: int(f.name))
+    assert commits
+    last = commits[-1]
+    last.unlink()
+    (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
+    # Meanwhile every partition went to another owner, which claimed it with token 2.
+    plans = store.plan([OwnedPartition(p, 2) for p in range(4)], max_rows=1)
+    assert {p.status for p in plans} == {"ok"}
+    restarted = SparkWorker(spark, redis_url=redis_url, stream=stream,
+                            ownership="static:0-3@1", checkpoint=checkpoint)
+    try:
+        wait_for(lambda: restarted.error is not None or store.refused()[0] > 0,
+                 what="the replayed batch")
+    finally:
+        restarted.stop()
+    assert {p: store.offset(p) for p in range(4)} == offsets
+    report = verify(rclient, stream)
+    assert report.clean and report.caught_up and report.zombie_refused >= 1
+    assert report.total("committed") == 8000
