@@ -1,0 +1,108 @@
+"""``python -m kgroup.sim``: run many seeds, print a summary, exit 1 on any violation.
+
+Examples::
+
+    python -m kgroup.sim --seeds 2000              # seeds 0..1999
+    python -m kgroup.sim --seed 1234 --verbose     # replay one seed's trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from kgroup.core.member import Member
+from kgroup.sim.variants import AdoptingMember, NoFencingMember, SameTokenMember
+from kgroup.sim.world import Result, SimConfig, run_seed
+
+VARIANTS = {
+    "real": Member,
+    "adopting": AdoptingMember,
+    "no-fencing": NoFencingMember,
+    "same-token": SameTokenMember,
+}
+
+
+def config_from(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(members=args.members, partitions=args.partitions,
+                     fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
+                     verbose=args.verbose)
+
+
+def _run(job: tuple[int, SimConfig]) -> Result:
+    return run_seed(*job)
+
+
+def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Result]:
+    """Results in seed order; ``jobs`` > 1 runs them in that many processes."""
+    work = [(s, cfg) for s in seeds]
+    if jobs <= 1:
+        yield from map(_run, work)
+        return
+    with ProcessPoolExecutor(jobs) as pool:
+        yield from pool.map(_run, work, chunksize=8)
+
+
+def repro(args: argparse.Namespace, seed: int) -> str:
+    return (f"python -m kgroup.sim --seed {seed} --members {args.members} "
+            f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
+            f"--variant {args.variant} --verbose")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kgroup.sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=200, help="how many seeds to run")
+    ap.add_argument("--start", type=int, default=0, help="first seed")
+    ap.add_argument("--seed", type=int, default=None, help="run this one seed only")
+    ap.add_argument("--members", type=int, default=5)
+    ap.add_argument("--partitions", type=int, default=32)
+    ap.add_argument("--fault-time", type=float, default=60.0,
+                    help="simulated seconds of faults before the convergence phase")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
+                    help="member state machine: the real core, a fix candidate, or a "
+                         "deliberately broken one")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
+    args = ap.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else list(
+        range(args.start, args.start + args.seeds))
+    cfg = config_from(args)
+    started = time.perf_counter()
+    faults: dict[str, int] = {}
+    failed: list[Result] = []
+    slowest: tuple[float, int] = (0.0, -1)
+    for result in run_many(seeds, cfg, 1 if args.verbose else args.jobs):
+        if args.verbose:
+            print(f"# seed {result.seed}: {result.spec}")
+            print("\n".join(result.trace))
+        for kind, n in result.faults.items():
+            faults[kind] = faults.get(kind, 0) + n
+        if result.converged_after is not None and result.converged_after >= slowest[0]:
+            slowest = (result.converged_after, result.seed)
+        if not result.ok:
+            failed.append(result)
+            for v in result.violations[:3]:
+                print(f"VIOLATION seed={result.seed} t={v.time:.3f} {v.kind}: {v.detail}")
+            print(f"  reproduce: {repro(args, result.seed)}")
+    wall = time.perf_counter() - started
+    print(f"seeds run: {len(seeds)} (variant {args.variant}, {args.members} members, "
+          f"{args.partitions} partitions, {args.fault_time:g}s of faults)")
+    print("faults injected: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())))
+    by_kind: dict[str, int] = {}
+    for r in failed:
+        for v in r.violations[:1]:
+            by_kind[v.kind] = by_kind.get(v.kind, 0) + 1
+    print(f"violations: {len(failed)} seeds"
+          + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(by_kind.items())) + ")"
+             if by_kind else ""))
+    print(f"slowest convergence: {slowest[0]:.1f} simulated s (seed {slowest[1]})")
+    print(f"wall time: {wall:.1f}s ({len(seeds) / wall:.1f} seeds/s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The invariants, checked after every simulated event.
+
+Rules of this module (the definitions the simulation's verdicts rest on):
+
+* **Safety.** A member *claims* a partition while its app view (``Member.view`` on the
+  member's own clock, exactly what the app client reports) lists it, active or revoking.
+  No two sessions may claim one partition at one instant. Between two events a view can
+  only shrink (its fencing deadline passes), so comparing a member's view whenever it
+  changes against every other member's last view that is still before its deadline checks
+  every instant.
+* **Token order.** Each new claimant of a partition holds a token strictly above every
+  token any earlier claimant held: a stale owner's token is always lower.
+* **Fenced sink.** The app opens a fenced sink with each token it is handed and writes
+  under it; the sink refuses a token below the highest it has seen. A write the sink
+  *accepts* from a session other than the one that opened it last is a zombie's write
+  landing on the new owner's data: a violation (its token was not lower). An open the sink
+  refuses is a new owner holding a token below a stale one: a violation.
+* **Store.** Every acquisition (holder set on a partition Lease) raises the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Checker", "Claim", "Violation"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # safety | token-order | sink | store-token | liveness
+    time: float
+    detail: str
+
+
+@dataclass
+class Claim:
+    """One session's last seen view: partition -> token, valid until a true time."""
+
+    owner: str
+    tokens: dict[int, int]
+    until: float
+
+
+@dataclass
+class Checker:
+    violations: list[Violation] = field(default_factory=list)
+    claims: dict[str, Claim] = field(default_factory=dict)  # by process key
+    last_claim: dict[int, tuple[str, int]] = field(default_factory=dict)
+    sink_high: dict[int, int] = field(default_factory=dict)
+    sink_opener: dict[int, str] = field(default_factory=dict)
+    sink_accepted: int = 0
+    sink_refused: int = 0
+
+    def fail(self, kind: str, time: float, detail: str) -> None:
+        self.violations.append(Violation(kind, time, detail))
+
+    def update_claim(self, key: str, owner: str, tokens: dict[int, int], until: float,
+                     now: float) -> None:
+        """Process ``key`` now claims ``tokens`` (session ``owner``) until ``until``."""
+        old = self.claims.get(key)
+        self.claims[key] = Claim(owner, tokens, until)
+        if not tokens or now >= until:
+            return
+        fresh = tokens if old is None or old.owner != owner else {
+            p: t for p, t in tokens.items() if old.tokens.get(p) != t
+        }
+        for other_key, other in self.claims.items():
+            if other_key == key or now >= other.until or not other.tokens:
+                continue
+            both = tokens.keys() & other.tokens.keys()
+            for p in sorted(both):
+                self.fail("safety", now,
+                          f"partition {p}: {owner} (token {tokens[p]}) and {other.owner} "
+                          f"(token {other.tokens[p]}) both claim it")
+        for p, t in sorted(fresh.items()):
+            prev = self.last_claim.get(p)
+            if prev is not None and prev[0] != owner and t <= prev[1]:
+                self.fail("token-order", now,
+                          f"partition {p}: {owner} claims it with token {t}, not above "
+                          f"{prev[1]} of the earlier claimant {prev[0]}")
+            self.last_claim[p] = (owner, t)
+
+    def drop_claim(self, key: str) -> None:
+        self.claims.pop(key, None)
+
+    def sink_open(self, owner: str, partition: int, token: int, now: float) -> None:
+        high = self.sink_high.get(partition, -1)
+        if token < high:
+            self.fail("sink", now,
+                      f"partition {partition}: new owner {owner} opens with token {token} "
+                      f"below the stale {high} of {self.sink_opener.get(partition)}")
+            return
+        self.sink_high[partition] = token
+        self.sink_opener[partition] = owner
+
+    def sink_write(self, owner: str, partition: int, token: int, now: float) -> None:
+        high = self.sink_high.get(partition, -1)
+        if token < high:
+            self.sink_refused += 1
+            return
+        self.sink_accepted += 1
+        opener = self.sink_opener.get(partition)
+        if opener is not None and opener != owner:
+            self.fail("sink", now,
+                      f"partition {partition}: write of {owner} under token {token} accepted "
+                      f"after {opener} opened with token {high}")
+        self.sink_high[partition] = token
+
+    def store_acquired(self, partition: int, old_token: int, new_token: int, holder: str,
+                       now: float) -> None:
+        if new_token <= old_token:
+            self.fail("store-token", now,
+                      f"partition {partition}: {holder} acquired with token {new_token}, "
+                      f"not above {old_token}")

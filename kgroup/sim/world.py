@@ -1,0 +1,506 @@
+"""One simulated run: the store, the operator, the members, the faults, the verdict.
+
+Rules of this module:
+
+* A run is a pure function of ``(seed, SimConfig)``: same inputs, same trace, same
+  verdict. Nothing reads the real clock; nothing iterates a set of strings unsorted.
+* Faults are injected only during ``[0, fault_time)`` (a crash's return, if due later, is
+  moved to ``fault_time``); after that the network is clean, so the group must converge
+  within :meth:`World.bound` and then stay quiet (no epoch bump, no lock change).
+* Watches: one stream per resource type per observer, delivered in order with random
+  delays (a real watch never reorders; separate streams may). Faults: an event lost
+  (the observer catches up at its next re-list, as after a real watch's 410), a replay of
+  the last few events (a watch resumed from an older resourceVersion: duplicates, and old
+  versions after newer ones), a stream broken while its process is cut off (re-listed
+  when the network heals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgroup.api import ConsumerGroupSpec
+from kgroup.core.member import Member
+from kgroup.core.ranges import parse_ranges
+from kgroup.sim.checks import Checker, Violation
+from kgroup.sim.control import SimOperator
+from kgroup.sim.kernel import Kernel, Process
+from kgroup.sim.sidecar import MemberFactory, SimSidecar
+from kgroup.sim.store import (
+    GroupObj,
+    MemberLeaseObj,
+    PartitionLeaseObj,
+    PodObj,
+    Store,
+    Stored,
+    stream_of,
+)
+
+__all__ = ["FAULT_KINDS", "Fault", "Result", "SimConfig", "World", "run_seed"]
+
+FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
+"""Process faults drawn at random; message faults (lost/duplicated events, lost
+requests or answers, slow messages) are drawn per message during the fault phase."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A scripted fault: ``kind`` at true time ``at``, on member number ``member`` (its
+    index among the live members sorted by name), lasting ``seconds``; ``same_name``:
+    a crashed member returns under its own name."""
+
+    at: float
+    kind: str
+    member: int = 0
+    seconds: float = 0.0
+    same_name: bool = True
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    members: int = 5
+    partitions: int = 32
+    fault_time: float = 60.0
+    fault_rate: float = 0.12  # random process faults per second during the fault phase
+    kinds: tuple[str, ...] = FAULT_KINDS
+    script: tuple[Fault, ...] = ()
+    event_loss: float = 0.03
+    event_replay: float = 0.02
+    message_loss: float = 0.02
+    slow: float = 0.03
+    ack_never: float = 0.15
+    app_tick: float = 0.7
+    termination_grace: float = 30.0
+    relist: tuple[float, float] = (5.0, 10.0)
+    quiet_time: float = 20.0
+    spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
+    member_factory: MemberFactory = Member
+    verbose: bool = False
+
+
+@dataclass
+class Result:
+    seed: int
+    violations: list[Violation]
+    faults: dict[str, int]
+    converged_after: float | None
+    sim_time: float
+    events: int
+    store_writes: int
+    bound: float
+    spec: str
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def draw_spec(rng: Any, cfg: SimConfig) -> ConsumerGroupSpec:
+    duration, renew = rng.choice([(6, 2), (10, 3), (15, 5)])
+    return ConsumerGroupSpec.model_validate({
+        "partitions": cfg.partitions,
+        "selector": {"matchLabels": {"app": "sim"}},
+        "assignor": rng.choice(["sticky", "sticky", "sticky", "range"]),
+        "stabilizationWindowSeconds": rng.choice([0, 1, 3]),
+        "stabilizationMaxDelaySeconds": rng.choice([5, 10]),
+        "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew},
+        "handoff": {"drainTimeoutSeconds": rng.choice([0, 2, 5, 8])},
+        "restartGraceSeconds": rng.choice([0, 0, 8]),
+    })
+
+
+@dataclass
+class _Watch:
+    proc: Process
+    target: Any  # SimSidecar | SimOperator: on_event / on_list
+    streams: tuple[str, ...]
+    last: dict[str, float] = field(default_factory=dict)
+    recent: dict[str, list[tuple[str, Stored | None]]] = field(default_factory=dict)
+    broken: set[str] = field(default_factory=set)
+
+
+class World:
+    def __init__(self, seed: int, cfg: SimConfig) -> None:
+        self.seed = seed
+        self.cfg = cfg
+        self.kernel = Kernel(seed)
+        self.rng = self.kernel.rng
+        self.spec = cfg.spec or draw_spec(self.rng, cfg)
+        self.checker = Checker()
+        self.store = Store(self._committed)
+        self.watches: list[_Watch] = []
+        self.sidecars: dict[str, SimSidecar] = {}
+        self.incarnations = 0
+        self.ids = 0
+        self.names = 0
+        self.faults: dict[str, int] = {}
+        self.lines: list[str] = []
+        self._claim_sig: dict[int, tuple[Any, ...]] = {}
+        self._by_proc: dict[int, SimSidecar] = {}
+        self.operator: SimOperator | None = None
+        self.operator_proc: Process | None = None
+
+    # ---- services for the simulated processes ---------------------------------------
+
+    @property
+    def faulty(self) -> bool:
+        return self.kernel.now < self.cfg.fault_time
+
+    def count(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def new_id(self) -> str:
+        self.ids += 1
+        return f"s{self.ids}"
+
+    def loop_latency(self) -> float:
+        return self.rng.uniform(0.0005, 0.005)
+
+    def _latency(self) -> float:
+        if self.faulty and self.rng.random() < self.cfg.slow:
+            self.count("slow-message")
+            return self.rng.uniform(0.2, 1.5)
+        return self.rng.uniform(0.001, 0.03)
+
+    def _drop(self) -> bool:
+        if self.faulty and self.rng.random() < self.cfg.message_loss:
+            self.count("lost-request-or-answer")
+            return True
+        return False
+
+    def request(self, proc: Process, request: Callable[[], Any],
+                done: Callable[[Any], None]) -> None:
+        timeout = max(0.5, 0.4 * self.spec.lease.duration_seconds)
+        proc.rpc(request, done, latency=self._latency, timeout=timeout, drop=self._drop)
+
+    def write_latency(self) -> float:
+        return self.rng.uniform(0.01, 0.3)
+
+    def ack_delay(self) -> float | None:
+        if self.rng.random() < self.cfg.ack_never:
+            return None
+        return self.rng.uniform(0.0, 1.2 * self.spec.handoff.drain_timeout_seconds + 0.2)
+
+    def sink_open(self, owner: str, partition: int, token: int) -> None:
+        self.checker.sink_open(owner, partition, token, self.kernel.now)
+
+    def sink_write(self, owner: str, partition: int, token: int) -> None:
+        self.checker.sink_write(owner, partition, token, self.kernel.now)
+
+    def trace(self, who: str, what: Any) -> None:
+        if self.cfg.verbose:
+            self.lines.append(f"{self.kernel.now:10.4f} {who}: {what}")
+
+    # ---- the store's commits: checks and watch fan-out -------------------------------
+
+    def _committed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        if isinstance(new, PartitionLeaseObj) and new.holder is not None and (
+            not isinstance(old, PartitionLeaseObj)
+            or (old.holder, old.session) != (new.holder, new.session)
+        ):
+            before = old.token if isinstance(old, PartitionLeaseObj) else -1
+            self.checker.store_acquired(new.partition, before, new.token, new.holder,
+                                        self.kernel.now)
+        if self.cfg.verbose:
+            self.trace("store", f"{key} = {new}")
+        stream = stream_of(key)
+        for w in self.watches:
+            if stream not in w.streams or not w.proc.alive:
+                continue
+            if w.proc.cut:
+                w.broken.add(stream)
+                continue
+            if self.faulty and self.rng.random() < self.cfg.event_loss:
+                self.count("lost-event")
+                continue
+            self._send(w, stream, [(key, new)])
+            recent = w.recent.setdefault(stream, [])
+            recent.append((key, new))
+            del recent[:-4]
+            if self.faulty and self.rng.random() < self.cfg.event_replay:
+                self.count("replayed-events")
+                self._send(w, stream, recent[-self.rng.randint(1, len(recent)):])
+
+    def _send(self, w: _Watch, stream: str, events: list[tuple[str, Stored | None]]) -> None:
+        for key, obj in events:
+            t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
+            w.last[stream] = t
+            self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, key, obj)
+
+    def _relist(self, w: _Watch, stream: str) -> None:
+        if not w.proc.alive:
+            return
+        items = self.store.list(stream)
+        t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
+        w.last[stream] = t
+        self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items)
+
+    def _periodic_relist(self, w: _Watch) -> None:
+        if not w.proc.alive:
+            return
+        if not w.proc.cut:
+            for stream in w.streams:
+                w.broken.discard(stream)
+                self._relist(w, stream)
+        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
+
+    def watch(self, proc: Process, target: Any, streams: tuple[str, ...]) -> None:
+        w = _Watch(proc, target, streams)
+        self.watches.append(w)
+        for stream in streams:
+            self._relist(w, stream)
+        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
+
+    # ---- processes -------------------------------------------------------------------
+
+    def _process(self, name: str) -> Process:
+        return Process(self.kernel, name, offset=self.rng.uniform(0, 1e4),
+                       rate=self.rng.uniform(0.99, 1.01))
+
+    def start_operator(self) -> None:
+        self.operator_proc = proc = self._process("operator")
+        self.operator = SimOperator(self, proc)
+        self.watch(proc, self.operator, ("group", "lease", "pod"))
+
+    def start_member(self, name: str | None = None) -> SimSidecar:
+        if name is None:
+            self.names += 1
+            name = f"m{self.names:02d}"
+        proc = self._process(name)
+        self.incarnations += 1
+        sc = SimSidecar(self, proc, factory=self.cfg.member_factory)
+        sc.key = self.incarnations
+        self._by_proc[id(proc)] = sc
+        self.sidecars[name] = sc
+        self._put_pod(name, ready=True)
+        self.watch(proc, sc, ("group", "lease"))
+        proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
+        return sc
+
+    def _put_pod(self, name: str, *, ready: bool) -> None:
+        key = f"pod/{name}"
+        old = self.store.get(key)
+        if old is None:
+            self.store.create(key, PodObj(0, name, ready))
+        else:
+            self.store.update(key, PodObj(0, name, ready), expected_rv=old.rv)
+
+    def _delete_pod(self, name: str) -> None:
+        if self.store.get(f"pod/{name}") is not None:
+            self.store.delete(f"pod/{name}")
+
+    def sidecar_exited(self, sc: SimSidecar) -> None:
+        self._gone(sc)
+        if self.sidecars.get(sc.pod) is sc:
+            del self.sidecars[sc.pod]
+            self._delete_pod(sc.pod)
+
+    def _live_names(self) -> list[str]:
+        return sorted(n for n, sc in self.sidecars.items()
+                      if sc.proc.alive and sc.shutdown_deadline is None)
+
+    # ---- faults ----------------------------------------------------------------------
+
+    def _random_fault(self) -> None:
+        if not self.faulty:
+            return
+        kind = self.rng.choice(self.cfg.kinds) if self.cfg.kinds else None
+        if kind is not None:
+            names = self._live_names()
+            member = self.rng.randrange(max(1, len(names)))
+            duration = float(self.spec.lease.duration_seconds)
+            seconds = {
+                "crash": self.rng.uniform(0.5, 3 * duration),
+                "gc-pause": self.rng.choice([self.rng.uniform(0.1, duration),
+                                             self.rng.uniform(duration, 2.5 * duration)]),
+                "net-cut": self.rng.uniform(0.5, 2 * duration),
+                "operator-restart": self.rng.uniform(0.0, 5.0),
+            }.get(kind, 0.0)
+            self.inject(Fault(self.kernel.now, kind, member, seconds,
+                              same_name=self.rng.random() < 0.5))
+        self.kernel.after(self.rng.expovariate(self.cfg.fault_rate), self._random_fault)
+
+    def inject(self, fault: Fault) -> None:
+        names = self._live_names()
+        end = self.kernel.now + fault.seconds
+        if fault.kind == "operator-restart":
+            assert self.operator_proc is not None
+            self.count(fault.kind)
+            self.trace("fault", fault)
+            self.operator_proc.crash()
+            self.kernel.after(fault.seconds, self.start_operator)
+            return
+        if fault.kind == "join":
+            if len(names) < self.cfg.members + 2:
+                self.count(fault.kind)
+                self.trace("fault", fault)
+                self.start_member()
+            return
+        if not names or (fault.kind == "leave" and len(names) <= 1):
+            return
+        name = names[fault.member % len(names)]
+        sc = self.sidecars[name]
+        if fault.kind in ("gc-pause", "net-cut") and end >= self.cfg.fault_time:
+            return  # faults stop at fault_time
+        self.count(fault.kind)
+        self.trace("fault", f"{fault} on {name}")
+        if fault.kind == "crash":
+            self._gone(sc)
+            del self.sidecars[name]
+            self._put_pod(name, ready=False)
+            back = min(end, max(self.cfg.fault_time, self.kernel.now))
+            if fault.same_name:
+                self.kernel.at(back, self._restart, name)
+            else:
+                self._delete_pod(name)
+                self.kernel.at(back, self._restart, None)
+        elif fault.kind == "gc-pause":
+            sc.proc.pause(fault.seconds)
+            if fault.seconds > self.spec.lease.duration_seconds:
+                self.count("gc-pause>lease")
+        elif fault.kind == "net-cut":
+            sc.proc.cut_until = max(sc.proc.cut_until, end)
+        elif fault.kind == "leave":
+            self._put_pod(name, ready=False)
+            sc.begin_shutdown()
+
+    def _restart(self, name: str | None) -> None:
+        if name is not None and name in self.sidecars:
+            return
+        self.start_member(name)
+
+    # ---- checks ----------------------------------------------------------------------
+
+    def _after_event(self) -> None:
+        """Re-read the view of every sidecar that ran code in this event."""
+        now = self.kernel.now
+        for proc in self.kernel.touched:
+            sc = self._by_proc.get(id(proc))
+            if sc is None or not proc.alive:
+                continue
+            m = sc.member
+            sig = (m.version, m.deadline, m.fenced, m.session)
+            if self._claim_sig.get(sc.key) == sig:
+                continue
+            self._claim_sig[sc.key] = sig
+            view = m.view(proc.clock())
+            tokens = {p.partition: p.token for p in view.partitions}
+            deadline = m.deadline
+            until = proc.to_true(deadline) if deadline is not None else now
+            self.checker.update_claim(str(sc.key), f"{sc.pod}/{view.session}", tokens, until,
+                                      now)
+
+    def _gone(self, sc: SimSidecar) -> None:
+        """A sidecar process ended (crash or exit): its app claims nothing any more."""
+        sc.proc.crash()
+        self.checker.drop_claim(str(sc.key))
+        self._by_proc.pop(id(sc.proc), None)
+
+    def bound(self) -> float:
+        s = self.spec
+        return (s.stabilization_window_seconds + s.handoff.drain_timeout_seconds
+                + 3 * s.lease.duration_seconds + s.restart_grace_seconds
+                + self.cfg.relist[1] + 5.0)
+
+    def not_converged(self) -> str | None:
+        """Why the group has not converged (ground truth in the store), or None."""
+        group = self.store.get("group")
+        assert isinstance(group, GroupObj)
+        epoch = group.status.get("epoch")
+        assignment = {m: parse_ranges(r) for m, r in
+                      (group.status.get("assignment") or {}).items()}
+        live = self._live_names()
+        if sorted(assignment) != live:
+            return f"target members {sorted(assignment)} != live members {live}"
+        owner = {p: m for m, ps in assignment.items() for p in ps}
+        if sorted(owner) != list(range(self.spec.partitions)):
+            return f"target covers {len(owner)} of {self.spec.partitions} partitions"
+        for p in range(self.spec.partitions):
+            lock = self.store.get(f"partition/{p}")
+            sc = self.sidecars[owner[p]]
+            if not isinstance(lock, PartitionLeaseObj) or lock.holder != owner[p] or (
+                lock.session != sc.member.session
+            ):
+                return f"partition {p} lock {lock} is not with {owner[p]}/{sc.member.session}"
+        for m in live:
+            lease = self.store.get(f"member/{m}")
+            sc = self.sidecars[m]
+            if not isinstance(lease, MemberLeaseObj) or lease.epoch != epoch:
+                return f"member {m} acknowledged {getattr(lease, 'epoch', None)}, not {epoch}"
+            view = sc.member.view(sc.proc.clock())
+            active = [pv.partition for pv in view.partitions if pv.state == "active"]
+            if active != assignment[m] or len(view.partitions) != len(active):
+                return f"member {m} app view {active} != target {assignment[m]}"
+        return None
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        group = self.store.get("group")
+        assert isinstance(group, GroupObj)
+        locks = tuple(
+            (o.holder, o.session, o.token) for k, o in sorted(self.store.objects.items())
+            if isinstance(o, PartitionLeaseObj)
+        )
+        return group.status.get("epoch"), locks
+
+    # ---- the run ---------------------------------------------------------------------
+
+    def run(self) -> Result:
+        cfg = self.cfg
+        self.store.create("group", GroupObj(0, {}))
+        self.start_operator()
+        for _ in range(cfg.members):
+            self.start_member()
+        for fault in cfg.script:
+            self.kernel.at(fault.at, self.inject, fault)
+        if cfg.kinds and cfg.fault_rate > 0:
+            self.kernel.after(self.rng.expovariate(cfg.fault_rate), self._random_fault)
+        checker = self.checker
+        self.kernel.run_until(cfg.fault_time, self._after_event)
+        stable_since: float | None = None  # converged, and unchanged since
+        fingerprint: tuple[Any, ...] = ()
+        deadline = cfg.fault_time + self.bound()
+        t = cfg.fault_time
+        while not checker.violations:
+            t += 0.5
+            self.kernel.run_until(t, self._after_event)
+            if checker.violations:
+                break
+            why = self.not_converged()
+            if why is not None:
+                stable_since = None
+            elif stable_since is None or self._fingerprint() != fingerprint:
+                stable_since, fingerprint = t, self._fingerprint()
+            if stable_since is not None and t >= stable_since + cfg.quiet_time:
+                break
+            if stable_since is None and t > deadline or t > deadline + cfg.quiet_time:
+                state = why or "epoch or locks changed while converged"
+                checker.fail("liveness", t, f"not converged and quiet {self.bound():.1f}s "
+                             f"after faults stopped: {state}")
+        converged_at = stable_since
+        return Result(
+            seed=self.seed,
+            violations=list(checker.violations),
+            faults=dict(sorted(self.faults.items())),
+            converged_after=None if converged_at is None else converged_at - cfg.fault_time,
+            sim_time=self.kernel.now,
+            events=self.kernel.events,
+            store_writes=self.store.writes,
+            bound=self.bound(),
+            spec=_describe(self.spec),
+            trace=self.lines,
+        )
+
+
+def _describe(spec: ConsumerGroupSpec) -> str:
+    return (f"partitions={spec.partitions} assignor={spec.assignor} "
+            f"window={spec.stabilization_window_seconds}/{spec.stabilization_max_delay_seconds}"
+            f" lease={spec.lease.duration_seconds}/{spec.lease.renew_interval_seconds} "
+            f"drain={spec.handoff.drain_timeout_seconds} grace={spec.restart_grace_seconds}")
+
+
+def run_seed(seed: int, cfg: SimConfig | None = None) -> Result:
+    """Run one seed; the same seed and config always give the same result."""
+    return World(seed, cfg or SimConfig()).run()
