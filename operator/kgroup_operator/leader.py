@@ -154,7 +154,7 @@ class LeaseElector:
                     lease.spec.renew_time = None
                     lease.spec.acquire_time = None
                     self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
-            except ApiException as exc:
-                log.warning("could not release the leader Lease: %s", exc.reason)
+            except Exception as exc:  # best effort: a standby takes over after a duration
+                log.warning("could not release the leader Lease: %s", exc)
 
         await asyncio.to_thread(call)

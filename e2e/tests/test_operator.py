@@ -1,0 +1,561 @@
+"""The operator against the real local control plane, with scripted members.
+
+The operator runs as a real subprocess (``.venv/bin/kgroup-operator``, cluster-admin
+kubeconfig for now). Pods are real (kwok makes them Running on fake nodes); the sidecars
+are stood in for by :class:`Members`, which creates and renews member Leases and, when a
+test wants owned counts, takes and releases partition locks the way a sidecar would.
+Group settings are short: window 1 s, lease duration 3 s, renew every 1 s.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kgroup_devcluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
+from kubernetes import client
+
+from kgroup import constants as C
+from kgroup.core.ranges import parse_ranges
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR = REPO / ".venv" / "bin" / "kgroup-operator"
+GROUP = "orders"
+APP = "orders-worker"
+
+
+# -- the operator process ---------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    """One kgroup-operator subprocess scoped to the test's namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.log_dir = log_dir
+        self.metrics_port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    @property
+    def logs(self) -> list[Path]:
+        return [self.log_dir / f"operator-{i}.log" for i in range(self.runs)]
+
+    def start(self) -> None:
+        log = self.log_dir / f"operator-{self.runs}.log"
+        self.runs += 1
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
+               "KGROUP_IDENTITY": f"e2e-{self.runs}"}
+        args = [str(OPERATOR), "--namespace", self.namespace,
+                "--leader-namespace", self.namespace, "--leader-lease-seconds", "6",
+                "--liveness-port", str(_free_port()), "--metrics-port", str(self.metrics_port)]
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                        timeout=2) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    def metric(self, name: str) -> float | None:
+        for line in self.metrics().splitlines():
+            if line.startswith(name + "{") and f'group="{GROUP}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+
+# -- scripted members (sidecar stand-ins) -------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Members:
+    """Member Leases renewed every second by a thread; optionally converging like sidecars.
+
+    ``converge=True``: each live member releases partitions no longer targeted to it,
+    takes targeted ones that are free (or held by a member this script no longer renews),
+    and acknowledges the epoch when what it holds equals its target.
+    """
+
+    def __init__(self, kube: client.ApiClient, namespace: str, uid: str, *,
+                 converge: bool = False) -> None:
+        self.coord = client.CoordinationV1Api(kube)
+        self.custom = client.CustomObjectsApi(kube)
+        self.namespace = namespace
+        self.uid = uid
+        self.converge = converge
+        self.sessions: dict[str, str] = {}
+        self.renewing: set[str] = set()
+        self.bad_epoch: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _meta(self, name: str, labels: dict[str, str], ann: dict[str, str]) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": labels, "annotations": ann,
+                "ownerReferences": [{"apiVersion": f"{C.API_GROUP}/{C.API_VERSION}",
+                                     "kind": C.KIND, "name": GROUP, "uid": self.uid}]}
+
+    def join(self, *pods: str) -> None:
+        for pod in pods:
+            session = secrets.token_hex(6)
+            body = {"metadata": self._meta(
+                        C.member_lease_name(GROUP, pod),
+                        {C.LABEL_GROUP: GROUP, C.LABEL_ROLE: C.ROLE_MEMBER, C.LABEL_MEMBER: pod},
+                        {C.ANNOTATION_SESSION: session, C.ANNOTATION_EPOCH: "0"}),
+                    "spec": {"holderIdentity": pod, "leaseDurationSeconds": 3,
+                             "acquireTime": _now(), "renewTime": _now()}}
+            self.coord.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+            with self._lock:
+                self.sessions[pod] = session
+                self.renewing.add(pod)
+
+    def crash(self, pod: str) -> None:
+        """Stop renewing (the Lease stays, as after a SIGKILL)."""
+        with self._lock:
+            self.renewing.discard(pod)
+
+    def leave(self, pod: str) -> None:
+        self.crash(pod)
+        self.coord.delete_namespaced_lease(C.member_lease_name(GROUP, pod), self.namespace)
+
+    def set_epoch_annotation(self, pod: str, value: str) -> None:
+        with self._lock:
+            self.bad_epoch[pod] = value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                pods = sorted(self.renewing)
+            try:
+                acked = self._converge(pods) if self.converge else {}
+                for pod in pods:
+                    self._renew(pod, acked.get(pod))
+            except client.ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+
+    def _renew(self, pod: str, epoch: int | None) -> None:
+        name = C.member_lease_name(GROUP, pod)
+        lease: Any = self.coord.read_namespaced_lease(name, self.namespace)
+        lease.spec.renew_time = datetime.now(UTC)
+        ann = lease.metadata.annotations
+        if pod in self.bad_epoch:
+            ann[C.ANNOTATION_EPOCH] = self.bad_epoch[pod]
+        elif epoch is not None:
+            ann[C.ANNOTATION_EPOCH] = str(epoch)
+        self.coord.replace_namespaced_lease(name, self.namespace, lease)
+
+    def _converge(self, pods: list[str]) -> dict[str, int]:
+        cg: Any = self.custom.get_namespaced_custom_object(
+            C.API_GROUP, C.API_VERSION, self.namespace, C.PLURAL, GROUP)
+        status = cg.get("status") or {}
+        epoch = int(status.get("epoch", 0))
+        target = {m: set(parse_ranges(r)) for m, r in (status.get("assignment") or {}).items()}
+        locks: Any = self.coord.list_namespaced_lease(
+            self.namespace, label_selector=f"{C.LABEL_GROUP}={GROUP},{C.LABEL_ROLE}=partition")
+        held: dict[str, set[int]] = {p: set() for p in pods}
+        for lock in locks.items:
+            part = int(lock.metadata.labels[C.LABEL_PARTITION])
+            holder = lock.spec.holder_identity
+            owner = next((m for m, ps in target.items() if part in ps), None)
+            if holder in held and owner != holder:  # revoke: release
+                lock.spec.holder_identity = None
+                self.coord.replace_namespaced_lease(lock.metadata.name, self.namespace, lock)
+            elif owner in held and holder != owner and (holder is None or holder not in pods):
+                lock.spec.holder_identity = owner  # acquire: free, or holder not renewing
+                lock.spec.lease_transitions = (lock.spec.lease_transitions or 0) + 1
+                lock.metadata.annotations = {**(lock.metadata.annotations or {}),
+                                             C.ANNOTATION_SESSION: self.sessions[owner]}
+                self.coord.replace_namespaced_lease(lock.metadata.name, self.namespace, lock)
+                held[owner].add(part)
+            elif holder in held:
+                held[holder].add(part)
+        return {p: epoch for p in pods if held[p] == target.get(p, set())}
+
+
+# -- fixtures and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def group_crd(cluster: Cluster) -> None:
+    """The ConsumerGroup CRD from crds/, applied.
+
+    Workaround while crds/ carries a CEL messageExpression the API server refuses (cost
+    budget): if the plain apply fails, apply a copy without the messageExpressions (their
+    static ``message`` stays). Remove once `crd` applies cleanly.
+    """
+    import yaml
+
+    path = REPO / "crds" / "kgroup.dev_consumergroups.yaml"
+    out = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path),
+                          check=False)
+    if out.returncode != 0:
+        def strip(node: Any) -> Any:
+            if isinstance(node, dict):
+                return {k: strip(v) for k, v in node.items() if k != "messageExpression"}
+            if isinstance(node, list):
+                return [strip(v) for v in node]
+            return node
+
+        text = yaml.safe_dump(strip(yaml.safe_load(path.read_text())))
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    f"crd/{C.CRD_NAME}")
+
+
+@pytest.fixture
+def operator(cluster: Cluster, group_crd: None, namespace: str,
+             tmp_path: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, namespace, tmp_path)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        text = op.log_text()
+        sys.stdout.write(text[-4000:])
+        assert "Traceback" not in text, "the operator logged a traceback"
+
+
+def make_pods(kube: client.ApiClient, namespace: str, *names: str,
+              labels: dict[str, str] | None = None) -> None:
+    core = client.CoreV1Api(kube)
+    for name in names:
+        core.create_namespaced_pod(namespace, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels=labels or {"app": APP}),
+            spec=client.V1PodSpec(node_selector={"type": "kwok"}, containers=[
+                client.V1Container(name="main", image="example.invalid/worker:1")])))
+
+    def running() -> bool:
+        pods: Any = core.list_namespaced_pod(namespace)
+        ok = {p.metadata.name for p in pods.items if p.status.phase == "Running"
+              and any(c.type == "Ready" and c.status == "True"
+                      for c in p.status.conditions or [])}
+        return set(names) <= ok
+
+    wait_for(f"pods {names} running", running, timeout=90)
+
+
+def make_group(kube: client.ApiClient, namespace: str, *, partitions: int = 8,
+               selector: dict[str, str] | None = None, **spec: Any) -> str:
+    body = {"apiVersion": f"{C.API_GROUP}/{C.API_VERSION}", "kind": C.KIND,
+            "metadata": {"name": GROUP},
+            "spec": {"partitions": partitions,
+                     "selector": {"matchLabels": selector or {"app": APP}},
+                     "stabilizationWindowSeconds": 1, "stabilizationMaxDelaySeconds": 10,
+                     "lease": {"durationSeconds": 3, "renewIntervalSeconds": 1},
+                     "handoff": {"drainTimeoutSeconds": 2}, **spec}}
+    obj: Any = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, body)
+    return str(obj["metadata"]["uid"])
+
+
+def get_status(kube: client.ApiClient, namespace: str) -> dict[str, Any]:
+    obj: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP)
+    return dict(obj.get("status") or {})
+
+
+def patch_spec(kube: client.ApiClient, namespace: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP, {"spec": spec})
+
+
+def target(status: dict[str, Any]) -> dict[str, list[int]]:
+    return {m: parse_ranges(r) for m, r in (status.get("assignment") or {}).items()}
+
+
+def status_where(kube: client.ApiClient, namespace: str, what: str,
+                 pred: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+    def check() -> dict[str, Any]:
+        st = get_status(kube, namespace)
+        return st if pred(st) else {}
+
+    return wait_for(what, check, timeout=timeout)
+
+
+def stays(what: str, pred: Callable[[], bool], seconds: float) -> None:
+    """Poll `pred` for `seconds`; fail the first time it is false."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert pred(), f"no longer true: {what}"
+        time.sleep(0.2)
+
+
+def condition(status: dict[str, Any], ctype: str) -> tuple[str, str]:
+    for c in status.get("conditions") or []:
+        if c["type"] == ctype:
+            return str(c["status"]), str(c["reason"])
+    return ("", "")
+
+
+def event_reasons(kube: client.ApiClient, namespace: str) -> list[str]:
+    events: Any = client.CoreV1Api(kube).list_namespaced_event(namespace)
+    return [e.reason for e in events.items if e.involved_object.kind == C.KIND]
+
+
+@pytest.fixture
+def members_factory(kube: client.ApiClient, namespace: str) -> Iterator[
+        Callable[..., Members]]:
+    made: list[Members] = []
+
+    def make(uid: str, converge: bool = False) -> Members:
+        m = Members(kube, namespace, uid, converge=converge)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
+
+
+def stable_group(kube: client.ApiClient, namespace: str, members_factory: Callable[..., Members],
+                 pods: tuple[str, ...] = ("w-0", "w-1", "w-2"), **spec: Any) -> Members:
+    make_pods(kube, namespace, *pods)
+    uid = make_group(kube, namespace, **spec)
+    members = members_factory(uid, converge=True)
+    members.join(*pods)
+    status_where(kube, namespace, "a Stable group", lambda s: s.get("phase") == "Stable"
+                 and set(target(s)) == set(pods), timeout=60)
+    return members
+
+
+# -- tests --------------------------------------------------------------------------------
+
+
+def test_members_joining_get_every_partition_and_the_group_becomes_stable(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    locks: Any = client.CoordinationV1Api(kube).list_namespaced_lease(
+        namespace, label_selector=f"{C.LABEL_GROUP}={GROUP},{C.LABEL_ROLE}=partition")
+    assert sorted(int(x.metadata.labels[C.LABEL_PARTITION]) for x in locks.items) == list(range(8))
+    assert all(x.metadata.owner_references[0].kind == C.KIND for x in locks.items)
+    st = get_status(kube, namespace)
+    assert sorted(p for ps in target(st).values() for p in ps) == list(range(8))
+    assert {m["name"]: m["ownedCount"] for m in st["members"]} == {"w-0": 4, "w-1": 4}
+    assert condition(st, "Ready") == ("True", "AllPartitionsOwned")
+    assert "RebalanceStarted" in event_reasons(kube, namespace)
+
+
+def test_a_third_member_joining_moves_only_its_share(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    before = get_status(kube, namespace)
+    make_pods(kube, namespace, "w-2")
+    members.join("w-2")
+    st = status_where(kube, namespace, "w-2 in the target", lambda s: "w-2" in target(s))
+    assert st["epoch"] == before["epoch"] + 1
+    assert st["lastRebalance"]["reason"] == "member joined: w-2"
+    after = target(st)
+    for m in ("w-0", "w-1"):
+        assert set(after[m]) <= set(target(before)[m])
+    assert len(after["w-2"]) == st["lastRebalance"]["moved"] == 2
+
+
+def test_a_member_leaving_has_its_partitions_reassigned(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory)
+    members.leave("w-2")
+    client.CoreV1Api(kube).delete_namespaced_pod("w-2", namespace)
+    st = status_where(kube, namespace, "w-2 out of the target", lambda s: "w-2" not in target(s))
+    assert sorted(p for ps in target(st).values() for p in ps) == list(range(8))
+    assert st["lastRebalance"]["reason"] == "member left: w-2"
+
+
+def test_a_crashed_member_is_reassigned_after_its_session_expires(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory)
+    epoch = get_status(kube, namespace)["epoch"]
+    members.crash("w-1")  # its pod stays Running and Ready; only the session stops
+    st = status_where(kube, namespace, "w-1 out of the target",
+                      lambda s: "w-1" not in target(s))
+    assert st["epoch"] == epoch + 1
+    st = status_where(kube, namespace, "Stable again", lambda s: s.get("phase") == "Stable")
+    assert st["unowned"] == 0
+
+
+def test_ten_pods_joining_within_two_seconds_give_exactly_one_rebalance(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0",), partitions=32)
+    epoch = get_status(kube, namespace)["epoch"]
+    burst = tuple(f"b-{i}" for i in range(10))
+    make_pods(kube, namespace, *burst)
+    started = time.monotonic()
+    members.join(*burst)
+    assert time.monotonic() - started < 2
+    st = status_where(kube, namespace, "all 11 in the target", lambda s: len(target(s)) == 11)
+    assert st["epoch"] == epoch + 1
+    stays("no further epoch", lambda: get_status(kube, namespace)["epoch"] == epoch + 1, 3)
+
+
+def test_an_operator_restart_moves_nothing(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    stable_group(kube, namespace, members_factory)
+    before = get_status(kube, namespace)
+    operator.stop()
+    operator.start()
+    wait_for("the new operator to see the group",
+             lambda: operator.metric("kgroup_members") == 3, timeout=60)
+    stays("epoch and target unchanged",
+          lambda: (lambda s: (s["epoch"], s["assignment"]))(get_status(kube, namespace))
+          == (before["epoch"], before["assignment"]), 4)
+    assert operator.metric("kgroup_rebalances_total") is None
+
+
+def test_a_stable_group_gets_no_status_writes(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    stable_group(kube, namespace, members_factory)
+    rv: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP)
+    writes = operator.metric("kgroup_status_writes_total")
+    stays("no status write", lambda: operator.metric("kgroup_status_writes_total") == writes, 4)
+    again: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP)
+    assert again["metadata"]["resourceVersion"] == rv["metadata"]["resourceVersion"]
+
+
+def test_a_paused_group_keeps_its_target_until_resumed(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    patch_spec(kube, namespace, {"paused": True})
+    st = status_where(kube, namespace, "phase Paused", lambda s: s.get("phase") == "Paused")
+    make_pods(kube, namespace, "w-2")
+    members.join("w-2")
+    stays("target frozen", lambda: get_status(kube, namespace)["epoch"] == st["epoch"], 3)
+    patch_spec(kube, namespace, {"paused": False})
+    resumed = status_where(kube, namespace, "w-2 in the target", lambda s: "w-2" in target(s))
+    assert resumed["epoch"] == st["epoch"] + 1
+
+
+def test_growing_partitions_assigns_new_ones_and_moves_none(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    before = target(get_status(kube, namespace))
+    patch_spec(kube, namespace, {"partitions": 16})
+    st = status_where(kube, namespace, "16 partitions targeted",
+                      lambda s: sum(len(v) for v in target(s).values()) == 16)
+    for m, ps in before.items():
+        assert set(ps) <= set(target(st)[m])
+    assert st["lastRebalance"]["reason"] == "partitions grew 8\u219216"
+    coord = client.CoordinationV1Api(kube)
+    wait_for("16 partition Leases", lambda: len(coord.list_namespaced_lease(
+        namespace, label_selector=f"{C.LABEL_ROLE}=partition").items) == 16)
+
+
+def test_deleting_the_group_deletes_its_leases(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0",))
+    members.close()
+    client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP)
+    coord = client.CoordinationV1Api(kube)
+    wait_for("no kgroup Lease left", lambda: not coord.list_namespaced_lease(
+        namespace, label_selector=C.LABEL_GROUP).items, timeout=60)
+
+
+def test_a_selector_matching_nothing_is_reported_not_fatal(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    make_group(kube, namespace, selector={"app": "nobody"})
+    st = status_where(kube, namespace, "phase Pending", lambda s: s.get("phase") == "Pending")
+    assert condition(st, "Degraded") == ("True", "SelectorMatchesNothing")
+    wait_for("a SelectorMatchesNothing Event",
+             lambda: "SelectorMatchesNothing" in event_reasons(kube, namespace))
+
+
+def test_a_malformed_epoch_annotation_is_reported_and_counted_as_zero(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    members.set_epoch_annotation("w-1", "seven")
+    st = status_where(kube, namespace, "Degraded", lambda s: s.get("phase") == "Degraded")
+    assert condition(st, "Degraded") == ("True", "BadMemberAnnotation")
+    assert {m["name"]: m["acknowledgedEpoch"] for m in st["members"]}["w-1"] == 0
+    wait_for("a BadMemberAnnotation Event",
+             lambda: "BadMemberAnnotation" in event_reasons(kube, namespace))
+
+
+def test_a_hand_edited_status_is_corrected_under_a_new_epoch(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    before = get_status(kube, namespace)
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object_status(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP,
+        {"status": {"assignment": {"w-0": "0-7", "w-1": ""}, "phase": "Stable"}})
+    st = status_where(kube, namespace, "the target restored",
+                      lambda s: s["assignment"] == before["assignment"]
+                      and s["epoch"] > before["epoch"])
+    assert st["epoch"] == before["epoch"] + 1
+    wait_for("a StatusEditedByHand Event",
+             lambda: "StatusEditedByHand" in event_reasons(kube, namespace))
