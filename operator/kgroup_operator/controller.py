@@ -266,6 +266,8 @@ class GroupController:
         self.written_status = _normal(stored.get("status"))
         self.written_rv = stored.get("metadata", {}).get("resourceVersion")
         if decision.target is not None:
+            log.info("%s/%s: epoch %d: %s (%d moved)", namespace, name, epoch, decision.reason,
+                     decision.moved)
             self.last_target_change = now
             self.metrics.rebalanced(self.key, decision.moved)
             await self.kube.post_event(

@@ -146,11 +146,10 @@ def _signalled(stop: asyncio.Event) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv, OperatorSettings.from_env())
-    logging.basicConfig(
-        level=logging.DEBUG if settings.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    kopf.configure(verbose=settings.verbose)
+    kopf.configure(verbose=settings.verbose)  # installs the one log handler (stderr)
+    if not settings.verbose:
+        # "Handler 'lease_event' succeeded." for every renewal is noise at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     sys.exit(asyncio.run(run(settings)))
 
 

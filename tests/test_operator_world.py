@@ -1,0 +1,121 @@
+"""The operator's cache: what it keeps of pods and Leases, and how it orders updates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kgroup_operator.world import World, lease_view, newer, pod_observation
+
+from kgroup import constants as C
+
+
+def member_lease(
+    pod: str, *, session: str = "s1", renew: str = "t1", rv: str = "10", epoch: str | None = "3"
+) -> dict[str, Any]:
+    ann = {C.ANNOTATION_SESSION: session}
+    if epoch is not None:
+        ann[C.ANNOTATION_EPOCH] = epoch
+    return {
+        "metadata": {
+            "name": f"g-member-{pod}",
+            "resourceVersion": rv,
+            "annotations": ann,
+            "labels": {C.LABEL_GROUP: "g", C.LABEL_ROLE: C.ROLE_MEMBER, C.LABEL_MEMBER: pod},
+        },
+        "spec": {"holderIdentity": pod, "leaseDurationSeconds": 3, "renewTime": renew},
+    }
+
+
+def lock(n: int, holder: str | None, session: str | None, rv: str = "20") -> dict[str, Any]:
+    ann = {C.ANNOTATION_SESSION: session} if session else {}
+    return {
+        "metadata": {
+            "name": f"g-partition-{n}",
+            "resourceVersion": rv,
+            "annotations": ann,
+            "labels": {
+                C.LABEL_GROUP: "g",
+                C.LABEL_ROLE: C.ROLE_PARTITION,
+                C.LABEL_PARTITION: str(n),
+            },
+        },
+        "spec": {"holderIdentity": holder, "leaseTransitions": 1},
+    }
+
+
+def test_an_older_resource_version_is_not_newer() -> None:
+    assert not newer("9", "10")
+    assert newer("10", "10") and newer("11", "10") and newer(None, "10")
+
+
+def test_a_pod_is_ready_only_with_a_true_ready_condition() -> None:
+    body = {
+        "metadata": {"name": "p", "labels": {"a": "b"}},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]},
+    }
+    obs = pod_observation(body)
+    assert obs.running and not obs.ready and not obs.terminating
+
+
+def test_a_pod_with_a_deletion_timestamp_is_terminating() -> None:
+    body = {"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert pod_observation(body).terminating
+
+
+def test_a_member_lease_is_read_with_its_session_and_epoch() -> None:
+    view = lease_view(member_lease("w-0"))
+    assert (view.role, view.member, view.session, view.epoch_annotation, view.duration) == (
+        C.ROLE_MEMBER,
+        "w-0",
+        "s1",
+        "3",
+        3.0,
+    )
+
+
+def test_a_member_session_is_live_for_one_duration_after_its_last_renewal() -> None:
+    world = World()
+    key = world.put_lease("ns", member_lease("w-0", renew="t1"), now=100.0)
+    assert key == ("ns", "g")
+    leases = world.group(("ns", "g"))
+    assert leases.live_sessions(102.9) == {"w-0": "s1"}
+    assert leases.live_sessions(103.0) == {}
+
+
+def test_a_renewal_restarts_the_session_clock() -> None:
+    world = World()
+    world.put_lease("ns", member_lease("w-0", renew="t1", rv="10"), now=100.0)
+    world.put_lease("ns", member_lease("w-0", renew="t2", rv="11"), now=102.0)
+    assert world.group(("ns", "g")).live_sessions(104.5) == {"w-0": "s1"}
+
+
+def test_a_stale_event_does_not_overwrite_a_fresher_lease() -> None:
+    world = World()
+    world.put_lease("ns", member_lease("w-0", epoch="5", rv="11"), now=0.0)
+    world.put_lease("ns", member_lease("w-0", epoch="4", rv="10"), now=1.0)
+    assert world.group(("ns", "g")).members["w-0"].epoch_annotation == "5"
+
+
+def test_a_deleted_member_lease_ends_the_session() -> None:
+    world = World()
+    world.put_lease("ns", member_lease("w-0"), now=0.0)
+    world.drop_lease("ns", member_lease("w-0"))
+    assert world.group(("ns", "g")).live_sessions(0.5) == {}
+
+
+def test_partition_leases_become_lock_observations() -> None:
+    world = World()
+    world.put_lease("ns", lock(0, "w-0", "s1"), now=0.0)
+    world.put_lease("ns", lock(1, None, None), now=0.0)
+    locks = sorted(world.group(("ns", "g")).locks(), key=lambda x: x.partition)
+    assert [(x.partition, x.holder, x.session) for x in locks] == [
+        (0, "w-0", "s1"),
+        (1, None, None),
+    ]
+
+
+def test_the_next_expiry_is_the_earliest_live_session_end() -> None:
+    world = World()
+    world.put_lease("ns", member_lease("w-0"), now=10.0)
+    world.put_lease("ns", member_lease("w-1", session="s2"), now=11.0)
+    assert world.group(("ns", "g")).next_expiry(12.0) == 13.0
