@@ -62,11 +62,14 @@ def wait_for(what: str, condition: Callable[[], T], *, timeout: float = 60.0,
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    problem = ""
     try:
         c = join()
     except Exception as e:  # any reason the control plane did not come up
-        pytest.fail(f"the local control plane could not start: {type(e).__name__}: {e}",
-                    pytrace=False)
+        problem = f"{type(e).__name__}: {e}"
+    if problem:
+        leave()  # stops what this session half-started, unless others use it
+        pytest.fail(f"the local control plane could not start: {problem}", pytrace=False)
     try:
         yield c
     finally:
