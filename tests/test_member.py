@@ -347,3 +347,21 @@ def test_failed_release_still_ours_is_retried_with_the_same_position() -> None:
     assert of(m.step(w.snap(1.0)), Release) == []
     [rel] = of(m.step(w.snap(1.6)), Release)
     assert isinstance(rel, Release) and rel.position == "p9"
+
+
+def test_next_wakeup_is_never_in_the_past_once_step_has_acted() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    w.set_lock(0, "pod-b", "B1", 3)
+    w.tracker.observe("pod-b", "B1", "x", 10, -20.0)  # long expired: takeable
+    m = joined(w)
+    [a] = of(m.step(w.snap(0.1)), Acquire)
+    m.acquire_failed(0, "S1", now=0.2)
+    wake = m.next_wakeup(w.snap(0.3))
+    assert wake is not None and wake > 0.3
+    assert of(m.step(w.snap(1.2)), Acquire)
+    m.acquired(0, "S1", token=a.token, resource_version="r")
+    w.set_lock(0, ME, "S1", a.token)
+    m.step(w.snap(1.3))
+    wake = m.next_wakeup(w.snap(1.3))
+    assert wake is not None and wake > 1.3

@@ -5,6 +5,7 @@ partition, no two sessions' active-ownership intervals overlap and tokens increa
 
 from __future__ import annotations
 
+import itertools
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +251,42 @@ def test_api_server_restart_keeps_or_fences_then_converges(harness: Harness,
         return h.converged({"pod-a": [0], "pod-b": [1, 2, 3]}, epoch)
 
     wait_until("a move still works after the restart", ack, timeout=40)
+
+
+def test_three_members_follow_a_series_of_targets_without_overlap(harness: Harness) -> None:
+    h = harness
+    h.target.create(partitions=6)
+    pods = ["pod-a", "pod-b", "pod-c"]
+    for pod in pods:
+        h.start(pod)
+    apps = {pod: h.client(pod) for pod in pods}
+
+    def ack_all() -> None:
+        for app in apps.values():
+            for p in app.assignment().partitions:
+                if p.state == "revoking":
+                    app.release(p.partition, p.token, f"{p.partition}@{p.token}")
+
+    targets = [
+        {"pod-a": [0, 1, 2, 3, 4, 5], "pod-b": [], "pod-c": []},
+        {"pod-a": [0, 1], "pod-b": [2, 3], "pod-c": [4, 5]},
+        {"pod-a": [4, 5], "pod-b": [0, 1], "pod-c": [2, 3]},
+        {"pod-a": [], "pod-b": [0, 1, 2], "pod-c": [3, 4, 5]},
+    ]
+    for target in targets:
+        epoch = h.target.assign(target)
+
+        def converged(target: dict[str, list[int]] = target, epoch: int = epoch) -> bool:
+            ack_all()
+            return h.converged(target, epoch)
+
+        wait_until(f"epoch {epoch}", converged, timeout=40)
+    # Each change of owner is one acquisition (token + 1) with the position handed over.
+    for p in range(6):
+        owners = [next(pod for pod, parts in t.items() if p in parts) for t in targets]
+        moves = sum(1 for x, y in itertools.pairwise(owners) if x != y)
+        holder, _, token = h.target.holder(p)
+        assert (holder, token) == (owners[-1], 1 + moves)
+        expected = f"{p}@{token - 1}" if moves else None
+        view = {q.partition: q for q in apps[owners[-1]].assignment().partitions}
+        assert (view[p].token, view[p].position) == (token, expected)

@@ -317,14 +317,16 @@ class Member:
         for o in self.owned.values():
             if o.state is PartitionState.REVOKING and o.revoking_since is not None:
                 times.append(o.revoking_since + snap.drain_timeout)
-        times.extend(self._retry_at.values())
+        # Retry times and holders' expiries already past were acted on by ``step`` (or an
+        # outcome is pending, which wakes the loop): only future ones are wake-ups.
+        times.extend(t for t in self._retry_at.values() if t > snap.now)
         if snap.target is not None:
             for p in snap.target.partitions:
                 lock = snap.locks.get(p)
                 if p in self.owned or lock is None or not lock.holder or lock.session is None:
                     continue
                 expiry = snap.tracker.expires_at(lock.holder, lock.session)
-                if expiry is not None:
+                if expiry is not None and expiry > snap.now:
                     times.append(expiry)
         return min(times) if times else None
 
@@ -530,6 +532,7 @@ class Member:
 
     def acquired(self, partition: int, session: str, *, token: int, resource_version: str) -> None:
         position = self._acquiring.pop(partition, None)
+        self._retry_at.pop(partition, None)
         if session != self.session:
             return  # an old session's write; the new session sees the lock as FREE
         self.owned[partition] = _Owned(token, PartitionState.ACTIVE, resource_version, position)
