@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import secrets
 import signal
@@ -168,13 +169,23 @@ def bench_steady(b: Bench, window: float) -> tuple[float, float, int]:
     wait_until("4 x 16 acked", lambda: all(
         SidecarClient(sc.url).assignment().acked_epoch == epoch for sc in scs), timeout=60)
     before_own, before_api = sidecar_writes(scs), lease_updates(b.cluster)
+    before_cpu = sum(cpu_seconds(sc) for sc in scs)
     t0 = time.monotonic()
     time.sleep(window)  # a measurement window, not a wait for a condition
     elapsed = time.monotonic() - t0
     own = (sidecar_writes(scs) - before_own) * 60 / elapsed
     api = (lease_updates(b.cluster) - before_api) * 60 / elapsed
+    cpu = (sum(cpu_seconds(sc) for sc in scs) - before_cpu) / len(scs) / elapsed
+    print(f"steady state CPU per sidecar: {cpu * 100:.2f}% of one core")
     check(scs)
     return own, api, len(scs)
+
+
+def cpu_seconds(sc: SidecarProcess) -> float:
+    """user + system CPU time of a sidecar process (Linux /proc)."""
+    assert sc.proc is not None
+    fields = Path(f"/proc/{sc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def check(scs: list[SidecarProcess]) -> None:

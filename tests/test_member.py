@@ -365,3 +365,12 @@ def test_next_wakeup_is_never_in_the_past_once_step_has_acted() -> None:
     m.step(w.snap(1.3))
     wake = m.next_wakeup(w.snap(1.3))
     assert wake is not None and wake > 1.3
+
+
+def test_shutdown_before_the_group_was_seen_ends_at_once() -> None:
+    m = Member(ME)
+    m.begin_shutdown()
+    w = World()
+    snap = w.snap(0.0)
+    assert m.step(Snapshot(0.0, None, 5.0, None, {}, snap.tracker)) == []
+    assert m.done

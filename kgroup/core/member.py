@@ -335,7 +335,11 @@ class Member:
     def step(self, snap: Snapshot) -> list[Action]:
         now = snap.now
         actions: list[Action] = []
-        if self.done or snap.timing is None:
+        if self.done:
+            return actions
+        if snap.timing is None:  # the group was never seen: nothing to hold, nothing to end
+            if self.shutting_down and self.session is None and not self._starting:
+                self.done = True
             return actions
         self._drain_timeout = snap.drain_timeout
         if snap.target is not None and snap.target.epoch != self._epoch:
