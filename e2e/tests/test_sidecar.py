@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.testing import (
     ScriptedTarget,
     SidecarProcess,
@@ -71,9 +72,9 @@ class Harness:
 
 
 @pytest.fixture
-def harness(cluster: object, kube: client.ApiClient, crd: list[str], namespace: str,
+def harness(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
             tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(kube, namespace, str(cluster.kubeconfig), tmp_path)  # type: ignore[attr-defined]
+    h = Harness(kube, namespace, str(cluster.kubeconfig), tmp_path)
     try:
         yield h
     finally:
@@ -231,14 +232,14 @@ def test_drain_timeout_releases_a_partition_the_app_never_acknowledges(
 
 
 def test_api_server_restart_keeps_or_fences_then_converges(harness: Harness,
-                                                            cluster: object) -> None:
+                                                            cluster: Cluster) -> None:
     h = harness
     h.target.create(partitions=4)
     h.start("pod-a")
     h.start("pod-b")
     target = {"pod-a": [0, 1], "pod-b": [2, 3]}
     epoch = _converge(h, target)
-    cluster.restart_apiserver()  # type: ignore[attr-defined]
+    cluster.restart_apiserver()
     wait_until("members converge after the restart", lambda: h.converged(target, epoch),
                timeout=60)
     epoch = h.target.assign({"pod-a": [0], "pod-b": [1, 2, 3]})
