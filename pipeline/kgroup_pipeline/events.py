@@ -22,7 +22,9 @@ import redis
 
 from kgroup_pipeline.keys import StreamKeys
 
-# The rows the source yields: one per event, plus one marker row (id null) per range so a
+# The rows the source yields: one per event (``from_id``/``to_id`` null; ``id``, ``error``,
+# ``raw`` set only for a malformed one — every byte here crosses the JVM twice), then one
+# marker row per range (``from_id``/``to_id`` set, ``seq`` = events read) closing it: a
 # range whose events all vanished (trimmed) still reaches the sink and moves the offset.
 SOURCE_SCHEMA = pa.schema([
     ("partition", pa.int32()), ("token", pa.int64()), ("from_id", pa.string()),
@@ -104,16 +106,15 @@ def read_range(
     """The events of ``(from_id, to_id]`` of one partition as RecordBatches (SOURCE_SCHEMA)."""
     name = StreamKeys(stream).partition(partition)
     cursor = from_id
-    yielded = False
+    read = 0
     while cursor != to_id:
         entries: Any = client.xrange(name, min="(" + cursor, max=to_id, count=chunk)
         if not entries:
             break
-        ids: list[str] = []
         keys: list[str | None] = []
         amounts: list[int | None] = []
         seqs: list[int | None] = []
-        bad: dict[int, tuple[str, str]] = {}
+        bad: dict[int, tuple[str, str, str]] = {}
         for entry_id, fields in entries:
             key: str | None
             amount: int | None
@@ -124,29 +125,28 @@ def read_range(
                     raise KeyError("event")
             except (KeyError, ValueError):
                 key, amount, seq, error = _parse(fields)
-                bad[len(ids)] = (str(error), json.dumps(fields, sort_keys=True))
-            ids.append(entry_id)
+                bad[len(keys)] = (entry_id, str(error), json.dumps(fields, sort_keys=True))
             keys.append(key)
             amounts.append(amount)
             seqs.append(seq)
-        cursor = ids[-1]
-        n = len(ids)
+        cursor = entries[-1][0]
+        n = len(keys)
+        read += n
+        nulls = pa.nulls(n, pa.string())
         if bad:
-            errors = pa.array([bad[i][0] if i in bad else None for i in range(n)], pa.string())
-            raws = pa.array([bad[i][1] if i in bad else None for i in range(n)], pa.string())
+            ids, errors, raws = (
+                pa.array([bad[i][j] if i in bad else None for i in range(n)], pa.string())
+                for j in range(3))
         else:
-            errors = raws = pa.nulls(n, pa.string())
+            ids = errors = raws = nulls
         yield pa.RecordBatch.from_arrays([
             pa.array(np.full(n, partition, np.int32)), pa.array(np.full(n, token, np.int64)),
-            pa.array([from_id] * n, pa.string()), pa.array([to_id] * n, pa.string()),
-            pa.array(ids, pa.string()), pa.array(keys, pa.string()),
+            nulls, nulls, ids, pa.array(keys, pa.string()),
             pa.array(amounts, pa.int64()), pa.array(seqs, pa.int64()), errors, raws,
         ], schema=SOURCE_SCHEMA)
-        yielded = True
-    if not yielded:
-        yield pa.RecordBatch.from_pylist(
-            [{"partition": partition, "token": token, "from_id": from_id, "to_id": to_id}],
-            schema=SOURCE_SCHEMA)
+    yield pa.RecordBatch.from_pylist(
+        [{"partition": partition, "token": token, "from_id": from_id, "to_id": to_id,
+          "seq": read}], schema=SOURCE_SCHEMA)
 
 
 def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
@@ -155,12 +155,14 @@ def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
     if table.num_rows == 0:
         return []
     df = table.to_pandas()
+    is_marker = df["from_id"].notna()
+    events = df[~is_marker]
+    by_range = {k: g for k, g in events.groupby(["partition", "token"], sort=False)}
     out: list[PartitionResult] = []
-    for (part, token, from_id, to_id), grp in df.groupby(
-            ["partition", "token", "from_id", "to_id"], sort=True):
-        res = PartitionResult(int(part), int(token), str(from_id), str(to_id))
-        rows = grp[grp["id"].notna()]
-        res.events = len(rows)
+    for part, token, from_id, to_id, read in df.loc[
+            is_marker, ["partition", "token", "from_id", "to_id", "seq"]].itertuples(index=False):
+        res = PartitionResult(int(part), int(token), str(from_id), str(to_id), int(read))
+        rows = by_range.get((part, token), events.iloc[:0])
         bad = rows[rows["error"].notna()]
         res.dead = [DeadLetter(str(i), str(r), str(w))
                     for i, r, w in zip(bad["id"], bad["error"], bad["raw"], strict=True)]
@@ -174,7 +176,7 @@ def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
                         for k, c, t, f, la in zip(agg.index, agg["count"], agg["total"],
                                                   agg["first"], agg["last"], strict=True)]
         out.append(res)
-    return out
+    return sorted(out, key=lambda r: r.partition)
 
 
 def results_to_arrow(results: list[PartitionResult]) -> pa.RecordBatch:
