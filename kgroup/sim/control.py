@@ -11,6 +11,7 @@ Hand edits of the status are not simulated, so the hand-edit correction is not m
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -252,8 +253,8 @@ class SimOperator:
                 self.requested.discard(p)  # the controller retries a failed pass in 5 s
                 self._retry_in(5.0)
 
-            self.world.request(self.proc,
-                               lambda k=f"partition/{p}", o=obj: store.create(k, o), created)
+            self.world.request(self.proc, functools.partial(store.create, f"partition/{p}", obj),
+                               created)
 
     def _retry_in(self, seconds: float) -> None:
         self._gen += 1

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Kernel", "Process", "Timeout", "TIMEOUT"]
+__all__ = ["TIMEOUT", "Kernel", "Process", "Timeout"]
 
 
 class Kernel:
@@ -164,7 +164,7 @@ class Process:
                 return
             try:
                 result: Any = request()
-            except Exception as exc:  # noqa: BLE001 - the store's refusal is the answer
+            except Exception as exc:
                 result = exc
             back = latency()
 

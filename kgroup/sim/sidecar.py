@@ -353,6 +353,20 @@ class SimSidecar:
             if fresh is TIMEOUT or isinstance(fresh, Exception):
                 failed()
                 return
+            if self.world.cfg.verify == "live":
+                # fix candidate: feed the fresh read to the tracker, then ask it whether the
+                # session is live; a renewal seen by any path since the decision resets it
+                if isinstance(fresh, MemberLeaseObj):
+                    self._apply(f"member/{holder}", fresh)
+                    if action.verify_session is not None and self.tracker.is_live(
+                        holder, action.verify_session, self.proc.clock()
+                    ):
+                        failed()
+                        return
+                write()
+                return
+            # the runtime today: compare with the tracker's *current* marker, which a
+            # concurrent verification or a watch event may have moved on already
             if (
                 isinstance(fresh, MemberLeaseObj)
                 and fresh.session == action.verify_session
@@ -452,6 +466,14 @@ class SimSidecar:
         self.app_releases[partition] = AppRelease(token=token,
                                                   position=f"{partition}@{token}.{self.writes}")
         self.poke()
+
+    def app_write_all(self) -> None:
+        """Start a write under the token of every partition in the view."""
+        view = self.member.view(self.proc.clock())
+        for pv in view.partitions:
+            self.writes += 1
+            self.proc.schedule(self.world.write_latency(), self.world.sink_write,
+                               f"{self.pod}/{view.session}", pv.partition, pv.token)
 
     def app_tick(self) -> None:
         """Periodic work: write under the token of one partition in the view."""

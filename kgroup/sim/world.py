@@ -77,6 +77,7 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
+    verify: str = "runtime"  # "runtime": as kgroup_sidecar does today; "live": fix candidate
     verbose: bool = False
 
 
@@ -140,6 +141,7 @@ class World:
         self.lines: list[str] = []
         self._claim_sig: dict[int, tuple[Any, ...]] = {}
         self._by_proc: dict[int, SimSidecar] = {}
+        self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
 
@@ -204,6 +206,11 @@ class World:
             before = old.token if isinstance(old, PartitionLeaseObj) else -1
             self.checker.store_acquired(new.partition, before, new.token, new.holder,
                                         self.kernel.now)
+        if isinstance(new, GroupObj) and new.status.get("epoch") != (
+            old.status.get("epoch") if isinstance(old, GroupObj) else None
+        ):
+            self.epochs.append((self.kernel.now, new.status.get("epoch"),
+                                dict(new.status.get("assignment") or {})))
         if self.cfg.verbose:
             self.trace("store", f"{key} = {new}")
         stream = stream_of(key)
@@ -358,6 +365,7 @@ class World:
                 self._delete_pod(name)
                 self.kernel.at(back, self._restart, None)
         elif fault.kind == "gc-pause":
+            sc.app_write_all()  # frozen mid-write: these land after the pause
             sc.proc.pause(fault.seconds)
             if fault.seconds > self.spec.lease.duration_seconds:
                 self.count("gc-pause>lease")
@@ -475,7 +483,7 @@ class World:
                 stable_since, fingerprint = t, self._fingerprint()
             if stable_since is not None and t >= stable_since + cfg.quiet_time:
                 break
-            if stable_since is None and t > deadline or t > deadline + cfg.quiet_time:
+            if (stable_since is None and t > deadline) or t > deadline + cfg.quiet_time:
                 state = why or "epoch or locks changed while converged"
                 checker.fail("liveness", t, f"not converged and quiet {self.bound():.1f}s "
                              f"after faults stopped: {state}")
