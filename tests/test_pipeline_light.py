@@ -11,6 +11,7 @@ import pytest
 import redis
 from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.light_worker import LightWorker
 from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
 from kgroup_pipeline.producer import produce
@@ -184,3 +185,41 @@ def test_the_verifier_reports_duplicates_and_losses(
     rclient.hincrby(f"kgroup:{{{stream}}}:sink:count:0", key, -3)
     assert verify(rclient, stream).total("lost") == 2
     assert verify_main(["--redis", redis_url, "--stream", stream]) == 1
+
+
+def test_a_revoked_partition_is_released_only_after_its_last_planned_batch_commits(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=2, count=400, keys=10, seed=8)
+    store = FencedStore(rclient, stream)
+    coord = ScriptedCoordinator(2)
+    coord.assign("a", [0, 1])
+    handoff = HandoffController(coord.ownership("a"), store, drain_timeout=30.0)
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=100)  # a batch in flight
+    coord.move(0, "b")
+    assert handoff.step(now=0.0) == []  # still in flight: no release
+    assert coord.holder(0) == ("a", 1)
+    # The planner read "active" a moment before the seal: its plan is refused now.
+    assert store.plan([OwnedPartition(0, 1)], max_rows=100)[0].status == "sealed"
+    in_flight = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                     from_id=plan.from_id, to_id=plan.to_id))
+    assert [o.status for o in store.commit(in_flight)] == ["committed"]
+    assert handoff.step(now=1.0) == [0]
+    assert coord.releases == [("a", 0, 1, plan.to_id)]
+    assert coord.holder(0) == ("b", 2)
+    (b_plan,) = store.plan([OwnedPartition(0, 2, position=plan.to_id)], max_rows=1000)
+    assert b_plan.status == "ok" and b_plan.from_id == plan.to_id
+
+
+def test_a_batch_that_never_commits_is_released_at_the_committed_offset_after_the_timeout(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=1, count=100, keys=5, seed=9)
+    store = FencedStore(rclient, stream)
+    coord = ScriptedCoordinator(1)
+    coord.assign("a", [0])
+    handoff = HandoffController(coord.ownership("a"), store, drain_timeout=5.0)
+    store.plan([OwnedPartition(0, 1)], max_rows=50)  # planned, then the batch is lost
+    coord.move(0, "b")
+    assert handoff.step(now=100.0) == []
+    assert handoff.step(now=104.9) == []
+    assert handoff.step(now=105.0) == [0]
+    assert coord.releases == [("a", 0, 1, "0-0")]  # nothing was committed
