@@ -25,7 +25,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from urllib3.exceptions import HTTPError
 
 from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LabelSelector, LastRebalance
 from kgroup.core.group import (
@@ -123,6 +125,10 @@ class GroupController:
                 delay = await self.reconcile()
             except asyncio.CancelledError:
                 raise
+            except (ApiException, HTTPError, OSError) as exc:
+                log.warning("reconcile of %s/%s: API unavailable (%s); retrying", *self.key,
+                            type(exc).__name__)
+                delay = 2.0
             except Exception:
                 log.exception("reconcile of %s/%s failed; retrying", *self.key)
                 delay = 5.0
@@ -188,6 +194,8 @@ class GroupController:
         elif not eligible_pods(spec.selector, pods):
             pass  # pods exist but none is running and ready yet: Pending says it
 
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s/%s: members %s", namespace, name, sorted(members))
         if decision is None:
             decision = self.planner.plan(
                 spec=spec,
@@ -248,8 +256,10 @@ class GroupController:
         if unchanged and decision.target is None:
             await self._problems(body, seen)
             return _next(deadlines, now)
+        # The rate limit holds back aggregate-only writes; a new target is already paced by
+        # the stabilisation window and must not wait behind a member-count update.
         wait = self.last_write + self.settings.status_min_interval - now
-        if wait > 0:
+        if wait > 0 and decision.target is None:
             return wait
         try:
             stored = await self.kube.replace_status(body, wire)
