@@ -2,11 +2,13 @@
 
 Every member runs the real core (``Member`` + its own ``SessionTracker``) against an
 in-memory store. Faults: watch lag (each member sees the store as it was up to 0.5 s
-ago, and now and then its watch freezes for 1-4 s), write latency (a write commits up to 0.3 s after it was sent, its answer arrives up
-to 0.3 s later, some answers are lost), long pauses (a member stops for 2-6 s, as with
-SIGSTOP, longer than the 3 s lease), apps that acknowledge late, and targets that change
-every few seconds. After every tick the safety promise is checked on the apps' views:
-no partition is reported owned by two members, and the owner's token is the newest.
+ago, and now and then its watch freezes for 1-4 s), write latency (a write commits up to
+0.3 s after it was sent, its answer arrives up to 0.3 s later, some answers are lost),
+long pauses (a member stops for 2-6 s, as with SIGSTOP, longer than the 3 s lease), apps
+that acknowledge late, and targets that change every few seconds. After every tick the
+safety promise is checked on the apps' views: no partition is reported owned by two
+members, and the owner's token is the current one. (Removing the quorum read before a
+takeover, or fencing 2 s late, makes seeds here fail.)
 """
 
 from __future__ import annotations
@@ -174,7 +176,10 @@ class Sim:
 
             self.at(commit, release)
         elif isinstance(a, EndSession):
-            self.at(commit, lambda: s.members.pop(node.name, None))
+            def end() -> None:
+                s.members.pop(node.name, None)
+
+            self.at(commit, end)
 
     def deliver(self, node: Node, fn: Callable[[], None]) -> None:
         if self.t < node.paused_until:  # the process is stopped: it reads the answer later
@@ -220,8 +225,8 @@ class Sim:
     def check(self) -> None:
         owners: dict[int, list[tuple[str, int]]] = {}
         for node in self.nodes:
-            for p in node.member.view(self.t).partitions:
-                owners.setdefault(p.partition, []).append((node.name, p.token))
+            for pv in node.member.view(self.t).partitions:
+                owners.setdefault(pv.partition, []).append((node.name, pv.token))
         for p, who in owners.items():
             assert len(who) == 1, f"t={self.t:.1f}: partition {p} owned by {who}"
             name, token = who[0]
