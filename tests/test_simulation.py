@@ -6,24 +6,24 @@ from __future__ import annotations
 import pytest
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.locks import LeaseTiming, SessionTracker
-from kgroup.core.member import Acquire, Lock, Member, Renew, Snapshot, Target
+from kgroup.core.member import Member
 from kgroup.sim import Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main
 from kgroup.sim.store import PartitionLeaseObj
-from kgroup.sim.variants import AdoptingMember, NoFencingMember, SameTokenMember
+from kgroup.sim.variants import NoFencingMember, SameTokenMember
 from kgroup.sim.world import World
 
 CI_SEEDS = 300
-"""Seeds per bulk test (two bulk tests). Measured: see bench/bench_simulation.py."""
+"""Seeds per bulk test (two bulk tests). Measured: the file takes ~60-75 s here."""
 
-SMALL = SimConfig(members=4, partitions=16, fault_time=30, verify="live")
+SMALL = SimConfig(members=4, partitions=16, fault_time=30, adapter="fixed")
 SAFETY_KINDS = {"safety", "token-order", "sink", "store-token"}
-ORPHAN_BUG = (
-    "core bug (kgroup.core.member): an acquisition the API server applied but whose answer "
-    "was lost (timeout) leaves a lock held by the member's own live session that it never "
-    "owns, releases or acknowledges; step() skips it as 'an acquisition we are about to "
-    "hear of' though none is in flight"
+TIMEOUT_BUG = (
+    "sidecar bug (kgroup_sidecar.runtime.Sidecar._acquire): an acquisition that timed out "
+    "is reported acquire_failed though the API server may have applied it; the lock then "
+    "carries the member's own live session, Member.step skips it for ever ('an "
+    "acquisition we are about to hear of'), never acknowledges the epoch, and a member "
+    "targeted with it waits for ever"
 )
 
 VERIFY_BUG = (
@@ -65,70 +65,49 @@ def tokens(world: World) -> dict[int, int]:
 # ---- many seeds -------------------------------------------------------------------------
 
 
-def test_real_core_keeps_safety_and_fencing_under_random_faults_on_every_seed() -> None:
-    """Safety, token order, the fenced sink and store tokens hold on every seed with the
-    real member core and the verification fix candidate (liveness: the next tests)."""
-    broken = []
+def test_every_invariant_holds_on_every_seed_with_the_fixed_adapter() -> None:
+    """Safety, token order, the fenced sink, store tokens, and liveness (converged within
+    the bound, then quiet) on every seed: the real cores, the adapter's fix candidates."""
+    failed = []
     for seed in range(CI_SEEDS):
-        bad = [v for v in run_seed(seed, SMALL).violations if v.kind in SAFETY_KINDS]
-        if bad:
-            broken.append((seed, bad[0]))
-    assert broken == [], (
-        f"{broken[0]}; reproduce: python -m kgroup.sim --seed {broken[0][0]} --members 4 "
-        "--partitions 16 --fault-time 30 --verify live --verbose"
+        result = run_seed(seed, SMALL)
+        if not result.ok:
+            failed.append((seed, result.violations[0]))
+    assert failed == [], (
+        f"{failed[0]}; reproduce: python -m kgroup.sim --seed {failed[0][0]} --members 4 "
+        "--partitions 16 --fault-time 30 --adapter fixed --verbose"
     )
 
 
-def test_group_converges_and_stays_quiet_on_every_seed_with_the_fix_candidate() -> None:
-    """Every invariant, liveness included, with the orphaned-lock fix candidate."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30, member_factory=AdoptingMember,
-                    verify="live")
-    failed = [(seed, r.violations[0]) for seed in range(CI_SEEDS, 2 * CI_SEEDS)
-              if not (r := run_seed(seed, cfg)).ok]
-    assert failed == []
+def test_runtime_adapter_keeps_safety_and_fencing_on_every_seed_but_two() -> None:
+    """The adapter as kgroup_sidecar runs it today: safety and fencing hold on every seed
+    except the two of the verification bug (pinned below); liveness is not asserted."""
+    cfg = SimConfig(members=4, partitions=16, fault_time=30, adapter="runtime")
+    seeds = [s for s in range(CI_SEEDS, CI_SEEDS + CI_SEEDS // 3) if s not in (127, 363)]
+    unsafe = [seed for seed in seeds
+              if any(v.kind in SAFETY_KINDS for v in run_seed(seed, cfg).violations)]
+    assert unsafe == [], f"python -m kgroup.sim --seed {unsafe[0]} --members 4 " \
+                         "--partitions 16 --fault-time 30 --verbose"
 
 
 @pytest.mark.xfail(strict=True, reason=VERIFY_BUG)
-def test_sidecar_verification_as_the_runtime_does_it_keeps_safety() -> None:
+def test_runtime_adapter_holder_reread_keeps_safety() -> None:
     """Seeds 127 and 363: two partitions held by one live member are both judged takeable
     on a stale observation; the first verification's fresh read updates the tracker's
     marker, the second compares its (identical) fresh marker with that updated one, sees
     "no renewal since" and takes a lock whose holder is alive and claims it."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30, verify="runtime")
+    cfg = SimConfig(members=4, partitions=16, fault_time=30, adapter="runtime")
     unsafe = [seed for seed in (127, 363)
               if any(v.kind == "safety" for v in run_seed(seed, cfg).violations)]
     assert unsafe == []
 
 
-@pytest.mark.xfail(strict=True, reason=ORPHAN_BUG)
-def test_real_core_converges_after_faults() -> None:
+@pytest.mark.xfail(strict=True, reason=TIMEOUT_BUG)
+def test_runtime_adapter_converges_after_faults() -> None:
     """Seeds 0, 1, 3, 4, 6 and 9 of the default configuration stall on the bug."""
-    failed = [seed for seed in range(10) if not run_seed(seed, SimConfig(verify="live")).ok]
+    failed = [seed for seed in range(10)
+              if not run_seed(seed, SimConfig(adapter="runtime")).ok]
     assert failed == []
-
-
-@pytest.mark.xfail(strict=True, reason=ORPHAN_BUG)
-def test_acquisition_applied_but_timed_out_is_adopted() -> None:
-    """The bug in four lines of the real core, without the simulation."""
-    timing, tracker = LeaseTiming(duration=6, renew_interval=2), SessionTracker()
-    target = Target(1, frozenset({0}))
-
-    def snap(now: float, lock: Lock) -> Snapshot:
-        return Snapshot(now, timing, 2.0, target, {0: lock}, tracker)
-
-    m = Member("a")
-    m.step(snap(0.0, Lock(0, None, None, 0, "rv1")))
-    m.session_started("S1", sent_at=0.0, timing=timing, now=0.0)
-    tracker.observe("a", "S1", "m1", 6, 0.0)
-    [acquire] = [a for a in m.step(snap(0.1, Lock(0, None, None, 0, "rv1")))
-                 if isinstance(a, Acquire)]
-    m.acquire_failed(0, "S1", now=2.0)  # timed out, but the server applied it:
-    ours = Lock(0, "a", "S1", acquire.token, "rv2")  # the watch shows the lock is ours
-    for now in (2.1, 3.2, 4.3):
-        for a in m.step(snap(now, ours)):
-            if isinstance(a, Renew):
-                m.renewed("S1", sent_at=now, timing=timing, epoch=a.epoch, now=now)
-    assert [p.partition for p in m.view(4.3).partitions] == [0]
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -233,7 +212,7 @@ def test_cli_summarises_and_exits_zero_when_every_seed_passes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code = main(["--seeds", "2", "--members", "3", "--partitions", "8", "--fault-time", "15",
-                 "--variant", "adopting"])
+                 "--adapter", "fixed"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "seeds run: 2" in out and "violations: 0 seeds" in out and "faults injected:" in out

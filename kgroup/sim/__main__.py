@@ -15,12 +15,11 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
-from kgroup.sim.variants import AdoptingMember, NoFencingMember, SameTokenMember
+from kgroup.sim.variants import NoFencingMember, SameTokenMember
 from kgroup.sim.world import Result, SimConfig, run_seed
 
 VARIANTS = {
     "real": Member,
-    "adopting": AdoptingMember,
     "no-fencing": NoFencingMember,
     "same-token": SameTokenMember,
 }
@@ -29,7 +28,7 @@ VARIANTS = {
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(members=args.members, partitions=args.partitions,
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
-                     verify=args.verify, verbose=args.verbose)
+                     adapter=args.adapter, verbose=args.verbose)
 
 
 def _run(job: tuple[int, SimConfig]) -> Result:
@@ -49,7 +48,7 @@ def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Re
 def repro(args: argparse.Namespace, seed: int) -> str:
     return (f"python -m kgroup.sim --seed {seed} --members {args.members} "
             f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
-            f"--variant {args.variant} --verify {args.verify} --verbose")
+            f"--variant {args.variant} --adapter {args.adapter} --verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,11 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fault-time", type=float, default=60.0,
                     help="simulated seconds of faults before the convergence phase")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
-                    help="member state machine: the real core, a fix candidate, or a "
-                         "deliberately broken one")
-    ap.add_argument("--verify", choices=["runtime", "live"], default="runtime",
-                    help="how the sidecar checks a takeable lock's holder before taking it: "
-                         "as kgroup_sidecar does today, or the fix candidate")
+                    help="member state machine: the real core or a deliberately broken one")
+    ap.add_argument("--adapter", choices=["runtime", "fixed"], default="runtime",
+                    help="the sidecar adapter as kgroup_sidecar runs today, or with the "
+                         "simulation's fix candidates")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)
@@ -92,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"VIOLATION seed={result.seed} t={v.time:.3f} {v.kind}: {v.detail}")
             print(f"  reproduce: {repro(args, result.seed)}")
     wall = time.perf_counter() - started
-    print(f"seeds run: {len(seeds)} (variant {args.variant}, verify {args.verify}, "
+    print(f"seeds run: {len(seeds)} (variant {args.variant}, adapter {args.adapter}, "
           f"{args.members} members, "
           f"{args.partitions} partitions, {args.fault_time:g}s of faults)")
     print("faults injected: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())))

@@ -77,7 +77,7 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
-    verify: str = "runtime"  # "runtime": as kgroup_sidecar does today; "live": fix candidate
+    adapter: str = "runtime"  # "runtime": as kgroup_sidecar does today; "fixed": candidates
     verbose: bool = False
 
 
