@@ -294,6 +294,10 @@ class Cluster:
                 f"--root-ca-file={pki.ca_cert}",
                 f"--cluster-signing-cert-file={pki.ca_cert}",
                 f"--cluster-signing-key-file={pki.ca_key}",
+                # kwok renews the fake nodes' leases through the API server: while a test
+                # keeps the API server down, nodes must not turn Unknown and get their pods
+                # evicted (the default grace is 50 s).
+                "--node-monitor-grace-period=600s",
                 # The default set minus the controllers that need a cloud provider.
                 "--controllers=*,-cloud-node-lifecycle-controller,-node-route-controller,"
                 "-service-lb-controller",
@@ -375,11 +379,13 @@ class Cluster:
             self.stop_component("kube-apiserver")
 
     def start_apiserver(self) -> None:
-        """Start the API server again on the same port with the same etcd; wait for /readyz."""
+        """Start the API server again on the same port with the same etcd; wait for /readyz
+        and for the fake nodes to be Ready."""
         with state_lock():
             rec = self.records().get("kube-apiserver")
             if rec is None or not processes.is_alive(rec):
                 self.start_component("kube-apiserver")
+            self.wait_usable()
 
     def restart_apiserver(self) -> None:
         self.stop_apiserver()
