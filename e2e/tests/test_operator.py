@@ -66,7 +66,7 @@ class OperatorProcess:
         log = self.log_dir / f"operator-{self.runs}.log"
         self.runs += 1
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
-               "KGROUP_IDENTITY": f"e2e-{self.runs}"}
+               "KGROUP_IDENTITY": f"e2e-{secrets.token_hex(3)}-{self.runs}"}
         args = [str(OPERATOR), "--namespace", self.namespace,
                 "--leader-namespace", self.namespace, "--leader-lease-seconds", "6",
                 "--liveness-port", str(_free_port()), "--metrics-port", str(self.metrics_port)]
@@ -559,3 +559,25 @@ def test_a_hand_edited_status_is_corrected_under_a_new_epoch(
     assert st["epoch"] == before["epoch"] + 1
     wait_for("a StatusEditedByHand Event",
              lambda: "StatusEditedByHand" in event_reasons(kube, namespace))
+
+
+def test_a_standby_replica_waits_and_takes_over_without_moving_anything(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members], cluster: Cluster, tmp_path: Path,
+) -> None:
+    stable_group(kube, namespace, members_factory)
+    before = get_status(kube, namespace)
+    standby = OperatorProcess(cluster, namespace, tmp_path / "standby")
+    standby.log_dir.mkdir()
+    standby.start()
+    try:
+        stays("the standby serves no metrics", lambda: standby.metrics() == "", 4)
+        operator.stop()
+        wait_for("the standby to take over",
+                 lambda: standby.metric("kgroup_members") == 3, timeout=60)
+        stays("epoch and target unchanged",
+              lambda: (lambda s: (s["epoch"], s["assignment"]))(get_status(kube, namespace))
+              == (before["epoch"], before["assignment"]), 3)
+    finally:
+        standby.stop()
+        assert "Traceback" not in standby.log_text()
