@@ -143,12 +143,15 @@ class Sim:
             self.at(commit, renew)
         elif isinstance(a, Acquire):
             def acquire() -> None:
-                if a.verify_holder is not None:  # the quorum read of the holder's session
-                    holder = s.members.get(a.verify_holder)
-                    if holder is not None and holder[0] == a.verify_session and \
-                            holder[1] != node.tracker.marker_of(a.verify_holder):
+                if a.verify_holder is not None:  # the quorum read of the holder's session,
+                    holder = s.members.get(a.verify_holder)  # as runtime._holder_expired
+                    if holder is None:
+                        node.tracker.forget(a.verify_holder)
+                    else:
                         node.tracker.observe(a.verify_holder, holder[0], holder[1],
                                              TIMING.duration, self.t)
+                    if a.verify_session is not None and node.tracker.is_live(
+                            a.verify_holder, a.verify_session, self.t):
                         reply(lambda: m.acquire_failed(a.partition, a.session, now=self.t))
                         return
                 lock = s.locks[a.partition]

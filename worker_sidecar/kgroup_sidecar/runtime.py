@@ -349,25 +349,16 @@ class Sidecar:
     async def _acquire(self, action: Acquire) -> None:
         assert self.kube is not None and self.timing is not None
         p = action.partition
+        name: str | None = None  # set once the write is about to be sent
         try:
-            if action.verify_holder is not None:
-                # Quorum read of the holder's session (locks.py): a watch may lag.
-                holder = action.verify_holder
-                fresh = await self.kube.get_lease(member_lease_name(self.settings.group, holder))
-                if fresh is not None:
-                    parsed = objects.parse_member_lease(fresh).value
-                    if (
-                        parsed is not None
-                        and parsed.session == action.verify_session
-                        and parsed.marker != self.tracker.marker_of(holder)
-                    ):
-                        self._apply_lease("MODIFIED", fresh)
-                        self.member.acquire_failed(p, action.session, now=self.clock())
-                        return
+            if action.verify_holder is not None and not await self._holder_expired(action):
+                self.member.acquire_failed(p, action.session, now=self.clock())
+                return
             last = self.partition_leases.get(p)
             if last is None or objects.meta(last).get("resourceVersion") != action.expected_rv:
                 self.member.acquire_failed(p, action.session, now=self.clock())
                 return
+            name = objects.meta(last)["name"]
             body = objects.acquired_partition_lease(
                 last, member=self.settings.pod_name, session=action.session,
                 token=action.token, duration=self.timing.duration,
@@ -375,8 +366,16 @@ class Sidecar:
             result = await self.kube.replace_lease(body)
         except Exception as exc:
             log.info("acquisition of partition %d failed: %s", p, _describe(exc))
-            self.member.acquire_failed(p, action.session, now=self.clock())
-            return
+            reread = None
+            if status_of(exc) is None and name is not None:
+                # No answer (timeout, broken connection): the write may have happened.
+                # Reporting a failure would leave a lock carrying our live session that
+                # the core waits on for ever; ask the server instead.
+                reread = await self._reread_acquisition(action, name)
+            if reread is None:
+                self.member.acquire_failed(p, action.session, now=self.clock())
+                return
+            result = reread
         self._store_partition(result)
         lock = objects.parse_partition_lease(result).value
         token = lock.token if lock is not None else action.token
@@ -387,6 +386,42 @@ class Sidecar:
             log.info("acquired partition %d (token %d)", p, token)
             self.audit.write("acquire", session=action.session, partition=p, token=token,
                              position=lock.position if lock else None)
+
+    async def _holder_expired(self, action: Acquire) -> bool:
+        """Quorum read of the holder's member Lease before a takeover (locks.py: a watch
+        may lag). The read goes through the tracker (a changed marker restarts its clock),
+        and the tracker, not a marker comparison, says whether the session is still live:
+        a renewal learnt by any path since the decision counts."""
+        assert self.kube is not None and action.verify_holder is not None
+        holder = action.verify_holder
+        fresh = await self.kube.get_lease(member_lease_name(self.settings.group, holder))
+        if fresh is None:
+            self.tracker.forget(holder)
+            return True
+        self._apply_lease("MODIFIED", fresh)
+        session = action.verify_session
+        return session is None or not self.tracker.is_live(holder, session, self.clock())
+
+    async def _reread_acquisition(self, action: Acquire, name: str) -> Obj | None:
+        """After an unanswered acquisition: the Lease if it shows our write, else None.
+        Retried while the session that wrote it lasts."""
+        assert self.kube is not None
+        while self.member.session == action.session:
+            try:
+                fresh = await self.kube.get_lease(name)
+            except Exception:
+                await asyncio.sleep(0.5)  # retry backoff while the API server is away
+                continue
+            if fresh is None:
+                return None
+            self._store_partition(fresh)
+            lock = objects.parse_partition_lease(fresh).value
+            if lock is not None and (lock.holder, lock.session, lock.token) == (
+                self.settings.pod_name, action.session, action.token
+            ):
+                return fresh
+            return None
+        return None
 
     def _store_partition(self, obj: Obj) -> None:
         lock = objects.parse_partition_lease(obj).value
