@@ -385,6 +385,28 @@ def test_members_joining_get_every_partition_and_the_group_becomes_stable(
     assert {m["name"]: m["ownedCount"] for m in st["members"]} == {"w-0": 4, "w-1": 4}
     assert condition(st, "Ready") == ("True", "AllPartitionsOwned")
     assert "RebalanceStarted" in event_reasons(kube, namespace)
+    wait_for("a RebalanceCompleted Event",
+             lambda: "RebalanceCompleted" in event_reasons(kube, namespace))
+    cg: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP)
+    assert not cg["metadata"].get("finalizers")  # kopf left no footprint on the group
+    assert not any("kopf" in k for k in cg["metadata"].get("annotations") or {})
+    pod: Any = client.CoreV1Api(kube).read_namespaced_pod("w-0", namespace)
+    assert not pod.metadata.finalizers
+    assert not any("kopf" in k for k in pod.metadata.annotations or {})
+    assert (operator.metric("kgroup_rebalances_total") or 0) >= 1
+
+
+def test_partitions_nobody_takes_degrade_the_group_after_drain_plus_lease(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    make_pods(kube, namespace, "w-0")
+    members = members_factory(make_group(kube, namespace), converge=False)
+    members.join("w-0")
+    st = status_where(kube, namespace, "Degraded", lambda s: s.get("phase") == "Degraded")
+    assert condition(st, "Degraded") == ("True", "PartitionsUnowned")
+    assert st["unowned"] == 8
 
 
 def test_a_third_member_joining_moves_only_its_share(
