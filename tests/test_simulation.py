@@ -13,7 +13,7 @@ from kgroup.sim.store import PartitionLeaseObj
 from kgroup.sim.variants import NoFencingMember, SameTokenMember
 from kgroup.sim.world import World
 
-CI_SEEDS = 300
+CI_SEEDS = 400
 """Seeds per bulk test (two bulk tests). Measured: the file takes ~60-75 s here."""
 
 SMALL = SimConfig(members=4, partitions=16, fault_time=30, adapter="fixed")
