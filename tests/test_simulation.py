@@ -118,6 +118,23 @@ def test_a_seed_replays_exactly() -> None:
         again.events, again.store_writes, again.faults, again.violations)
 
 
+def test_a_seed_replays_exactly_in_another_process_with_another_hash_seed() -> None:
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "kgroup.sim", "--seed", "5", "--members", "3",
+           "--partitions", "8", "--fault-time", "10", "--verbose"]
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        outs.append([line for line in done.stdout.splitlines()
+                     if not line.startswith("wall time")])
+    assert len(outs[0]) > 100 and outs[0] == outs[1]
+
+
 # ---- targeted scenarios -----------------------------------------------------------------
 
 
@@ -225,5 +242,5 @@ def test_cli_exits_one_and_prints_the_reproducing_command_on_a_violation(
                  "--fault-time", "15", "--variant", "same-token"])
     out = capsys.readouterr().out
     assert code == 1
-    assert "VIOLATION seed=7" in out
+    assert "VIOLATION seed=7 step=" in out
     assert "reproduce: python -m kgroup.sim --seed 7 --members 3 --partitions 8" in out

@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not result.ok:
             failed.append(result)
             for v in result.violations[:3]:
-                print(f"VIOLATION seed={result.seed} t={v.time:.3f} {v.kind}: {v.detail}")
+                print(f"VIOLATION seed={result.seed} step={v.step} t={v.time:.3f} {v.kind}: "
+                      f"{v.detail}")
             print(f"  reproduce: {repro(args, result.seed)}")
     wall = time.perf_counter() - started
     print(f"seeds run: {len(seeds)} (variant {args.variant}, adapter {args.adapter}, "
@@ -101,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"violations: {len(failed)} seeds"
           + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(by_kind.items())) + ")"
              if by_kind else ""))
-    print(f"slowest convergence: {slowest[0]:.1f} simulated s (seed {slowest[1]})")
+    if slowest[1] >= 0:
+        print(f"slowest convergence: {slowest[0]:.1f} simulated s (seed {slowest[1]})")
+    else:
+        print("slowest convergence: n/a (no seed converged)")
     print(f"wall time: {wall:.1f}s ({len(seeds) / wall:.1f} seeds/s)")
     return 1 if failed else 0
 

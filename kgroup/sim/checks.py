@@ -28,8 +28,9 @@ __all__ = ["Checker", "Claim", "Violation"]
 @dataclass(frozen=True)
 class Violation:
     kind: str  # safety | token-order | sink | store-token | liveness
-    time: float
+    time: float  # true simulated seconds
     detail: str
+    step: int = 0  # the kernel's event number
 
 
 @dataclass
@@ -50,9 +51,10 @@ class Checker:
     sink_opener: dict[int, str] = field(default_factory=dict)
     sink_accepted: int = 0
     sink_refused: int = 0
+    step: int = 0  # kept current by the world
 
     def fail(self, kind: str, time: float, detail: str) -> None:
-        self.violations.append(Violation(kind, time, detail))
+        self.violations.append(Violation(kind, time, detail, self.step))
 
     def update_claim(self, key: str, owner: str, tokens: dict[int, int], until: float,
                      now: float) -> None:

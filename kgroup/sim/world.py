@@ -187,9 +187,12 @@ class World:
         return self.rng.uniform(0.0, 1.2 * self.spec.handoff.drain_timeout_seconds + 0.2)
 
     def sink_open(self, owner: str, partition: int, token: int) -> None:
+        self.checker.step = self.kernel.events
         self.checker.sink_open(owner, partition, token, self.kernel.now)
 
     def sink_write(self, owner: str, partition: int, token: int) -> None:
+        self.checker.step = self.kernel.events
+        self.trace(owner, f"app write p{partition} token {token}")
         self.checker.sink_write(owner, partition, token, self.kernel.now)
 
     def trace(self, who: str, what: Any) -> None:
@@ -199,6 +202,7 @@ class World:
     # ---- the store's commits: checks and watch fan-out -------------------------------
 
     def _committed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        self.checker.step = self.kernel.events
         if isinstance(new, PartitionLeaseObj) and new.holder is not None and (
             not isinstance(old, PartitionLeaseObj)
             or (old.holder, old.session) != (new.holder, new.session)
@@ -385,6 +389,7 @@ class World:
     def _after_event(self) -> None:
         """Re-read the view of every sidecar that ran code in this event."""
         now = self.kernel.now
+        self.checker.step = self.kernel.events
         for proc in self.kernel.touched:
             sc = self._by_proc.get(id(proc))
             if sc is None or not proc.alive:
@@ -398,6 +403,8 @@ class World:
             tokens = {p.partition: p.token for p in view.partitions}
             deadline = m.deadline
             until = proc.to_true(deadline) if deadline is not None else now
+            if self.cfg.verbose:
+                self.trace(sc.pod, f"app view {view.session}: {tokens} until {until:.3f}")
             self.checker.update_claim(str(sc.key), f"{sc.pod}/{view.session}", tokens, until,
                                       now)
 
