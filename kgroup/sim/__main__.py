@@ -75,11 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     faults: dict[str, int] = {}
     failed: list[Result] = []
+    sink = [0, 0]
     slowest: tuple[float, int] = (0.0, -1)
     for result in run_many(seeds, cfg, 1 if args.verbose else args.jobs):
         if args.verbose:
             print(f"# seed {result.seed}: {result.spec}")
             print("\n".join(result.trace))
+        sink[0] += result.sink_accepted
+        sink[1] += result.sink_refused
         for kind, n in result.faults.items():
             faults[kind] = faults.get(kind, 0) + n
         if result.converged_after is not None and result.converged_after >= slowest[0]:
@@ -94,7 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"seeds run: {len(seeds)} (variant {args.variant}, adapter {args.adapter}, "
           f"{args.members} members, "
           f"{args.partitions} partitions, {args.fault_time:g}s of faults)")
-    print("faults injected: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())))
+    outcomes = {"epoch-bump", "fence", "lost"}
+    print("faults injected: " + ", ".join(
+        f"{k}={v}" for k, v in sorted(faults.items()) if k not in outcomes))
+    print("outcomes: " + ", ".join(
+        f"{k}={v}" for k, v in sorted(faults.items()) if k in outcomes)
+        + " (fence: a member fenced itself; lost: a lock taken from a member it had "
+          "already fenced in its view)")
+    print(f"fenced sink: {sink[0]} app writes accepted, {sink[1]} stale-token writes refused")
     by_kind: dict[str, int] = {}
     for r in failed:
         for v in r.violations[:1]:

@@ -77,6 +77,7 @@ class Process:
     alive: bool = True
     paused_until: float = -1.0
     cut_until: float = -1.0
+    lose_answers: int = 0  # the next this many answers to this process are lost
     _inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = field(default_factory=list)
 
     # ---- clock ---------------------------------------------------------------------
@@ -169,6 +170,9 @@ class Process:
             back = latency()
 
             def respond() -> None:
+                if self.lose_answers > 0:
+                    self.lose_answers -= 1
+                    return
                 if self.alive and not self.cut and not drop():
                     answer(result)
 

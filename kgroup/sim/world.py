@@ -42,7 +42,10 @@ __all__ = ["FAULT_KINDS", "Fault", "Result", "SimConfig", "World", "run_seed"]
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
-requests or answers, slow messages) are drawn per message during the fault phase."""
+requests or answers, slow messages) are drawn per message during the fault phase.
+Scripted only: ``lose-answer`` (the member's next answer from the API server is lost)
+and ``status-reset`` (the group's status is emptied, as by a restore from a backup
+without status, and the operator restarts ``seconds`` later)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class Result:
     store_writes: int
     bound: float
     spec: str
+    sink_accepted: int = 0
+    sink_refused: int = 0  # stale-token writes the fenced sink refused
     trace: list[str] = field(default_factory=list)
 
     @property
@@ -344,6 +349,16 @@ class World:
             self.operator_proc.crash()
             self.kernel.after(fault.seconds, self.start_operator)
             return
+        if fault.kind == "status-reset":
+            assert self.operator_proc is not None
+            self.count(fault.kind)
+            self.trace("fault", fault)
+            group = self.store.get("group")
+            assert group is not None
+            self.store.update("group", GroupObj(0, {}), expected_rv=group.rv)
+            self.operator_proc.crash()
+            self.kernel.after(fault.seconds, self.start_operator)
+            return
         if fault.kind == "join":
             if len(names) < self.cfg.members + 2:
                 self.count(fault.kind)
@@ -373,6 +388,8 @@ class World:
             sc.proc.pause(fault.seconds)
             if fault.seconds > self.spec.lease.duration_seconds:
                 self.count("gc-pause>lease")
+        elif fault.kind == "lose-answer":
+            sc.proc.lose_answers += 1
         elif fault.kind == "net-cut":
             sc.proc.cut_until = max(sc.proc.cut_until, end)
         elif fault.kind == "leave":
@@ -505,6 +522,8 @@ class World:
             store_writes=self.store.writes,
             bound=self.bound(),
             spec=_describe(self.spec),
+            sink_accepted=checker.sink_accepted,
+            sink_refused=checker.sink_refused,
             trace=self.lines,
         )
 
