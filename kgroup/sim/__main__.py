@@ -102,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{k}={v}" for k, v in sorted(faults.items()) if k not in outcomes))
     print("outcomes: " + ", ".join(
         f"{k}={v}" for k, v in sorted(faults.items()) if k in outcomes)
-        + " (fence: a member fenced itself; lost: a lock taken from a member it had "
-          "already fenced in its view)")
+        + " (fence: a member fenced itself; lost: a member saw a lock it still held taken "
+          "by another session, which a correct run never shows)")
     print(f"fenced sink: {sink[0]} app writes accepted, {sink[1]} stale-token writes refused")
     by_kind: dict[str, int] = {}
     for r in failed:
