@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kgroup_devcluster.cluster import REPO, Cluster
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
@@ -51,20 +50,7 @@ def free_port() -> int:
 
 def apply_crd(cluster: Cluster) -> None:
     path = REPO / "crds" / "kgroup.dev_consumergroups.yaml"
-    out = cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", str(path), check=False
-    )
-    if out.returncode != 0:  # same workaround as e2e/tests/test_operator.py
-
-        def strip(node: Any) -> Any:
-            if isinstance(node, dict):
-                return {k: strip(v) for k, v in node.items() if k != "messageExpression"}
-            if isinstance(node, list):
-                return [strip(v) for v in node]
-            return node
-
-        text = yaml.safe_dump(strip(yaml.safe_load(path.read_text())))
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{C.CRD_NAME}")
 
 

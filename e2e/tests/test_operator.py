@@ -224,35 +224,8 @@ class Members:
 # -- fixtures and helpers -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def group_crd(cluster: Cluster) -> None:
-    """The ConsumerGroup CRD from crds/, applied.
-
-    Workaround while crds/ carries a CEL messageExpression the API server refuses (cost
-    budget): if the plain apply fails, apply a copy without the messageExpressions (their
-    static ``message`` stays). Remove once `crd` applies cleanly.
-    """
-    import yaml
-
-    path = REPO / "crds" / "kgroup.dev_consumergroups.yaml"
-    out = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path),
-                          check=False)
-    if out.returncode != 0:
-        def strip(node: Any) -> Any:
-            if isinstance(node, dict):
-                return {k: strip(v) for k, v in node.items() if k != "messageExpression"}
-            if isinstance(node, list):
-                return [strip(v) for v in node]
-            return node
-
-        text = yaml.safe_dump(strip(yaml.safe_load(path.read_text())))
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    f"crd/{C.CRD_NAME}")
-
-
 @pytest.fixture
-def operator(cluster: Cluster, group_crd: None, namespace: str,
+def operator(cluster: Cluster, crd: list[str], namespace: str,
              tmp_path: Path) -> Iterator[OperatorProcess]:
     op = OperatorProcess(cluster, namespace, tmp_path)
     op.start()
