@@ -39,26 +39,44 @@ log = logging.getLogger("kgroup_pipeline.worker")
 
 
 def spark_env() -> None:
-    """Loopback only, and the workers run this very interpreter (the venv's)."""
+    """Loopback only, and the workers run this very interpreter (the venv's) unless
+    ``KGROUP_PYSPARK_PYTHON`` names another one (e.g. the executors' image's python)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = os.environ.get("KGROUP_PYSPARK_PYTHON") or sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def build_session(master: str = "local[*]", app: str = "kgroup-pipeline") -> Any:
+def build_session(master: str = "local[*]", app: str = "kgroup-pipeline", *,
+                  executor_cores: int = 1, executor_memory: str = "512m",
+                  cores_max: int = 1) -> Any:
+    """A session on `master`; on a cluster (``spark://...``) the executors are sized
+    explicitly and get this package and ``kgroup`` as a zip through ``addPyFile``
+    (:mod:`kgroup_pipeline.spark_cluster`), so they never rely on the driver's files."""
     spark_env()
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.sql.streaming.schemaInference", "false")
-             .getOrCreate())
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.python.worker.reuse", "true")
+               .config("spark.sql.streaming.schemaInference", "false"))
+    on_cluster = not master.startswith("local")
+    if on_cluster:
+        from kgroup_pipeline.spark_cluster import cluster_conf
+
+        for key, value in cluster_conf(executor_cores=executor_cores,
+                                       executor_memory=executor_memory,
+                                       cores_max=cores_max).items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if on_cluster:
+        from kgroup_pipeline.spark_cluster import pyfiles_zip
+
+        spark.sparkContext.addPyFile(str(pyfiles_zip()))
     from kgroup_pipeline.source import KgroupStreamSource
 
     spark.dataSource.register(KgroupStreamSource)
@@ -148,7 +166,8 @@ def held(handoff: HandoffController) -> bool:
 
 def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint: str,
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
-        drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None) -> Progress:
+        drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
+        executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1) -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -156,7 +175,11 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
     started = time.monotonic()
     own_session = spark is None
     if spark is None:
-        spark = build_session(master)
+        spark = build_session(master, executor_cores=executor_cores,
+                              executor_memory=executor_memory, cores_max=cores_max)
+        if not quiet:
+            print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
+                  flush=True)
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
@@ -191,6 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static", default=None, help="partitions owned without a sidecar: 0-15")
     ap.add_argument("--token", type=int, default=1, help="token of --static partitions")
     ap.add_argument("--master", default=os.environ.get("KGROUP_SPARK_MASTER", "local[*]"))
+    ap.add_argument("--executor-cores", type=int,
+                    default=int(os.environ.get("KGROUP_SPARK_EXECUTOR_CORES", "1")),
+                    help="on a cluster: cores per executor")
+    ap.add_argument("--executor-memory",
+                    default=os.environ.get("KGROUP_SPARK_EXECUTOR_MEMORY", "512m"),
+                    help="on a cluster: memory per executor")
+    ap.add_argument("--cores-max", type=int,
+                    default=int(os.environ.get("KGROUP_SPARK_CORES_MAX", "1")),
+                    help="on a cluster: cores this driver takes at most (spark.cores.max)")
     ap.add_argument("--checkpoint", default=None, help="checkpoint dir (default: a temp dir)")
     ap.add_argument("--trigger", type=float, default=0.25, help="trigger interval, seconds")
     ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
@@ -212,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="kgroup-ckpt-")
     run(redis_url=args.redis, stream=args.stream, ownership=spec, master=args.master,
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
-        max_rows=args.max_rows, drain_timeout=args.drain_timeout)
+        max_rows=args.max_rows, drain_timeout=args.drain_timeout,
+        executor_cores=args.executor_cores, executor_memory=args.executor_memory,
+        cores_max=args.cores_max)
     return 0
 
 
