@@ -192,3 +192,28 @@ def test_an_untouched_status_needs_no_correction() -> None:
 def test_a_reason_lists_every_member_that_left() -> None:
     reason = rebalance_reason(before=TWO, after={"c": list(range(8))}, partitions=8)
     assert reason == "member joined: c; members left: a, b"
+
+
+def test_changing_the_assignor_rebalances_to_its_layout_at_once() -> None:
+    p = GroupPlanner()
+    scattered = {"a": [0, 2, 4, 6], "b": [1, 3, 5, 7]}
+    plan(p, spec(), target=scattered, epoch=2, members={"a", "b"}, now=0)
+    d = p.plan(
+        spec=spec(assignor="range"),
+        target=scattered,
+        epoch=2,
+        members={"a", "b"},
+        holders={},
+        now=1,
+        spec_changed=True,
+    )
+    assert d.target == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+    assert d.reason == "spec changed: assignor range"
+
+
+def test_a_spec_edit_that_leaves_the_target_a_fixed_point_bumps_nothing() -> None:
+    p = GroupPlanner()
+    d = p.plan(
+        spec=spec(), target=TWO, epoch=2, members={"a", "b"}, holders={}, now=0, spec_changed=True
+    )
+    assert d.target is None and d.epoch == 2

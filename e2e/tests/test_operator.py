@@ -576,3 +576,20 @@ def test_a_standby_replica_waits_and_takes_over_without_moving_anything(
     finally:
         standby.stop()
         assert "Traceback" not in standby.log_text()
+
+
+def test_switching_to_the_range_assignor_rebalances_into_blocks(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    members = stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    make_pods(kube, namespace, "w-2")
+    members.join("w-2")  # sticky: w-2 gets one partition from each, {3, 7}: not blocks
+    sticky = status_where(kube, namespace, "w-2 in", lambda s: "w-2" in target(s))
+    assert sticky["assignment"]["w-2"] != "6-7"
+    epoch = sticky["epoch"]
+    patch_spec(kube, namespace, {"assignor": "range"})
+    st = status_where(kube, namespace, "a range layout", lambda s: s["epoch"] > epoch)
+    assert st["assignment"] == {"w-0": "0-2", "w-1": "3-5", "w-2": "6-7"}
+    assert st["lastRebalance"]["reason"] == "spec changed: assignor range"
+    assert st["epoch"] == epoch + 1

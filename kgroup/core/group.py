@@ -129,6 +129,7 @@ def rebalance_reason(
     after: Mapping[str, Sequence[int]],
     partitions: int,
     seeded: bool = False,
+    assignor: str = "",
 ) -> str:
     """A human sentence for why the target changed, e.g. ``member joined: x``."""
     parts: list[str] = []
@@ -143,6 +144,8 @@ def rebalance_reason(
     old = len(_covered(before))
     if before and old < partitions:
         parts.append(f"partitions grew {old}\u2192{partitions}")
+    if not parts and assignor:
+        parts.append(f"spec changed: assignor {assignor}")
     if not parts:
         parts.append("rebalanced")
     return "; ".join(parts)
@@ -193,8 +196,15 @@ class GroupPlanner:
         members: set[str],
         holders: Mapping[int, str],
         now: float,
+        spec_changed: bool = False,
     ) -> Decision:
-        """Decide whether the target changes now; see the module docstring."""
+        """Decide whether the target changes now; see the module docstring.
+
+        `spec_changed`: the spec was edited since the last call (not merely first seen).
+        Then a target that is not the assignor's fixed point (say, after ``assignor``
+        changed from sticky to range) is recomputed at once. It is never set on first
+        sight, so an operator restart recomputes nothing that membership does not call for.
+        """
         current = normalize_target(target)
         effective, grace_deadline = self._effective_members(spec, current, members, now)
         if self._observed is None or effective != self._observed:
@@ -206,7 +216,9 @@ class GroupPlanner:
 
         membership_pending = effective != set(current)
         covered = _covered(current)
-        structure_pending = bool(effective) and covered != set(range(spec.partitions))
+        structure_pending = bool(effective) and (
+            covered != set(range(spec.partitions)) or spec_changed
+        )
         if not membership_pending and not structure_pending:
             self._pending_since = None
             return Decision(epoch=epoch, next_check=grace_deadline)
@@ -241,7 +253,11 @@ class GroupPlanner:
             target=after,
             epoch=epoch + 1,
             reason=rebalance_reason(
-                before=current, after=after, partitions=spec.partitions, seeded=seeded
+                before=current,
+                after=after,
+                partitions=spec.partitions,
+                seeded=seeded,
+                assignor=spec.assignor if spec_changed else "",
             ),
             moved=moved_partitions(before, after),
             next_check=grace_deadline,

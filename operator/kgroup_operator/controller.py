@@ -89,6 +89,7 @@ class GroupController:
         self.requested_leases: set[int] = set()
         self.task: asyncio.Task[None] | None = None
         self.noticed_rv: str | None = None
+        self.planned_generation: int | None = None  # spec generation the target reflects
         self.selector: LabelSelector | None = None
 
     def update(self, body: dict[str, Any]) -> None:
@@ -196,6 +197,7 @@ class GroupController:
 
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s/%s: members %s", namespace, name, sorted(members))
+        generation = body.get("metadata", {}).get("generation")
         if decision is None:
             decision = self.planner.plan(
                 spec=spec,
@@ -204,7 +206,12 @@ class GroupController:
                 members=members,
                 holders=holders,
                 now=now,
+                spec_changed=(
+                    self.planned_generation is not None and generation != self.planned_generation
+                ),
             )
+        if decision.target is None:
+            self.planned_generation = generation
         await self._ensure_partition_leases(body, spec)
 
         epoch, new_target = status.epoch, target
@@ -220,7 +227,7 @@ class GroupController:
         last_change = max(self.last_target_change, self.planner.last_membership_change)
         new_status, seen = aggregate_status(
             spec=spec,
-            generation=body.get("metadata", {}).get("generation"),
+            generation=generation,
             previous=status,
             epoch=epoch,
             target=new_target,
@@ -270,6 +277,7 @@ class GroupController:
                 self.body = fresh
             return 0.0
         self.last_write = time.monotonic()
+        self.planned_generation = generation
         self.metrics.status_written(self.key)
         self.body = stored
         self.sent_status = wire
