@@ -80,6 +80,21 @@ def test_a_partition_not_yet_with_its_target_member_makes_the_group_rebalancing(
     assert cond(st, "Rebalancing") == ("True", "PartitionsMoving")
 
 
+def test_a_member_waiting_for_the_stabilisation_window_keeps_the_group_rebalancing() -> None:
+    st, _ = agg(members={"a", "b", "c"}, member_leases=leases(a="3", b="3", c="3"))
+    assert st.phase == "Rebalancing"
+    status, reason = cond(st, "Rebalancing")
+    assert (status, reason) == ("True", "MembershipChanging")
+    assert "joined: c" in next(c.message for c in st.conditions if c.type == "Rebalancing")
+    assert cond(st, "Ready")[0] == "False"
+
+
+def test_a_departed_member_still_in_the_target_keeps_the_group_rebalancing() -> None:
+    st, _ = agg(members={"a"})
+    assert st.phase == "Rebalancing"
+    assert "left: b" in next(c.message for c in st.conditions if c.type == "Rebalancing")
+
+
 def test_partitions_unowned_past_drain_plus_lease_duration_degrade_the_group() -> None:
     held = {p: m for p, m in ALL_HELD.items() if p != 7}
     s = spec(handoff={"drainTimeoutSeconds": 10}, lease={"durationSeconds": 5})

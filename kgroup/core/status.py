@@ -12,8 +12,9 @@ Phase, first match wins:
 - ``Degraded``: partitions stayed unowned for longer than drain timeout + lease duration
   after the last change (the liveness promise's outer bound), or a problem such as a
   malformed member annotation.
-- ``Rebalancing``: a targeted member has not acknowledged the epoch, or a targeted
-  partition is not yet owned by its target member.
+- ``Rebalancing``: a targeted member has not acknowledged the epoch, a targeted
+  partition is not yet owned by its target member, or the membership differs from the
+  target's members (a change waiting for the stabilisation window).
 - ``Stable``: otherwise.
 
 Conditions follow the Kubernetes API conventions: ``reason`` is CamelCase, ``message``
@@ -155,7 +156,10 @@ def aggregate_status(
         1 for m, ps in target.items() for p in ps if holders.get(p) != m and p < spec.partitions
     )
     unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
-    rebalancing = bool(unacked) or misplaced > 0
+    # a member that joined (or left) and is not yet in (out of) the target: the new target
+    # is still waiting for the stabilisation window, so the group is not settled
+    membership_pending = members != set(target)
+    rebalancing = bool(unacked) or misplaced > 0 or membership_pending
     patience = spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds
     unowned_too_long = unowned > 0 and now - last_change_at > patience
     phase = _phase(
@@ -203,6 +207,8 @@ def aggregate_status(
         unowned_too_long=unowned_too_long,
         unacked=unacked,
         misplaced=misplaced,
+        joined=sorted(members - set(target)),
+        left=sorted(set(target) - members),
         problem=healthy_problem,
         epoch=epoch,
     )
@@ -230,10 +236,12 @@ def _conditions(
     unowned_too_long: bool,
     unacked: Sequence[str],
     misplaced: int,
+    joined: Sequence[str],
+    left: Sequence[str],
     problem: Problem | None,
     epoch: int,
 ) -> list[Condition]:
-    rebalancing = bool(unacked) or misplaced > 0
+    rebalancing = bool(unacked) or misplaced > 0 or bool(joined) or bool(left)
     ready: _Verdict
     rebal: _Verdict
     degraded: _Verdict
@@ -254,6 +262,13 @@ def _conditions(
         if unacked:
             msg += f"; not acknowledged by {waiting}"
         rebal = ("True", "EpochNotAcknowledged" if unacked else "PartitionsMoving", msg)
+        if not unacked and not misplaced:
+            change = "; ".join(
+                f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                for what, names in (("joined", joined), ("left", left)) if names)
+            rebal = ("True", "MembershipChanging",
+                     f"membership changed ({change}); a new target follows the "
+                     "stabilisation window")
     else:
         rebal = ("False", "Settled", f"every member acknowledged epoch {epoch}")
 
