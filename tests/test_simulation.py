@@ -11,12 +11,12 @@ from kgroup.sim import Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main
 from kgroup.sim.store import PartitionLeaseObj
 from kgroup.sim.variants import NoFencingMember, SameTokenMember
-from kgroup.sim.world import World
+from kgroup.sim.world import FIXES, World
 
-CI_SEEDS = 400
+CI_SEEDS = 500
 """Seeds per bulk test (two bulk tests). Measured: the file takes ~60-75 s here."""
 
-SMALL = SimConfig(members=4, partitions=16, fault_time=30, adapter="fixed")
+SMALL = SimConfig(members=4, partitions=16, fault_time=30, fixes=FIXES)
 SAFETY_KINDS = {"safety", "token-order", "sink", "store-token"}
 TIMEOUT_BUG = (
     "sidecar bug (kgroup_sidecar.runtime.Sidecar._acquire): an acquisition that timed out "
@@ -31,6 +31,14 @@ VERIFY_BUG = (
     "the fresh marker with the tracker's *current* marker, not the one the decision was "
     "based on, so a renewal learnt meanwhile (a concurrent verification of the same "
     "holder, or a watch event) makes a live holder's lock look takeable"
+)
+
+STALE_RELEASE_BUG = (
+    "sidecar bug (kgroup_sidecar.runtime.Sidecar._release + on_list): on_list replaces the "
+    "lock cache with a list that may be older than the member's own acquisition; _release "
+    "then sees holder != us and reports release_failed(still_ours=False) without writing, "
+    "so the lock stays held by the live session, the member forgets it, and the member "
+    "targeted with it waits for ever"
 )
 
 
@@ -80,9 +88,10 @@ def test_every_invariant_holds_on_every_seed_with_the_fixed_adapter() -> None:
 
 
 def test_runtime_adapter_keeps_safety_and_fencing_on_every_seed_but_two() -> None:
-    """The adapter as kgroup_sidecar runs it today: safety and fencing hold on every seed
-    except the two of the verification bug (pinned below); liveness is not asserted."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30, adapter="runtime")
+    """The adapter as kgroup_sidecar runs it today (no fix candidate): safety and fencing
+    hold on every seed but the two of the holder re-read bug (127, 363; pinned below);
+    liveness is not asserted (it fails on the bugs pinned below)."""
+    cfg = SimConfig(members=4, partitions=16, fault_time=30, fixes=frozenset())
     seeds = [s for s in range(CI_SEEDS, CI_SEEDS + CI_SEEDS // 3) if s not in (127, 363)]
     unsafe = [seed for seed in seeds
               if any(v.kind in SAFETY_KINDS for v in run_seed(seed, cfg).violations)]
@@ -91,23 +100,33 @@ def test_runtime_adapter_keeps_safety_and_fencing_on_every_seed_but_two() -> Non
 
 
 @pytest.mark.xfail(strict=True, reason=VERIFY_BUG)
-def test_runtime_adapter_holder_reread_keeps_safety() -> None:
-    """Seeds 127 and 363: two partitions held by one live member are both judged takeable
-    on a stale observation; the first verification's fresh read updates the tracker's
-    marker, the second compares its (identical) fresh marker with that updated one, sees
-    "no renewal since" and takes a lock whose holder is alive and claims it."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30, adapter="runtime")
+def test_holder_reread_as_the_runtime_does_it_keeps_safety() -> None:
+    """Seed 363 (all other fix candidates on; 127 and 363 with none): two partitions held
+    by one live member are judged takeable on a stale observation; the first verification's
+    fresh read updates the tracker's marker, the second compares its identical fresh marker
+    with that updated one, sees "no renewal since" and takes a live holder's lock."""
+    cfg = SimConfig(members=4, partitions=16, fault_time=30,
+                    fixes=FIXES - {"holder-reread"})
     unsafe = [seed for seed in (127, 363)
               if any(v.kind == "safety" for v in run_seed(seed, cfg).violations)]
     assert unsafe == []
 
 
 @pytest.mark.xfail(strict=True, reason=TIMEOUT_BUG)
-def test_runtime_adapter_converges_after_faults() -> None:
-    """Seeds 0, 1, 3, 4, 6 and 9 of the default configuration stall on the bug."""
-    failed = [seed for seed in range(10)
-              if not run_seed(seed, SimConfig(adapter="runtime")).ok]
-    assert failed == []
+def test_timed_out_acquisition_as_the_runtime_handles_it_converges() -> None:
+    """Seeds 0, 4 and 6 of the default configuration stall (all other fixes on)."""
+    cfg = SimConfig(fixes=FIXES - {"acquire-timeout"})
+    assert [seed for seed in range(10) if not run_seed(seed, cfg).ok] == []
+
+
+@pytest.mark.xfail(strict=True, reason=STALE_RELEASE_BUG)
+def test_release_on_a_stale_cache_as_the_runtime_does_it_converges() -> None:
+    """Seeds 1376 and 2316 (all other fixes on): a re-list read before the member's own
+    acquisition is delivered after it (and the acquisition's watch event is lost), the
+    release then finds the cache says 'not ours' and gives the lock up unwritten."""
+    cfg = SimConfig(members=4, partitions=16, fault_time=30,
+                    fixes=FIXES - {"release-stale-cache"})
+    assert [seed for seed in (1376, 2316) if not run_seed(seed, cfg).ok] == []
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
 from kgroup.sim.variants import NoFencingMember, SameTokenMember
-from kgroup.sim.world import Result, SimConfig, run_seed
+from kgroup.sim.world import FIXES, Result, SimConfig, run_seed
 
 VARIANTS = {
     "real": Member,
@@ -28,7 +28,17 @@ VARIANTS = {
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(members=args.members, partitions=args.partitions,
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
-                     adapter=args.adapter, verbose=args.verbose)
+                     fixes=fixes_from(args), verbose=args.verbose)
+
+
+def fixes_from(args: argparse.Namespace) -> frozenset[str]:
+    chosen = FIXES if args.adapter == "fixed" else frozenset()
+    return chosen - frozenset(args.without_fix)
+
+
+def adapter_flags(args: argparse.Namespace) -> str:
+    return f"--adapter {args.adapter}" + "".join(
+        f" --without-fix {name}" for name in sorted(set(args.without_fix)))
 
 
 def _run(job: tuple[int, SimConfig]) -> Result:
@@ -48,7 +58,7 @@ def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Re
 def repro(args: argparse.Namespace, seed: int) -> str:
     return (f"python -m kgroup.sim --seed {seed} --members {args.members} "
             f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
-            f"--variant {args.variant} --adapter {args.adapter} --verbose")
+            f"--variant {args.variant} {adapter_flags(args)} --verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,8 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
                     help="member state machine: the real core or a deliberately broken one")
     ap.add_argument("--adapter", choices=["runtime", "fixed"], default="runtime",
-                    help="the sidecar adapter as kgroup_sidecar runs today, or with the "
-                         "simulation's fix candidates")
+                    help="the sidecar adapter as kgroup_sidecar runs today, or with every "
+                         "fix candidate of the simulation")
+    ap.add_argument("--without-fix", action="append", default=[], choices=sorted(FIXES),
+                    help="with --adapter fixed: leave this fix candidate out")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)
@@ -94,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{v.detail}")
             print(f"  reproduce: {repro(args, result.seed)}")
     wall = time.perf_counter() - started
-    print(f"seeds run: {len(seeds)} (variant {args.variant}, adapter {args.adapter}, "
+    print(f"seeds run: {len(seeds)} (variant {args.variant}, {adapter_flags(args)}, "
           f"{args.members} members, "
           f"{args.partitions} partitions, {args.fault_time:g}s of faults)")
     outcomes = {"epoch-bump", "fence", "lost"}

@@ -9,10 +9,12 @@ so) and reports its outcome exactly as the runtime does, including on timeouts, 
 the write may or may not have happened. A divergence from the runtime makes the
 simulation prove the wrong thing, so keep the two in step when either changes.
 
-Two fix candidates, chosen by ``SimConfig.adapter == "fixed"``, change the adapter where
-the simulation found the runtime wrong (see tests/test_simulation.py): the holder re-read
-before taking a lock asks the tracker whether the session is live, and an acquisition
-that timed out is re-read instead of being reported failed.
+Fix candidates, each chosen by name in ``SimConfig.fixes``, change the adapter where the
+simulation found the runtime wrong (pinned in tests/test_simulation.py):
+``holder-reread``: the holder re-read before taking a lock asks the tracker whether the
+session is live; ``acquire-timeout``: an acquisition that timed out is re-read instead of
+being reported failed; ``release-stale-cache``: a release whose cached lock is older than
+the member's own acquisition re-reads it instead of giving the lock up unwritten.
 
 The simulated app polls the view (``Member.view`` on this process's clock, as the client
 does), opens the fenced sink with every token it is handed, writes under it while the
@@ -363,7 +365,7 @@ class SimSidecar:
             def written(result: Any) -> None:
                 if isinstance(result, PartitionLeaseObj):
                     succeeded(result)
-                elif result is TIMEOUT and self.world.cfg.adapter == "fixed":
+                elif result is TIMEOUT and "acquire-timeout" in self.world.cfg.fixes:
                     self._rpc(lambda: store.get(key), reread)
                 else:
                     failed()  # the runtime today: even on a timeout
@@ -379,7 +381,7 @@ class SimSidecar:
             if fresh is TIMEOUT or isinstance(fresh, Exception):
                 failed()
                 return
-            if self.world.cfg.adapter == "fixed":
+            if "holder-reread" in self.world.cfg.fixes:
                 # fix candidate: feed the fresh read to the tracker, then ask it whether the
                 # session is live; a renewal seen by any path since the decision resets it
                 if isinstance(fresh, MemberLeaseObj):
@@ -407,9 +409,31 @@ class SimSidecar:
 
     def _release(self, action: Release) -> None:
         p = action.partition
+        last = self.partition_objs.get(p)
+        if (
+            "release-stale-cache" in self.world.cfg.fixes
+            and (last is None or last.token < action.token)
+        ):
+            # fix candidate: the cache is older than our own acquisition (a re-list read
+            # before it, delivered after it): re-read instead of giving the lock up unwritten
+            def fresh(obj: Any) -> None:
+                if isinstance(obj, PartitionLeaseObj):
+                    self._store_partition(obj)
+                    self._release_with(action, obj)
+                else:  # unknown: retry later, the lock may well be ours
+                    self.member.release_failed(p, action.session, now=self.proc.clock(),
+                                               still_ours=obj is TIMEOUT
+                                               or isinstance(obj, Exception))
+                    self._done()
+
+            self._rpc(lambda: self.world.store.get(f"partition/{p}"), fresh)
+            return
+        self._release_with(action, last)
+
+    def _release_with(self, action: Release, last: PartitionLeaseObj | None) -> None:
+        p = action.partition
         store = self.world.store
         key = f"partition/{p}"
-        last = self.partition_objs.get(p)
         if (
             last is None
             or last.holder != self.pod

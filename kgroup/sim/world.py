@@ -38,7 +38,12 @@ from kgroup.sim.store import (
     stream_of,
 )
 
-__all__ = ["FAULT_KINDS", "Fault", "Result", "SimConfig", "World", "run_seed"]
+__all__ = ["FAULT_KINDS", "FIXES", "Fault", "Result", "SimConfig", "World", "run_seed"]
+
+FIXES = frozenset({"acquire-timeout", "holder-reread", "release-stale-cache"})
+"""Fix candidates for the sidecar adapter, each for a bug the simulation found in
+``kgroup_sidecar.runtime`` (see kgroup.sim.sidecar); without any, the adapter behaves as
+the runtime does today."""
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
@@ -80,7 +85,7 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
-    adapter: str = "runtime"  # "runtime": as kgroup_sidecar does today; "fixed": candidates
+    fixes: frozenset[str] = frozenset()  # the adapter's fix candidates in use (FIXES)
     verbose: bool = False
 
 
