@@ -61,6 +61,7 @@ class Renewer:
         self.coord = client.CoordinationV1Api(api)
         self.ns, self.uid = ns, uid
         self.pods: set[str] = set()
+        self.last_renewed: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -115,8 +116,16 @@ class Renewer:
                     if pod in acked:
                         lease.metadata.annotations[C.ANNOTATION_EPOCH] = str(acked[pod])
                     self.coord.replace_namespaced_lease(lease.metadata.name, self.ns, lease)
+                    with self.lock:
+                        self.last_renewed[pod] = time.monotonic()
                 except client.ApiException:
                     pass
+
+    def crash(self, pod: str) -> float:
+        """Stop renewing `pod`; returns when its last renewal was confirmed."""
+        with self.lock:
+            self.pods.discard(pod)
+            return self.last_renewed.get(pod, time.monotonic())
 
     def converge(self, pods: list[str]) -> dict[str, int]:
         """Like a sidecar: release what is not targeted, take free targeted locks, ack."""
@@ -311,6 +320,23 @@ def main() -> None:
         print(f"stable, 4 members x {PARTITIONS} partitions, {args.window:g} s:")
         print(f"  status writes/min (operator counter): {(writes() - w0) * per_min:.2f}")
         print(f"  group resourceVersion changes/min: {rv_changes * per_min:.2f}")
+
+        epoch = int(status()["epoch"])
+        w = watch.Watch()  # type: ignore[no-untyped-call]
+        t_last = renewer.crash(pods[3])
+        for ev in w.stream(  # type: ignore[no-untyped-call]
+            custom.list_namespaced_custom_object,
+            C.API_GROUP,
+            C.API_VERSION,
+            ns,
+            C.PLURAL,
+            timeout_seconds=60,
+        ):
+            if int((ev["object"].get("status") or {}).get("epoch", 0)) > epoch:
+                crash = time.monotonic() - t_last
+                w.stop()  # type: ignore[no-untyped-call]
+        print("crash (renewals stop) → new epoch written, from the last confirmed renewal:")
+        print(f"  {crash:.3f} s (lease duration 3 s + window {WINDOW:g} s = {3 + WINDOW:g} s)")
     finally:
         if renewer is not None:
             renewer.stop.set()
