@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +56,7 @@ class OperatorProcess:
         self.namespace = namespace
         self.log_dir = log_dir
         self.metrics_port = _free_port()
+        self.liveness_port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
@@ -69,7 +71,8 @@ class OperatorProcess:
                "KGROUP_IDENTITY": f"e2e-{secrets.token_hex(3)}-{self.runs}"}
         args = [str(OPERATOR), "--namespace", self.namespace,
                 "--leader-namespace", self.namespace, "--leader-lease-seconds", "6",
-                "--liveness-port", str(_free_port()), "--metrics-port", str(self.metrics_port)]
+                "--liveness-port", str(self.liveness_port),
+                "--metrics-port", str(self.metrics_port)]
         with log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
 
@@ -84,15 +87,18 @@ class OperatorProcess:
             self.proc.wait()
         self.proc = None
 
-    def metrics(self) -> str:
-        import urllib.request
-
+    def _get(self, port: int, path: str) -> str:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                        timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
                 return str(r.read().decode())
         except OSError:
             return ""
+
+    def metrics(self) -> str:
+        return self._get(self.metrics_port, "/metrics")
+
+    def alive(self) -> bool:
+        return self._get(self.liveness_port, "/healthz") != ""
 
     def metric(self, name: str) -> float | None:
         for line in self.metrics().splitlines():
@@ -368,6 +374,7 @@ def test_members_joining_get_every_partition_and_the_group_becomes_stable(
     assert not pod.metadata.finalizers
     assert not any("kopf" in k for k in pod.metadata.annotations or {})
     assert (operator.metric("kgroup_rebalances_total") or 0) >= 1
+    assert operator.alive()
 
 
 def test_partitions_nobody_takes_degrade_the_group_after_drain_plus_lease(
