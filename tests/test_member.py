@@ -374,3 +374,35 @@ def test_shutdown_before_the_group_was_seen_ends_at_once() -> None:
     snap = w.snap(0.0)
     assert m.step(Snapshot(0.0, None, 5.0, None, {}, snap.tracker)) == []
     assert m.done
+
+
+def test_a_partition_the_app_gives_back_is_not_retaken_until_the_epoch_or_drain_passes() -> None:
+    # a stopping app releases what it still holds (it is leaving); its sidecar must not
+    # take the lock straight back, or the two ping-pong it until the pod is gone
+    w = World()
+    w.target = Target(1, frozenset({0, 1}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.app[0] = AppRelease(token=1, position="9-0")
+    [rel] = of(m.step(w.snap(0.5)), Release)
+    assert isinstance(rel, Release) and (rel.partition, rel.reason) == (0, "app")
+    m.released(0, "S1")
+    w.set_lock(0, None, None, 1, position="9-0")
+    assert of(m.step(w.snap(0.6)), Acquire) == []  # still targeted, free, but given back
+    assert m.next_wakeup(w.snap(0.6)) is not None
+    [again] = of(m.step(w.snap(0.5 + w.drain)), Acquire)  # a drain timeout later
+    assert isinstance(again, Acquire) and (again.partition, again.token) == (0, 2)
+
+
+def test_a_new_epoch_lifts_the_hold_on_a_partition_the_app_gave_back() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    w.app[0] = AppRelease(token=1, position=None)
+    of(m.step(w.snap(0.5)), Release)
+    m.released(0, "S1")
+    w.set_lock(0, None, None, 1)
+    assert of(m.step(w.snap(0.6)), Acquire) == []
+    w.target = Target(2, frozenset({0}))
+    assert [a.partition for a in of(m.step(w.snap(0.7)), Acquire)] == [0]

@@ -245,6 +245,10 @@ class Member:
         self.owned: dict[int, _Owned] = {}
         self._acquiring: dict[int, str | None] = {}  # partition -> handed-over position
         self._retry_at: dict[int, float] = {}
+        # partitions the app gave back while still targeted (it is stopping: Kafka's
+        # "leave group"): not taken again until the target epoch changes or a drain
+        # timeout has passed, so a stopping app and its sidecar cannot ping-pong a lock
+        self._relinquished: dict[int, tuple[int | None, float]] = {}
         self._epoch: int | None = None
         self.version = 0
         self.fenced = False
@@ -320,6 +324,7 @@ class Member:
         # Retry times and holders' expiries already past were acted on by ``step`` (or an
         # outcome is pending, which wakes the loop): only future ones are wake-ups.
         times.extend(t for t in self._retry_at.values() if t > snap.now)
+        times.extend(until for _, until in self._relinquished.values() if until > snap.now)
         if snap.target is not None:
             for p in snap.target.partitions:
                 lock = snap.locks.get(p)
@@ -394,6 +399,8 @@ class Member:
                 continue
             app = snap.app_releases.get(p)
             if app is not None and app.token == o.token:
+                if o.state is PartitionState.ACTIVE:
+                    self._relinquished[p] = (self._epoch, now + snap.drain_timeout)
                 actions.append(self._release(p, o, app.position, "app"))
             elif (
                 o.state is PartitionState.REVOKING
@@ -401,9 +408,14 @@ class Member:
                 and now >= o.revoking_since + snap.drain_timeout
             ):
                 actions.append(self._release(p, o, None, "drain-timeout"))
-        # 4. acquire what is targeted, free or takeable.
+        # 4. acquire what is targeted, free or takeable (and not given back by the app).
+        for p, (epoch, until) in list(self._relinquished.items()):
+            if epoch != self._epoch or now >= until:
+                del self._relinquished[p]
         for p in sorted(targeted):
             if p in self.owned or p in self._acquiring or self._retry_at.get(p, 0.0) > now:
+                continue
+            if p in self._relinquished:
                 continue
             lock = snap.locks.get(p)
             if lock is None:
