@@ -19,11 +19,20 @@ Rules, in the order ``step`` applies them:
    is told to finish in-flight work); it is released when the app acknowledges (with its
    position) or when ``drain_timeout`` has passed since revoking started. A revoking
    partition that is targeted again becomes active again without being released.
+   **No target is not an empty target**: while the group's status carries no epoch
+   (restored from a backup without status, emptied by hand, or never written yet) the
+   member holds what it has: no revocation, no acquisition, no acknowledgement. The
+   operator seeds an empty status from the current lock holders, so holding on moves
+   nothing. Everything is revoked only on shutdown or when the group is deleted
+   (``Snapshot.group_deleted``). Partitions already revoking keep draining.
 4. Acquire a targeted partition only when its lock exists (the operator creates it) and
    is FREE or TAKEABLE; the new token is the observed token + 1, the write carries the
    observed resourceVersion. A lock held by our own *older* session is FREE to us.
 5. Acknowledge epoch E on the member Lease only when held == target(E) exactly.
 6. Renew the session every renew interval (one member-Lease write in flight at a time).
+   A renewal request must give up early enough to be retried before the fencing
+   deadline: :func:`request_timeout` and :func:`renew_retry_seconds` derive both from the
+   timing, and the adapter uses them for every API request.
 """
 
 from __future__ import annotations
@@ -37,6 +46,33 @@ from kgroup.core.locks import LeaseTiming, LockState, SessionTracker, fencing_de
 
 SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
+
+MIN_REQUEST_TIMEOUT = 0.2
+"""Floor of :func:`request_timeout`: below it a healthy API server's answer may not come."""
+
+
+def renew_window(timing: LeaseTiming) -> float:
+    """Seconds between a regular renewal's send time and the fencing deadline it must beat:
+    ``duration - margin - renew_interval`` (the previous renewal was sent one interval
+    earlier, and the deadline is measured from that send)."""
+    return timing.duration - timing.effective_margin - timing.renew_interval
+
+
+def request_timeout(timing: LeaseTiming) -> float:
+    """How long an API request may wait for its answer, derived from the lease timing.
+
+    A renewal whose answer is lost must time out and be retried while the session still
+    has time: at most half the renew interval, and at most a third of the window between
+    the renewal's send and the fencing deadline, so at least two more attempts fit in it.
+    (15 s / 5 s: 2.33 s, not the 6 s that made one lost answer fence the member.)
+    """
+    return max(MIN_REQUEST_TIMEOUT, min(timing.renew_interval / 2, renew_window(timing) / 3))
+
+
+def renew_retry_seconds(timing: LeaseTiming) -> float:
+    """Pause before retrying a failed renewal: soon (the timeout already waited), but not
+    a spin when the API server refuses connections at once."""
+    return max(0.05, min(0.5, request_timeout(timing) / 4))
 
 
 class PartitionState(enum.Enum):
@@ -77,10 +113,11 @@ class Snapshot:
     now: float
     timing: LeaseTiming | None  # None until the ConsumerGroup was seen
     drain_timeout: float
-    target: Target | None
+    target: Target | None  # None: the status has no epoch (hold what we have)
     locks: Mapping[int, Lock]
     tracker: SessionTracker
     app_releases: Mapping[int, AppRelease] = field(default_factory=dict)
+    group_deleted: bool = False  # the ConsumerGroup is gone: revoke everything
 
 
 # ---- actions ---------------------------------------------------------------------------
@@ -378,13 +415,17 @@ class Member:
             del self.owned[p]
             self._bump()
             actions.append(Lost(partition=p, session=session, token=o.token))
-        targeted = snap.target.partitions if snap.target is not None else frozenset()
-        if self.shutting_down:
+        # No target (a status without epoch) holds what we have; deletion and shutdown
+        # revoke everything (rule 3).
+        holding = snap.target is None and not (self.shutting_down or snap.group_deleted)
+        if self.shutting_down or snap.target is None:
             targeted = frozenset()
+        else:
+            targeted = snap.target.partitions
         # 3. revoke before assign; release on the app's word or at the drain timeout.
         for p in sorted(self.owned):
             o = self.owned[p]
-            if o.state is PartitionState.ACTIVE and p not in targeted:
+            if o.state is PartitionState.ACTIVE and p not in targeted and not holding:
                 o.state, o.revoking_since = PartitionState.REVOKING, now
                 self._bump()
                 actions.append(Revoke(p, o.token, now + snap.drain_timeout))
