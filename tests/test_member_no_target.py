@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kgroup.core.member import AckEpoch, Acquire, Member, Release, Revoke, Target
 from test_member import TIMING, World, acquire_all, joined, of
+
+from kgroup.core.member import AckEpoch, Acquire, Member, Release, Revoke, Target
 
 
 def holding(w: World) -> Member:
@@ -17,6 +18,7 @@ def holding(w: World) -> Member:
     acquire_all(m, w, 0.1)
     assert of(m.step(w.snap(0.2)), AckEpoch)
     m.renewed("S1", sent_at=0.2, timing=TIMING, epoch=1, now=0.3)
+    assert isinstance(m, Member)
     return m
 
 

@@ -418,9 +418,8 @@ class Member:
         # No target (a status without epoch) holds what we have; deletion and shutdown
         # revoke everything (rule 3).
         holding = snap.target is None and not (self.shutting_down or snap.group_deleted)
-        if self.shutting_down or snap.target is None:
-            targeted = frozenset()
-        else:
+        targeted: frozenset[int] = frozenset()
+        if not self.shutting_down and snap.target is not None:
             targeted = snap.target.partitions
         # 3. revoke before assign; release on the app's word or at the drain timeout.
         for p in sorted(self.owned):

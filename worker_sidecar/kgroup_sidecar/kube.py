@@ -6,8 +6,10 @@ ConsumerGroup, and the group's Leases by label selector) runs list-then-watch in
 daemon thread and hands every event to the loop with ``call_soon_threadsafe``; the loop
 alone touches the state. A ``410 Gone`` re-lists; a broken stream (API server restart,
 network) re-watches from the last resourceVersion after a short backoff. Writes go through
-``asyncio.to_thread`` with a request timeout shorter than the lease, and return the raw
-JSON of the object written, so the caller learns the new resourceVersion.
+``asyncio.to_thread`` with a request timeout derived from the lease timing (set by the
+runtime from ``kgroup.core.member.request_timeout``: short enough that a renewal whose
+answer is lost is retried before the fencing deadline), and return the raw JSON of the
+object written, so the caller learns the new resourceVersion.
 """
 
 from __future__ import annotations

@@ -219,6 +219,43 @@ def released_partition_lease(last: Obj, *, token: int, position: str | None) -> 
     return body
 
 
+def resource_version_number(obj: Obj) -> int | None:
+    """The object's resourceVersion as an integer, or None when it is not one.
+
+    Kubernetes calls resourceVersion opaque, but since v1.35 (KEP-5504, client-go's
+    ``CompareResourceVersion``) versions of objects of one resource compare as integers:
+    a positive decimal without leading zeros, larger = newer. Every etcd-backed API server
+    has always produced such numbers; anything else is treated as not comparable.
+    """
+    rv = meta(obj).get("resourceVersion")
+    if not isinstance(rv, str) or not rv.isdigit() or rv.startswith("0"):
+        return None
+    return int(rv)
+
+
+def supersedes(new: Obj, cached: Obj) -> bool:
+    """Whether ``new`` (a partition Lease from a watch event, a list or an answer) may
+    replace ``cached`` in the lock cache: never go back in time.
+
+    * Another object (uid differs: the Lease was deleted and created again): the newer
+      resourceVersion wins; if the versions do not compare, the newcomer does.
+    * The same object: a lower token is older, always (tokens only grow). With the same
+      token, the higher resourceVersion is newer (a replayed watch event, or a list read
+      before our own write and delivered after it, carries a lower one). Without
+      comparable versions the newcomer wins, as with tokens alone.
+    """
+    new_uid, old_uid = meta(new).get("uid"), meta(cached).get("uid")
+    new_rv, old_rv = resource_version_number(new), resource_version_number(cached)
+    if new_uid and old_uid and new_uid != old_uid:
+        return new_rv is None or old_rv is None or new_rv > old_rv
+    new_lock, old_lock = parse_partition_lease(new).value, parse_partition_lease(cached).value
+    if new_lock is None or old_lock is None:
+        return True
+    if new_lock.token != old_lock.token:
+        return bool(new_lock.token > old_lock.token)
+    return new_rv is None or old_rv is None or new_rv >= old_rv
+
+
 def is_partition(obj: Obj) -> bool:
     return role(obj) == ROLE_PARTITION
 

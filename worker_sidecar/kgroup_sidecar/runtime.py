@@ -5,6 +5,13 @@ loop then builds a fresh snapshot, steps the core, and waits for the next event 
 core's next deadline (``next_wakeup``), never sleeping on a fixed period. Writes run as
 tasks so a slow acquisition never delays a renewal; the core allows one member-Lease
 write in flight and ignores results that belong to an older session.
+
+The lock cache never goes back in time (``objects.supersedes``): a replayed watch event,
+or a re-list read before our own write and delivered after it, is older than what we
+know and is dropped. Where the cache may still be behind our own acquisition, the
+executor asks the server before deciding (``_release``). Every request carries a timeout
+derived from the lease timing (``member.request_timeout``), so a renewal whose answer is
+lost is retried before the fencing deadline. Mirrored step for step by kgroup.sim.sidecar.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.constants import ANNOTATION_SESSION, member_lease_name
+from kgroup.constants import ANNOTATION_SESSION, member_lease_name, partition_lease_name
 from kgroup.core.locks import LeaseTiming, SessionTracker
 from kgroup.core.member import (
     Acquire,
@@ -37,6 +44,8 @@ from kgroup.core.member import (
     Snapshot,
     StartSession,
     Target,
+    renew_retry_seconds,
+    request_timeout,
 )
 from kgroup.core.ranges import parse_ranges
 from kgroup_sidecar import objects
@@ -62,6 +71,7 @@ class Sidecar:
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0
         self.target: Target | None = None
+        self.group_deleted = False
         self.partition_leases: dict[int, Obj] = {}
         self.locks: dict[int, Lock] = {}
         self.my_lease: Obj | None = None
@@ -88,8 +98,14 @@ class Sidecar:
         if kind == "group":
             self._set_group(items[0] if items else None)
         else:
-            self.partition_leases.clear()
-            self.locks.clear()
+            # The list is authoritative on which Leases exist, not on how new each is: a
+            # cached lock newer than the listed one (our own write's answer) is kept.
+            listed = {lock.partition for lock in (
+                objects.parse_partition_lease(obj).value for obj in items
+                if objects.is_partition(obj)) if lock is not None}
+            for vanished in set(self.locks) - listed:
+                self.partition_leases.pop(vanished, None)
+                self.locks.pop(vanished, None)
             seen = set()
             for obj in items:
                 self._apply_lease("ADDED", obj)
@@ -112,8 +128,10 @@ class Sidecar:
     def _set_group(self, obj: Obj | None) -> None:
         if obj is None:
             self.target = None  # keep the last timing: our own Lease goes with the group
+            self.group_deleted = True  # revoke everything (no target alone holds)
             return
         self.group = obj
+        self.group_deleted = False
         name = objects.meta(obj).get("name", "?")
         try:
             spec = ConsumerGroupSpec.model_validate(obj.get("spec") or {})
@@ -127,12 +145,12 @@ class Sidecar:
             self.timing = timing
             self.drain_timeout = float(spec.handoff.drain_timeout_seconds)
             if self.kube is not None:
-                limit = max(0.5, timing.duration * 0.4)
+                limit = request_timeout(timing)
                 self.kube.write_timeout = (min(2.0, limit), limit)
         status = obj.get("status") or {}
         epoch = status.get("epoch")
         if not isinstance(epoch, int):
-            self.target = None
+            self.target = None  # no target: hold what we have until the operator seeds one
             return
         ranges = (status.get("assignment") or {}).get(self.settings.pod_name, "")
         try:
@@ -152,15 +170,18 @@ class Sidecar:
             if lock is None:
                 self._warn_once(f"{name}:nolock", f"Lease {name}: not a partition lock")
                 return
+            cached = self.partition_leases.get(lock.partition)
             if event_type == "DELETED":
+                if cached is not None and objects.meta(cached).get("uid") != objects.meta(
+                        obj).get("uid") and not objects.supersedes(obj, cached):
+                    return  # an old incarnation's deletion, replayed
                 self.partition_leases.pop(lock.partition, None)
                 self.locks.pop(lock.partition, None)
-            else:
-                cached = self.locks.get(lock.partition)
-                if cached is not None and cached.token > lock.token:
-                    return  # an event older than our own write's response
+            elif cached is None or objects.supersedes(obj, cached):
                 self.partition_leases[lock.partition] = obj
                 self.locks[lock.partition] = lock
+            # else: older than what we know (a replayed event, or our own write's answer
+            # came first)
         elif objects.is_member(obj):
             parsed = objects.parse_member_lease(obj)
             for problem in parsed.problems:
@@ -187,6 +208,7 @@ class Sidecar:
             locks=dict(self.locks),
             tracker=self.tracker,
             app_releases=dict(self.app_releases),
+            group_deleted=self.group_deleted,
         )
 
     def publish(self) -> None:
@@ -331,7 +353,7 @@ class Sidecar:
                 if mine:
                     self.my_lease = fresh
             log.warning("renewal failed: %s%s", _describe(exc), " (session lost)" if lost else "")
-            retry = min(1.0, action.timing.renew_interval / 2)
+            retry = renew_retry_seconds(action.timing)
             self.member.renew_failed(action.session, now=self.clock(), session_lost=lost,
                                      retry_in=0.05 if status == 409 and not lost else retry)
             return
@@ -427,8 +449,8 @@ class Sidecar:
         lock = objects.parse_partition_lease(obj).value
         if lock is None:
             return
-        cached = self.locks.get(lock.partition)
-        if cached is None or cached.token <= lock.token:
+        cached = self.partition_leases.get(lock.partition)
+        if cached is None or objects.supersedes(obj, cached):
             self.partition_leases[lock.partition] = obj
             self.locks[lock.partition] = lock
 
@@ -442,6 +464,18 @@ class Sidecar:
                              token=action.token, position=action.position, reason=action.reason)
         last = self.partition_leases.get(p)
         lock = objects.parse_partition_lease(last).value if last else None
+        if lock is None or lock.token < action.token:
+            # The cache is older than our own acquisition (a list read before it, delivered
+            # after it): ask the server before deciding the lock is no longer ours.
+            try:
+                last = await self.kube.get_lease(partition_lease_name(self.settings.group, p))
+            except Exception as exc:
+                log.info("release of partition %d: re-read failed: %s", p, _describe(exc))
+                self.member.release_failed(p, action.session, now=self.clock(), still_ours=True)
+                return
+            if last is not None:
+                self._store_partition(last)
+            lock = objects.parse_partition_lease(last).value if last else None
         if lock is None or lock.holder != self.settings.pod_name or lock.session != action.session \
                 or lock.token != action.token:
             ours = lock is None  # the Lease vanished (group deleted): nothing to write
