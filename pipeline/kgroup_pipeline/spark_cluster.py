@@ -137,8 +137,18 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def _exiting(proc: Proc) -> bool:
+    """Still ours, or on its way out (an exiting process's cmdline reads empty)."""
+    st = _stat(proc.pid)
+    if st is None or st[0] in ("Z", "X"):
+        return False
+    cmd = read_cmdline(proc.pid)
+    return cmd is None or cmd == proc.argv
+
+
 def stop_proc(proc: Proc, *, grace: float = 15.0) -> bool:
-    """SIGTERM if still ours, SIGKILL after `grace`. True when a signal was sent."""
+    """SIGTERM if still ours, SIGKILL after `grace`; returns once it is gone (or a zombie
+    of someone else). True when a signal was sent."""
     if not is_ours(proc):
         _reap(proc.pid)
         return False
@@ -146,15 +156,15 @@ def stop_proc(proc: Proc, *, grace: float = 15.0) -> bool:
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         _reap(proc.pid)
-        if not is_ours(proc):
+        if not _exiting(proc):
             return True
         time.sleep(0.1)
     if is_ours(proc):
         os.kill(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while is_ours(proc) and time.monotonic() < deadline:
-            _reap(proc.pid)
-            time.sleep(0.05)
+    deadline = time.monotonic() + 5.0
+    while _exiting(proc) and time.monotonic() < deadline:
+        _reap(proc.pid)
+        time.sleep(0.05)
     _reap(proc.pid)
     return True
 
