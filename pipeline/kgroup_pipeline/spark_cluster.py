@@ -28,10 +28,12 @@ executors never depend on finding the driver's source tree.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -414,7 +416,10 @@ def pyfiles_zip(directory: Path | None = None) -> Path:
     import kgroup
     import kgroup_pipeline
 
-    target = (directory or Path(tempfile.mkdtemp(prefix="kgroup-pyfiles-"))) / "kgroup-job.zip"
+    if directory is None:  # a driver's own temporary copy, gone when the driver exits
+        directory = Path(tempfile.mkdtemp(prefix="kgroup-pyfiles-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    target = directory / "kgroup-job.zip"
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for pkg in (kgroup_pipeline, kgroup):
             assert pkg.__file__ is not None
