@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("kgroup.runner")
 
@@ -60,6 +60,7 @@ class Container:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
+    sidecar: bool = False  # a native sidecar: stopped after the app containers
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -74,6 +75,7 @@ class RunningPod:
     grace: float
     containers: list[Container] = field(default_factory=list)
     terminating_since: float | None = None
+    sidecars_signalled: bool = False
 
     @property
     def key(self) -> str:
@@ -92,6 +94,7 @@ class LocalRunner:
         extra_env: dict[str, str],
         venv_bin: Path,
         token_writer: TokenWriter,
+        audit_dir: Path | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
@@ -99,10 +102,11 @@ class LocalRunner:
         self.extra_env = extra_env
         self.venv_bin = venv_bin
         self.token_writer = token_writer
+        self.audit_dir = audit_dir
         self.pods: dict[str, RunningPod] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        api = config.new_client_from_config(config_file=kubeconfig)
+        api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
         self.core = client.CoreV1Api(api)
 
     # -- pod events ----------------------------------------------------------------
@@ -124,10 +128,11 @@ class LocalRunner:
     def _start(self, pod: Any) -> None:
         ns, name = pod.metadata.namespace, pod.metadata.name
         spec = pod.spec
-        containers = [
-            c for c in (spec.init_containers or []) if getattr(c, "restart_policy", None) == "Always"
-        ] + list(spec.containers or [])
-        runnable = [c for c in containers if c.command]
+        sidecars = [
+            c for c in (spec.init_containers or [])
+            if getattr(c, "restart_policy", None) == "Always"
+        ]
+        runnable = [c for c in [*sidecars, *(spec.containers or [])] if c.command]
         if not runnable:
             return
         pod_dir = self.state_dir / "pods" / f"{ns}_{name}"
@@ -156,7 +161,8 @@ class LocalRunner:
             env = self._container_env(pod, c, kubeconfig=kubeconfig, port=port)
             argv = [self._resolve(c.command[0]), *c.command[1:], *(c.args or [])]
             running.containers.append(
-                Container(name=c.name, argv=argv, env=env, log_path=pod_dir / f"{c.name}.log")
+                Container(name=c.name, argv=argv, env=env, log_path=pod_dir / f"{c.name}.log",
+                          sidecar=any(c is s for s in sidecars))
             )
         self.pods[running.key] = running
         for container in running.containers:
@@ -186,6 +192,9 @@ class LocalRunner:
         env["KGROUP_LISTEN"] = f"127.0.0.1:{port}"
         env["KGROUP_SIDECAR_URL"] = f"http://127.0.0.1:{port}"
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        if self.audit_dir is not None:
+            ns, name = pod.metadata.namespace, pod.metadata.name
+            env["KGROUP_AUDIT_FILE"] = str(self.audit_dir / f"{ns}_{name}.jsonl")
         env["KGROUP_POD_NAME"] = env.get("KGROUP_POD_NAME", pod.metadata.name)
         env["KGROUP_NAMESPACE"] = env.get("KGROUP_NAMESPACE", pod.metadata.namespace)
         return env
@@ -198,12 +207,18 @@ class LocalRunner:
             )
 
     def _terminate(self, pod: RunningPod) -> None:
+        """SIGTERM the app containers now; native sidecars once the apps have exited."""
         if pod.terminating_since is None:
             pod.terminating_since = time.monotonic()
-            for c in pod.containers:
-                if c.proc is not None and c.proc.poll() is None:
-                    c.proc.send_signal(signal.SIGTERM)
+            apps = [c for c in pod.containers if not c.sidecar]
+            self._signal(apps if any(_alive(c) for c in apps) else pod.containers)
             log.info("pod %s: SIGTERM sent (grace %.0fs)", pod.key, pod.grace)
+
+    @staticmethod
+    def _signal(containers: list[Container], sig: signal.Signals = signal.SIGTERM) -> None:
+        for c in containers:
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(sig)
 
     # -- housekeeping ----------------------------------------------------------------
     def tick(self) -> None:
@@ -213,7 +228,10 @@ class LocalRunner:
         with self.lock:
             for key, pod in list(self.pods.items()):
                 if pod.terminating_since is not None:
-                    alive = [c for c in pod.containers if c.proc and c.proc.poll() is None]
+                    alive = [c for c in pod.containers if _alive(c)]
+                    if alive and all(c.sidecar for c in alive) and not pod.sidecars_signalled:
+                        pod.sidecars_signalled = True
+                        self._signal(alive)
                     if alive and now - pod.terminating_since > pod.grace:
                         for c in alive:
                             assert c.proc is not None
@@ -261,7 +279,7 @@ class LocalRunner:
     def watch_namespace(self, namespace: str) -> None:
         while not self.stopping.is_set():
             try:
-                listing = self.core.list_namespaced_pod(namespace)
+                listing: Any = self.core.list_namespaced_pod(namespace)
                 seen = set()
                 for pod in listing.items:
                     seen.add(f"{namespace}/{pod.metadata.name}")
@@ -269,9 +287,9 @@ class LocalRunner:
                 with self.lock:
                     vanished = [p for k, p in self.pods.items()
                                 if p.namespace == namespace and k not in seen]
-                    for pod in vanished:
-                        self._terminate(pod)
-                w = watch.Watch()
+                    for gone in vanished:
+                        self._terminate(gone)
+                w: Any = watch.Watch()  # type: ignore[no-untyped-call]
                 for event in w.stream(
                     self.core.list_namespaced_pod, namespace,
                     resource_version=listing.metadata.resource_version,
@@ -317,6 +335,10 @@ class LocalRunner:
         self._write_state()
 
 
+def _alive(c: Container) -> bool:
+    return c.proc is not None and c.proc.poll() is None
+
+
 def _field_ref(pod: Any, path: str) -> str | None:
     values = {
         "metadata.name": pod.metadata.name,
@@ -352,14 +374,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", action="append", required=True,
                         help="namespace whose pods to run (repeatable)")
     parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--audit-dir", type=Path, default=None,
+                        help="give every pod's sidecar an ownership audit file here")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment for every container (e.g. a Redis URL on 127.0.0.1)")
+                        help="extra environment for every container (e.g. a Redis URL)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s runner %(message)s")
-    from kgroup_devcluster.cluster import attach
+    from kgroup_devcluster.cluster import running
     from kgroup_devcluster.tokens import pod_kubeconfig
 
-    cluster = attach()
+    cluster = running()
+    if cluster is None:
+        parser.error("no local cluster is running (make cluster-up)")
 
     def write_token(*, namespace: str, service_account: str, pod_name: str,
                     pod_uid: str, path: Path) -> Path:
@@ -370,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     runner = LocalRunner(
         kubeconfig=str(cluster.kubeconfig), namespaces=args.namespace, state_dir=args.state_dir,
         extra_env=extra, venv_bin=Path(sys.executable).parent, token_writer=write_token,
+        audit_dir=args.audit_dir,
     )
+    if args.audit_dir is not None:
+        args.audit_dir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: runner.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: runner.stopping.set())
     runner.run()
