@@ -1,0 +1,212 @@
+"""A swarm: many real sidecars in one process, for scale figures a 2-core machine can run.
+
+Rule: every member is the real sidecar (``kgroup_sidecar.runtime.Sidecar`` stepping the
+real core and writing through the real ``KubeAdapter`` write path), each with its own
+member identity, session Lease and audit trail. Only three things are shared, because
+200 separate processes would measure the machine, not kgroup:
+
+- one list+watch of the group and one of its Leases (``Hub``), fanned out in the loop to
+  every member's ``on_list``/``on_event`` — a member that joins late gets the hub's
+  current objects as its initial list, exactly what its own list would have returned;
+- one ``ApiClient`` (connection pool) for every member's writes;
+- one asyncio loop (in a thread of its own), with a larger default executor, since
+  every write is a blocking call in ``asyncio.to_thread``.
+
+There is no app: a revoking partition is acknowledged at once (``auto_ack``, what an app
+that finished its in-flight work does), so handoffs are not bounded by the drain timeout.
+``crash`` cancels a member's tasks without ending its session (what SIGKILL does: the
+member Lease stays, unrenewed); ``leave`` is SIGTERM's path (revoke, release, delete).
+
+    swarm = Swarm(kubeconfig=..., namespace="ns", group="g", audit_dir=Path(...))
+    swarm.start(); swarm.add([f"w-{i}" for i in range(200)])
+    swarm.leave("w-3"); swarm.crash("w-4"); swarm.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+from kgroup.core.member import AppRelease, Revoke
+from kgroup_sidecar.kube import KubeAdapter, make_configuration
+from kgroup_sidecar.metrics import Metrics
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+T = TypeVar("T")
+EXECUTOR_THREADS = 32
+
+
+class Hub:
+    """One watch of the group and of its Leases; every registered sidecar sees it all."""
+
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+        self.members: dict[str, Sidecar] = {}
+        self.current: dict[str, dict[str, Obj]] = {"group": {}, "lease": {}}
+        self.listed: set[str] = set()
+        self.events = 0
+        self.adapter = KubeAdapter(settings, loop=loop, on_list=self.on_list,
+                                   on_event=self.on_event, metrics=Metrics())
+
+    def on_list(self, kind: str, items: list[Obj]) -> None:
+        self.current[kind] = {str(o["metadata"]["name"]): o for o in items}
+        self.listed.add(kind)
+        for sc in list(self.members.values()):
+            sc.on_list(kind, list(items))
+
+    def on_event(self, kind: str, event_type: str, obj: Obj) -> None:
+        self.events += 1
+        name = str(obj["metadata"]["name"])
+        if event_type == "DELETED":
+            self.current[kind].pop(name, None)
+        else:
+            self.current[kind][name] = obj
+        for sc in list(self.members.values()):
+            sc.on_event(kind, event_type, obj)
+
+    def register(self, name: str, sidecar: Sidecar) -> None:
+        self.members[name] = sidecar
+        for kind in sorted(self.listed):
+            sidecar.on_list(kind, list(self.current[kind].values()))
+
+    def unregister(self, name: str) -> None:
+        self.members.pop(name, None)
+
+
+class SwarmAdapter(KubeAdapter):
+    """A member's adapter: its watches are the hub's, its writes share one client."""
+
+    def __init__(self, settings: Settings, *, hub: Hub, sidecar: Sidecar,
+                 writer: client.ApiClient, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(settings, loop=loop, on_list=sidecar.on_list,
+                         on_event=sidecar.on_event, metrics=sidecar.metrics)
+        self._writer = writer
+        self._leases = client.CoordinationV1Api(writer)
+        self._hub = hub
+        self._sidecar = sidecar
+
+    def start(self) -> None:
+        self._hub.register(self.settings.pod_name, self._sidecar)
+
+    def stop(self) -> None:
+        self._hub.unregister(self.settings.pod_name)
+
+
+class AckingSidecar(Sidecar):
+    """A sidecar whose app acknowledges every revocation at once (position unchanged)."""
+
+    def execute(self, action: Any) -> None:
+        super().execute(action)
+        if isinstance(action, Revoke):
+            self.app_releases[action.partition] = AppRelease(token=action.token, position=None)
+            self.dirty.set()
+
+
+@dataclass
+class Running:
+    sidecar: Sidecar
+    task: asyncio.Task[None]
+    started: float
+
+
+class Swarm:
+    def __init__(self, *, kubeconfig: str, namespace: str, group: str,
+                 audit_dir: Path | None = None, auto_ack: bool = True,
+                 grace: float = 30.0) -> None:
+        self.kubeconfig, self.namespace, self.group = kubeconfig, namespace, group
+        self.audit_dir, self.auto_ack, self.grace = audit_dir, auto_ack, grace
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="swarm"))
+        self.thread = threading.Thread(target=self.loop.run_forever, name="swarm", daemon=True)
+        self.members: dict[str, Running] = {}
+        self.crashed_at: dict[str, float] = {}
+        hub_settings = self.settings("swarm-hub", audit=False)
+        cfg = make_configuration(hub_settings)
+        cfg.connection_pool_maxsize = EXECUTOR_THREADS
+        self.writer = client.ApiClient(cfg)
+        self.hub = Hub(hub_settings, self.loop)
+
+    def settings(self, pod: str, *, audit: bool = True) -> Settings:
+        audit_file = (str(self.audit_dir / f"audit-{pod}.jsonl")
+                      if audit and self.audit_dir is not None else None)
+        return Settings(group=self.group, namespace=self.namespace, pod_name=pod,
+                        listen_port=0, kubeconfig=self.kubeconfig, log_level="WARNING",
+                        audit_file=audit_file, termination_grace_seconds=self.grace)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> Swarm:
+        if self.audit_dir is not None:
+            self.audit_dir.mkdir(parents=True, exist_ok=True)
+        self.thread.start()
+        self.loop.call_soon_threadsafe(self.hub.adapter.start)
+        return self
+
+    def add(self, pods: Iterable[str]) -> None:
+        async def go() -> None:
+            for pod in pods:
+                settings = self.settings(pod)
+                sc: Sidecar = (AckingSidecar if self.auto_ack else Sidecar)(settings)
+                adapter = SwarmAdapter(settings, hub=self.hub, sidecar=sc, writer=self.writer,
+                                       loop=self.loop)
+                task = self.loop.create_task(sc.run(adapter), name=f"sidecar-{pod}")
+                self.members[pod] = Running(sc, task, time.monotonic())
+
+        self._call(go())
+
+    def leave(self, pod: str, timeout: float = 60.0) -> None:
+        """SIGTERM's path: revoke, release, end the session; returns once it has ended."""
+        run = self.members.pop(pod)
+
+        async def go() -> None:
+            run.sidecar.begin_shutdown()
+            await asyncio.wait_for(asyncio.shield(run.task), timeout)
+
+        self._call(go(), timeout + 5)
+
+    def crash(self, pod: str) -> float:
+        """SIGKILL's equivalent: the member stops at once, its session Lease stays behind."""
+        run = self.members.pop(pod)
+
+        async def go() -> float:
+            assert run.sidecar.kube is not None
+            run.sidecar.kube.stop()
+            run.task.cancel()
+            for task in list(run.sidecar._tasks):  # its writes in flight die with it
+                task.cancel()
+            return time.monotonic()
+
+        at = self._call(go())
+        self.crashed_at[pod] = at
+        return at
+
+    def held(self) -> dict[str, int]:
+        return {pod: len(r.sidecar.member.owned) for pod, r in self.members.items()}
+
+    def api_writes(self) -> int:
+        return sum(sum(r.sidecar.metrics.api_writes.values()) for r in self.members.values())
+
+    def close(self) -> None:
+        """Crash every member left (their Leases go with the namespace) and stop the loop."""
+        for pod in list(self.members):
+            try:
+                self.crash(pod)
+            except Exception as exc:  # the loop may be gone already
+                log.warning("swarm: could not stop %s: %s", pod, exc)
+        self.loop.call_soon_threadsafe(self.hub.adapter.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.writer.close()  # type: ignore[no-untyped-call]
