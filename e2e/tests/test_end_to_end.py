@@ -32,6 +32,7 @@ import redis
 import yaml
 from kubernetes import client
 
+from kgroup_devcluster import stack
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_pipeline.redis_server import RedisServer
@@ -41,7 +42,6 @@ from kgroup_sidecar.testing import read_audit, safety_violations
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "kgroup"
 GROUP = "orders"
 STREAM = "orders"
 PARTITIONS = 12
@@ -56,9 +56,9 @@ class Env:
     redis: RedisServer
     runner: subprocess.Popen[bytes]
     state: Path
-    crd_api: client.CustomObjectsApi
     core: client.CoreV1Api
     apps: client.AppsV1Api
+    watcher: stack.GroupWatcher
     killed_at: dict[str, float] = field(default_factory=dict)
     producing: threading.Event = field(default_factory=threading.Event)
     producer: threading.Thread | None = None
@@ -67,20 +67,10 @@ class Env:
 
     # -- reading the group ------------------------------------------------------------
     def group(self) -> dict[str, Any]:
-        obj: Any = self.crd_api.get_namespaced_custom_object(
-            "kgroup.dev", "v1alpha1", self.namespace, "consumergroups", GROUP)
-        return dict(obj)
+        return {"status": self.watcher.status()}
 
     def stable_with(self, members: int) -> Any:
-        """The group's status once Stable with `members` members all owning their targets."""
-        status = self.group().get("status") or {}
-        if (status.get("phase") == "Stable" and status.get("memberCount") == members
-                and status.get("unowned") == 0
-                and all(m.get("ownedCount") == m.get("assignedCount")
-                        and m.get("acknowledgedEpoch") == status.get("epoch")
-                        for m in status.get("members", []))):
-            return dict(status)
-        return None
+        return self.watcher.stable_with(members)
 
     def worker_pods(self) -> list[str]:
         pods: Any = self.core.list_namespaced_pod(
@@ -89,8 +79,7 @@ class Env:
                       if p.metadata.deletion_timestamp is None)
 
     def runner_state(self) -> dict[str, Any]:
-        path = self.state / "runner.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        return stack.runner_state(self.state)
 
     def scale(self, replicas: int) -> None:
         self.apps.patch_namespaced_deployment_scale(
@@ -100,51 +89,6 @@ class Env:
         out = self.cluster.kubectl("-n", self.namespace, *args, check=False)
         assert out.returncode == 0, out.stderr
         return str(out.stdout)
-
-
-def _worker_manifests(namespace: str, redis_url: str) -> list[dict[str, Any]]:
-    group = {
-        "apiVersion": "kgroup.dev/v1alpha1", "kind": "ConsumerGroup",
-        "metadata": {"name": GROUP, "namespace": namespace},
-        "spec": {
-            "partitions": PARTITIONS, "selector": {"matchLabels": {"app": APP_LABEL}},
-            "stabilizationWindowSeconds": 1, "stabilizationMaxDelaySeconds": 5,
-            "lease": {"durationSeconds": 4, "renewIntervalSeconds": 1},
-            "handoff": {"drainTimeoutSeconds": 8},
-            "source": {"stream": STREAM, "redisUrl": redis_url},
-        },
-    }
-    env = [{"name": "KGROUP_REDIS_URL", "value": redis_url},
-           {"name": "KGROUP_STREAM", "value": STREAM}]
-    sidecar = {
-        "name": "kgroup-sidecar", "image": "kgroup-sidecar:dev", "restartPolicy": "Always",
-        "command": ["kgroup-sidecar"],
-        "env": [{"name": "KGROUP_GROUP", "value": GROUP},
-                {"name": "KGROUP_NAMESPACE",
-                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                {"name": "KGROUP_POD_NAME",
-                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "KGROUP_LISTEN", "value": "127.0.0.1:8470"}],
-    }
-    app = {
-        "name": "worker", "image": "kgroup-worker:dev",
-        "command": ["python", "-m", "kgroup_pipeline.light_worker", "--drain-timeout", "6"],
-        "env": [*env, {"name": "KGROUP_SIDECAR_URL", "value": "http://127.0.0.1:8470"}],
-    }
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": APP_LABEL, "namespace": namespace},
-        "spec": {
-            "replicas": 3, "selector": {"matchLabels": {"app": APP_LABEL}},
-            "template": {
-                "metadata": {"labels": {"app": APP_LABEL}},
-                "spec": {"serviceAccountName": "kgroup-worker",
-                         "terminationGracePeriodSeconds": 15,
-                         "initContainers": [sidecar], "containers": [app]},
-            },
-        },
-    }
-    return [group, deployment]
 
 
 def _produce(env: Env, redis_url: str) -> None:
@@ -172,26 +116,12 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterator[En
     state = REPO / ".state" / "e2e" / namespace
     state.mkdir(parents=True, exist_ok=True)
     redis_server = RedisServer().start()
-    installed = cluster.helm(
-        "install", release, str(CHART), "--namespace", namespace, "--take-ownership",
-        "--set", f"operator.watchNamespaces={{{namespace}}}",
-        "--set", f"workerRbac.namespaces={{{namespace}}}",
-        "--set", f"admissionPolicy.namespaces={{{namespace}}}",
-        "--set", "operator.image.repository=kgroup-operator", "--set", "operator.image.tag=dev",
-        "--wait=false", check=False)
-    assert installed.returncode == 0, installed.stderr
-    with open(state / "runner.log", "ab") as runner_log:
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "kgroup_devcluster.runner", "--namespace", namespace,
-             "--state-dir", str(state), "--audit-dir", str(state / "audit"),
-             # the chart's operator listens on fixed ports (0.0.0.0 for its metrics Service);
-             # here every pod shares the host's loopback, so those listeners are turned off
-             "--env", "KGROUP_METRICS_HOST=127.0.0.1", "--env", "KGROUP_METRICS_PORT=0",
-             "--env", "KGROUP_LIVENESS_PORT=0"],
-            stdout=runner_log, stderr=subprocess.STDOUT)
+    stack.helm_install(cluster, release=release, namespace=namespace)
+    runner = stack.start_runner(namespace=namespace, state_dir=state)
     e = Env(cluster=cluster, namespace=namespace, release=release, redis=redis_server,
-            runner=runner, state=state, crd_api=client.CustomObjectsApi(kube), core=core,
-            apps=client.AppsV1Api(kube))
+            runner=runner, state=state, core=core,
+            apps=client.AppsV1Api(kube),
+            watcher=stack.GroupWatcher(kube, namespace, GROUP))
     try:
         yield e
     finally:
@@ -222,9 +152,10 @@ def test_operator_runs_as_its_service_account(env: Env) -> None:
 
 def test_group_becomes_stable_with_every_partition_owned(env: Env) -> None:
     redis_url = f"redis://127.0.0.1:{env.redis.port}/0"
-    for doc in _worker_manifests(env.namespace, redis_url):
-        out = env.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
-        assert out.returncode == 0, out.stderr
+    stack.apply(env.cluster, stack.manifests(stack.GroupSpec(
+        name=GROUP, app_label=APP_LABEL, partitions=PARTITIONS, replicas=3,
+        app_command=["python", "-m", "kgroup_pipeline.light_worker", "--drain-timeout", "6"],
+        stream=STREAM, redis_url=redis_url), env.namespace))
     env.producing.set()
     env.producer = threading.Thread(target=_produce, args=(env, redis_url), daemon=True)
     env.producer.start()
