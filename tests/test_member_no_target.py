@@ -55,6 +55,24 @@ def test_a_reseeded_target_from_the_holders_moves_nothing() -> None:
     assert [a.epoch for a in of(acts, AckEpoch)] == [5]
 
 
+def test_epoch_0_the_operators_status_before_any_target_holds_too() -> None:
+    """After an emptied status the restarted operator writes epoch 0 with an empty
+    assignment while its stabilisation window runs; that is no target either."""
+    w = World()
+    m = holding(w)
+    w.target = Target(0, frozenset())
+    acts = m.step(w.snap(1.0))
+    assert of(acts, Revoke) == [] and of(acts, Release) == [] and of(acts, AckEpoch) == []
+    assert [p.state for p in m.view(1.0).partitions] == ["active", "active"]
+
+
+def test_a_member_holding_nothing_acknowledges_epoch_0() -> None:
+    w = World()
+    w.target = Target(0, frozenset())
+    m = joined(w)
+    assert [a.epoch for a in of(m.step(w.snap(0.1)), AckEpoch)] == [0]
+
+
 def test_a_deleted_group_revokes_everything() -> None:
     w = World()
     m = holding(w)

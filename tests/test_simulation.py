@@ -10,36 +10,24 @@ from kgroup.core.member import Member
 from kgroup.sim import Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main
 from kgroup.sim.store import PartitionLeaseObj
-from kgroup.sim.variants import NoFencingMember, SameTokenMember
-from kgroup.sim.world import FIXES, World
+from kgroup.sim.variants import (
+    NoAdoptionMember,
+    NoFencingMember,
+    NoTargetRevokesMember,
+    SameTokenMember,
+)
+from kgroup.sim.world import World
 
 CI_SEEDS = 500
-"""Seeds per bulk test (two bulk tests). Measured: the file takes ~60-75 s here."""
+"""Seeds of the bulk test. Measured: the file takes ~60-75 s here."""
 
-SMALL = SimConfig(members=4, partitions=16, fault_time=30, fixes=FIXES)
+SMALL = SimConfig(members=4, partitions=16, fault_time=30)
 SAFETY_KINDS = {"safety", "token-order", "sink", "store-token"}
-TIMEOUT_BUG = (
-    "sidecar bug (kgroup_sidecar.runtime.Sidecar._acquire): an acquisition that timed out "
-    "is reported acquire_failed though the API server may have applied it; the lock then "
-    "carries the member's own live session, Member.step skips it for ever ('an "
-    "acquisition we are about to hear of'), never acknowledges the epoch, and a member "
-    "targeted with it waits for ever"
-)
 
-VERIFY_BUG = (
-    "sidecar bug (kgroup_sidecar.runtime.Sidecar._acquire): the holder re-read compares "
-    "the fresh marker with the tracker's *current* marker, not the one the decision was "
-    "based on, so a renewal learnt meanwhile (a concurrent verification of the same "
-    "holder, or a watch event) makes a live holder's lock look takeable"
-)
 
-STALE_RELEASE_BUG = (
-    "sidecar bug (kgroup_sidecar.runtime.Sidecar._release + on_list): on_list replaces the "
-    "lock cache with a list that may be older than the member's own acquisition; _release "
-    "then sees holder != us and reports release_failed(still_ours=False) without writing, "
-    "so the lock stays held by the live session, the member forgets it, and the member "
-    "targeted with it waits for ever"
-)
+def regressed(*names: str, **overrides: object) -> SimConfig:
+    """SMALL with old runtime bugs brought back (kgroup.sim.sidecar.REGRESSIONS)."""
+    return SimConfig(**{**SMALL.__dict__, "regressions": frozenset(names), **overrides})
 
 
 def spec(**overrides: object) -> ConsumerGroupSpec:
@@ -73,9 +61,9 @@ def tokens(world: World) -> dict[int, int]:
 # ---- many seeds -------------------------------------------------------------------------
 
 
-def test_every_invariant_holds_on_every_seed_with_the_fixed_adapter() -> None:
+def test_every_invariant_holds_on_every_seed() -> None:
     """Safety, token order, the fenced sink, store tokens, and liveness (converged within
-    the bound, then quiet) on every seed: the real cores, the adapter's fix candidates."""
+    the bound, then quiet) on every seed: the real cores, the adapter as the runtime is."""
     failed = []
     for seed in range(CI_SEEDS):
         result = run_seed(seed, SMALL)
@@ -83,50 +71,53 @@ def test_every_invariant_holds_on_every_seed_with_the_fixed_adapter() -> None:
             failed.append((seed, result.violations[0]))
     assert failed == [], (
         f"{failed[0]}; reproduce: python -m kgroup.sim --seed {failed[0][0]} --members 4 "
-        "--partitions 16 --fault-time 30 --adapter fixed --verbose"
+        "--partitions 16 --fault-time 30 --verbose"
     )
 
 
-def test_runtime_adapter_keeps_safety_and_fencing_on_every_seed_but_two() -> None:
-    """The adapter as kgroup_sidecar runs it today (no fix candidate): safety and fencing
-    hold on every seed but the two of the holder re-read bug (127, 363; pinned below);
-    liveness is not asserted (it fails on the bugs pinned below)."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30, fixes=frozenset())
-    seeds = [s for s in range(CI_SEEDS, CI_SEEDS + CI_SEEDS // 3) if s not in (127, 363)]
-    unsafe = [seed for seed in seeds
-              if any(v.kind in SAFETY_KINDS for v in run_seed(seed, cfg).violations)]
-    assert unsafe == [], f"python -m kgroup.sim --seed {unsafe[0]} --members 4 " \
-                         "--partitions 16 --fault-time 30 --verbose"
+# ---- bugs found by the simulation, fixed, and caught again when brought back ----------
 
 
-@pytest.mark.xfail(strict=True, reason=VERIFY_BUG)
-def test_holder_reread_as_the_runtime_does_it_keeps_safety() -> None:
-    """Seed 363 (all other fix candidates on; 127 and 363 with none): two partitions held
-    by one live member are judged takeable on a stale observation; the first verification's
-    fresh read updates the tracker's marker, the second compares its identical fresh marker
-    with that updated one, sees "no renewal since" and takes a live holder's lock."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30,
-                    fixes=FIXES - {"holder-reread"})
-    unsafe = [seed for seed in (127, 363)
-              if any(v.kind == "safety" for v in run_seed(seed, cfg).violations)]
-    assert unsafe == []
+def test_holder_reread_asks_the_tracker_and_keeps_safety() -> None:
+    """Seeds 50 and 127: two partitions held by one live member are judged takeable on a
+    stale observation; with the old re-read (compare the fresh marker with the tracker's
+    *current* one, which the first verification already moved) the second takes a live
+    holder's lock. The runtime feeds the read to the tracker and asks it instead."""
+    for seed in (50, 127):
+        assert run_seed(seed, SMALL).ok
+        old = run_seed(seed, regressed("holder-marker-compare"))
+        assert "safety" in {v.kind for v in old.violations}, seed
 
 
-@pytest.mark.xfail(strict=True, reason=TIMEOUT_BUG)
-def test_timed_out_acquisition_as_the_runtime_handles_it_converges() -> None:
-    """Seeds 0, 4 and 6 of the default configuration stall (all other fixes on)."""
-    cfg = SimConfig(fixes=FIXES - {"acquire-timeout"})
-    assert [seed for seed in range(10) if not run_seed(seed, cfg).ok] == []
+def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
+    """Seeds 8 and 14: an acquisition times out, the re-read reaches the server before the
+    write does (so it reports failed), then the write is applied: the lock carries the
+    member's live session. The core adopts it (rule 2); without adoption it is skipped
+    for ever and the group never converges."""
+    for seed in (8, 14):
+        assert run_seed(seed, SMALL).ok
+        stuck = run_seed(seed, SimConfig(**{**SMALL.__dict__,
+                                            "member_factory": NoAdoptionMember}))
+        assert [v.kind for v in stuck.violations] == ["liveness"], seed
 
 
-@pytest.mark.xfail(strict=True, reason=STALE_RELEASE_BUG)
-def test_release_on_a_stale_cache_as_the_runtime_does_it_converges() -> None:
-    """Seeds 1376 and 2316 (all other fixes on): a re-list read before the member's own
-    acquisition is delivered after it (and the acquisition's watch event is lost), the
-    release then finds the cache says 'not ours' and gives the lock up unwritten."""
-    cfg = SimConfig(members=4, partitions=16, fault_time=30,
-                    fixes=FIXES - {"release-stale-cache"})
-    assert [seed for seed in (1376, 2316) if not run_seed(seed, cfg).ok] == []
+def test_a_timed_out_acquisition_reported_failed_is_caught_up_by_adoption() -> None:
+    """The old runtime reported every timed-out acquisition failed: the adoption alone
+    keeps the group live, and with neither the re-read nor adoption it stalls."""
+    assert run_seed(8, regressed("acquire-timeout-fails")).ok
+    both = run_seed(8, regressed("acquire-timeout-fails", member_factory=NoAdoptionMember))
+    assert [v.kind for v in both.violations] == ["liveness"]
+
+
+def test_a_release_on_a_cache_older_than_our_acquisition_re_reads_it() -> None:
+    """Seed 1963: a re-list read before the member's own acquisition is delivered after
+    it. With the old runtime (the list replaced the newer cached lock, and the release then
+    gave the lock up unwritten: still held by the live session, forgotten by the member)
+    the group never converges; the cache now never goes back in time, and a release on a
+    cache older than the acquisition re-reads the lock."""
+    assert run_seed(1963, SMALL).ok
+    old = run_seed(1963, regressed("stale-relist"))
+    assert [v.kind for v in old.violations] == ["liveness"]
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -215,33 +206,35 @@ def test_member_crashing_and_returning_under_its_name_within_grace_keeps_its_par
     assert tokens(crashed) == expected, "only m02's partitions moved: to its new session"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sidecar bug (kgroup_sidecar.runtime + settings): with the default lease 15 s / renew "
-    "5 s, a renewal whose answer is lost times out after 0.4 x 15 = 6 s, is retried 1 s "
-    "later, i.e. at last_renew_sent + 12 s = the fencing deadline: one lost answer fences "
-    "the member, pausing every partition it holds until its new session re-acquires them"))
 def test_one_lost_renewal_answer_does_not_fence_a_member_with_the_default_lease() -> None:
+    """Lease 15 s / renew 5 s: a renewal whose answer is lost times out after
+    request_timeout (2.33 s) and is retried at once, well before the fencing deadline. The
+    old timeout (0.4 x 15 = 6 s, retry 1 s later) landed on the deadline and fenced."""
     cfg = quiet(spec=spec(lease={"durationSeconds": 15, "renewIntervalSeconds": 5}),
                 script=(Fault(20.0, "lose-answer", member=0),))
     world = World(0, cfg)
     result = world.run()
     assert result.ok, result.violations
     assert world.sidecars["m01"].member.fence_count == 0
+    old = World(0, quiet(**{**cfg.__dict__, "regressions": frozenset({"fixed-request-timeout"})}))
+    old.run()
+    assert old.sidecars["m01"].member.fence_count == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "design gap (kgroup.core.member + kgroup_sidecar.runtime._set_group): a status without "
-    "an epoch (restored without status, or emptied) becomes target None, which Member.step "
-    "treats as 'nothing targeted' and revokes every partition before the restarted operator "
-    "can seed the target from the lock holders, so every partition pauses and moves "
-    "(docs promise: an empty status is seeded from the holders, moving nothing)"))
 def test_status_emptied_under_running_members_is_reseeded_without_moving_anything() -> None:
+    """A status without epoch is no target: members hold what they have until the
+    restarted operator seeds the status from the lock holders, so nothing moves. The old
+    core revoked everything, and every partition changed hands."""
     base = World(0, quiet())
-    reset = World(0, quiet(script=(Fault(12.0, "status-reset", seconds=2.0),)))
+    script = (Fault(12.0, "status-reset", seconds=2.0),)
+    reset = World(0, quiet(script=script))
     r_base, r_reset = base.run(), reset.run()
     assert r_base.ok and r_reset.ok, r_reset.violations
     assert r_reset.faults.get("status-reset") == 1
     assert tokens(reset) == tokens(base), "no partition changed hands"
+    old = World(0, quiet(script=script, member_factory=NoTargetRevokesMember))
+    old.run()
+    assert tokens(old) != tokens(base)
 
 
 def _owners(target: dict[str, str]) -> dict[int, str]:
@@ -276,8 +269,7 @@ def test_checker_catches_a_member_that_does_not_raise_the_token() -> None:
 def test_cli_summarises_and_exits_zero_when_every_seed_passes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["--seeds", "2", "--members", "3", "--partitions", "8", "--fault-time", "15",
-                 "--adapter", "fixed"])
+    code = main(["--seeds", "2", "--members", "3", "--partitions", "8", "--fault-time", "15"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "seeds run: 2" in out and "violations: 0 seeds" in out and "faults injected:" in out

@@ -15,15 +15,23 @@ Rules, in the order ``step`` applies them:
 2. Trust our own writes over stale reads: an observed lock whose token is lower than the
    one we acquired with is an old event and is ignored; a lock whose token is higher, or
    whose holder/session is no longer ours while we are not releasing it, is *lost*.
+   An acquisition reported failed may still be applied (no answer, and the adapter's
+   re-read reached the server before the write did): when the lock later shows our live
+   session with exactly the token that acquisition wrote, it is **adopted** (action
+   :class:`Adopted`) and held like any other (revoked at once if not targeted). Only
+   such writes are adopted, never a lock merely *seen* with our session: a lagging view
+   may show one we have released since.
 3. Revoke before assign: a partition held but not targeted becomes *revoking* (the app
    is told to finish in-flight work); it is released when the app acknowledges (with its
    position) or when ``drain_timeout`` has passed since revoking started. A revoking
    partition that is targeted again becomes active again without being released.
    **No target is not an empty target**: while the group's status carries no epoch
-   (restored from a backup without status, emptied by hand, or never written yet) the
-   member holds what it has: no revocation, no acquisition, no acknowledgement. The
-   operator seeds an empty status from the current lock holders, so holding on moves
-   nothing. Everything is revoked only on shutdown or when the group is deleted
+   (restored from a backup without status, emptied by hand, or never written yet), or
+   epoch 0 (the operator's status before it computed any target: it writes one while
+   its stabilisation window runs, also after an emptied status), the member holds what
+   it has: no revocation, no acquisition, and an acknowledgement only if it holds
+   nothing. The operator seeds an empty status from the current lock holders, so holding
+   on moves nothing. Everything is revoked only on shutdown or when the group is deleted
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
 4. Acquire a targeted partition only when its lock exists (the operator creates it) and
    is FREE or TAKEABLE; the new token is the observed token + 1, the write carries the
@@ -46,6 +54,10 @@ from kgroup.core.locks import LeaseTiming, LockState, SessionTracker, fencing_de
 
 SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
+
+NO_TARGET_EPOCH = 0
+"""The epoch of the operator's status before it computed any target (assignment empty);
+the first target is epoch 1 (kgroup.core.group bumps the epoch at every target change)."""
 
 MIN_REQUEST_TIMEOUT = 0.2
 """Floor of :func:`request_timeout`: below it a healthy API server's answer may not come."""
@@ -201,13 +213,27 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Adopted:
+    """Informational: a lock carrying our session was found and is now held (an
+    acquisition reported failed was applied after all); the adapter audits it as an
+    acquisition."""
+
+    partition: int
+    session: str
+    token: int
+    position: str | None
+
+
+@dataclass(frozen=True)
 class EndSession:
     """Shutdown finished releasing: delete the member Lease."""
 
     session: str
 
 
-Action = StartSession | Renew | Acquire | Revoke | Release | Fence | Lost | EndSession
+Action = (
+    StartSession | Renew | Acquire | Adopted | Revoke | Release | Fence | Lost | EndSession
+)
 
 
 @dataclass
@@ -281,6 +307,9 @@ class Member:
         self._written_epoch: int | None = None
         self.owned: dict[int, _Owned] = {}
         self._acquiring: dict[int, str | None] = {}  # partition -> handed-over position
+        self._attempted: dict[int, int] = {}  # partition -> token of the acquisition in flight
+        # acquisitions reported failed that the server may still apply: partition -> token
+        self._unconfirmed: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
         # partitions the app gave back while still targeted (it is stopping: Kafka's
         # "leave group"): not taken again until the target epoch changes or a drain
@@ -417,10 +446,12 @@ class Member:
             actions.append(Lost(partition=p, session=session, token=o.token))
         # No target (a status without epoch) holds what we have; deletion and shutdown
         # revoke everything (rule 3).
-        holding = snap.target is None and not (self.shutting_down or snap.group_deleted)
+        holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
+            self.shutting_down or snap.group_deleted)
         targeted: frozenset[int] = frozenset()
         if not self.shutting_down and snap.target is not None:
             targeted = snap.target.partitions
+        actions.extend(self._adopt(snap, session))
         # 3. revoke before assign; release on the app's word or at the drain timeout.
         for p in sorted(self.owned):
             o = self.owned[p]
@@ -469,11 +500,12 @@ class Member:
                 )
             )
             if lock.holder == self.member and lock.session == session:
-                continue  # ours already (an acquisition we are about to hear of)
+                continue  # ours already: adopted above, or an acquisition in flight
             if state is LockState.HELD:
                 continue
             verify = lock.holder if lock.holder and not own_old else None
             self._acquiring[p] = lock.position
+            self._attempted[p] = lock.token + 1
             actions.append(
                 Acquire(
                     partition=p,
@@ -496,6 +528,28 @@ class Member:
         if self.shutting_down and not self.owned and not self._acquiring and not self._ending:
             self._ending = True
             actions.append(EndSession(session))
+        return actions
+
+    def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
+        """Rule 2: adopt the lock an acquisition reported failed has written after all
+        (even if no longer targeted: rule 3 then revokes and releases it)."""
+        actions: list[Action] = []
+        for p in sorted(self._unconfirmed):
+            if p in self.owned or p in self._acquiring:
+                continue
+            lock = snap.locks.get(p)
+            if lock is None:
+                continue
+            if (lock.holder, lock.session, lock.token) == (
+                    self.member, session, self._unconfirmed[p]):
+                self._unconfirmed.pop(p, None)
+                self._retry_at.pop(p, None)
+                self.owned[p] = _Owned(lock.token, PartitionState.ACTIVE, lock.resource_version,
+                                       lock.position)
+                self._bump()
+                actions.append(Adopted(p, session, lock.token, lock.position))
+            elif lock.token >= self._unconfirmed[p]:
+                del self._unconfirmed[p]  # another write won: ours can no longer apply
         return actions
 
     def _ackable_epoch(self, snap: Snapshot) -> int | None:
@@ -521,6 +575,8 @@ class Member:
         lost = tuple((p, o.token) for p, o in sorted(self.owned.items()))
         self.owned.clear()
         self._acquiring.clear()
+        self._attempted.clear()
+        self._unconfirmed.clear()
         self._retry_at.clear()
         self.session = None
         self._confirmed_sent = None
@@ -547,6 +603,7 @@ class Member:
             self._retry_session_at = now  # confirmed too late to be of use: start again
             return
         self.session = session
+        self._unconfirmed.clear()  # an older session's writes: FREE to this one
         self._confirmed_sent = sent_at
         self._confirmed_timing = timing
         self._next_renew_at = sent_at + timing.renew_interval
@@ -588,6 +645,8 @@ class Member:
 
     def acquired(self, partition: int, session: str, *, token: int, resource_version: str) -> None:
         position = self._acquiring.pop(partition, None)
+        self._attempted.pop(partition, None)
+        self._unconfirmed.pop(partition, None)
         self._retry_at.pop(partition, None)
         if session != self.session:
             return  # an old session's write; the new session sees the lock as FREE
@@ -596,8 +655,11 @@ class Member:
 
     def acquire_failed(self, partition: int, session: str, *, now: float) -> None:
         self._acquiring.pop(partition, None)
+        token = self._attempted.pop(partition, None)
         if session == self.session:
             self._retry_at[partition] = now + SESSION_RETRY_SECONDS
+            if token is not None:
+                self._unconfirmed[partition] = token
 
     def released(self, partition: int, session: str) -> None:
         o = self.owned.get(partition)

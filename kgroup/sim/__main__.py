@@ -4,6 +4,8 @@ Examples::
 
     python -m kgroup.sim --seeds 2000              # seeds 0..1999
     python -m kgroup.sim --seed 1234 --verbose     # replay one seed's trace
+    python -m kgroup.sim --seed 127 --members 4 --partitions 16 --fault-time 30 \
+        --regression holder-marker-compare         # an old runtime bug, caught again
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
-from kgroup.sim.variants import NoFencingMember, SameTokenMember
-from kgroup.sim.world import FIXES, Result, SimConfig, run_seed
+from kgroup.sim.variants import NoFencingMember, NoTargetRevokesMember, SameTokenMember
+from kgroup.sim.world import REGRESSIONS, Result, SimConfig, run_seed
 
 VARIANTS = {
     "real": Member,
     "no-fencing": NoFencingMember,
+    "no-target-revokes": NoTargetRevokesMember,
     "same-token": SameTokenMember,
 }
 
@@ -28,17 +31,11 @@ VARIANTS = {
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(members=args.members, partitions=args.partitions,
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
-                     fixes=fixes_from(args), verbose=args.verbose)
-
-
-def fixes_from(args: argparse.Namespace) -> frozenset[str]:
-    chosen = FIXES if args.adapter == "fixed" else frozenset()
-    return chosen - frozenset(args.without_fix)
+                     regressions=frozenset(args.regression), verbose=args.verbose)
 
 
 def adapter_flags(args: argparse.Namespace) -> str:
-    return f"--adapter {args.adapter}" + "".join(
-        f" --without-fix {name}" for name in sorted(set(args.without_fix)))
+    return "".join(f" --regression {name}" for name in sorted(set(args.regression)))
 
 
 def _run(job: tuple[int, SimConfig]) -> Result:
@@ -58,7 +55,7 @@ def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Re
 def repro(args: argparse.Namespace, seed: int) -> str:
     return (f"python -m kgroup.sim --seed {seed} --members {args.members} "
             f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
-            f"--variant {args.variant} {adapter_flags(args)} --verbose")
+            f"--variant {args.variant}{adapter_flags(args)} --verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,11 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="simulated seconds of faults before the convergence phase")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
                     help="member state machine: the real core or a deliberately broken one")
-    ap.add_argument("--adapter", choices=["runtime", "fixed"], default="runtime",
-                    help="the sidecar adapter as kgroup_sidecar runs today, or with every "
-                         "fix candidate of the simulation")
-    ap.add_argument("--without-fix", action="append", default=[], choices=sorted(FIXES),
-                    help="with --adapter fixed: leave this fix candidate out")
+    ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
+                    help="bring back this old bug of the sidecar runtime (repeatable); "
+                         "default: the adapter as kgroup_sidecar runs today")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)
@@ -106,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{v.detail}")
             print(f"  reproduce: {repro(args, result.seed)}")
     wall = time.perf_counter() - started
-    print(f"seeds run: {len(seeds)} (variant {args.variant}, {adapter_flags(args)}, "
+    adapter = adapter_flags(args).strip() or "runtime adapter"
+    print(f"seeds run: {len(seeds)} (variant {args.variant}, {adapter}, "
           f"{args.members} members, "
           f"{args.partitions} partitions, {args.fault_time:g}s of faults)")
     outcomes = {"epoch-bump", "fence", "lost"}

@@ -9,12 +9,18 @@ so) and reports its outcome exactly as the runtime does, including on timeouts, 
 the write may or may not have happened. A divergence from the runtime makes the
 simulation prove the wrong thing, so keep the two in step when either changes.
 
-Fix candidates, each chosen by name in ``SimConfig.fixes``, change the adapter where the
-simulation found the runtime wrong (pinned in tests/test_simulation.py):
-``holder-reread``: the holder re-read before taking a lock asks the tracker whether the
-session is live; ``acquire-timeout``: an acquisition that timed out is re-read instead of
-being reported failed; ``release-stale-cache``: a release whose cached lock is older than
-the member's own acquisition re-reads it instead of giving the lock up unwritten.
+Regressions, each chosen by name in ``SimConfig.regressions`` (none by default), bring
+back a bug the simulation found in the runtime and the runtime has fixed since, so the
+tests can prove the seeds that found it still catch it (tests/test_simulation.py):
+``holder-marker-compare``: the holder re-read compares the fresh marker with the
+tracker's current one instead of asking the tracker whether the session is live;
+``acquire-timeout-fails``: an acquisition that timed out is reported failed, though it
+may have been applied; ``stale-relist``: a re-list replaces newer cached locks, and a
+release on a cache older than the member's own acquisition gives the lock up unwritten;
+``token-only-cache``: the cache compares tokens only, so a replayed older version with
+the same token overwrites it; ``fixed-request-timeout``: requests time out after 0.4 x
+the lease duration and a failed renewal is retried after min(1 s, renew / 2), so one
+lost renewal answer fences a member with the default 15 s / 5 s lease.
 
 The simulated app polls the view (``Member.view`` on this process's clock, as the client
 does), opens the fenced sink with every token it is handed, writes under it while the
@@ -32,6 +38,7 @@ from kgroup.core.locks import LeaseTiming, SessionTracker
 from kgroup.core.member import (
     Acquire,
     Action,
+    Adopted,
     AppRelease,
     EndSession,
     Fence,
@@ -44,6 +51,8 @@ from kgroup.core.member import (
     Snapshot,
     StartSession,
     Target,
+    renew_retry_seconds,
+    request_timeout,
 )
 from kgroup.core.ranges import parse_ranges
 from kgroup.sim.kernel import TIMEOUT, Process
@@ -58,7 +67,11 @@ from kgroup.sim.store import (
 if TYPE_CHECKING:
     from kgroup.sim.world import World
 
-__all__ = ["MemberFactory", "SimSidecar"]
+__all__ = ["REGRESSIONS", "MemberFactory", "SimSidecar"]
+
+REGRESSIONS = frozenset({"acquire-timeout-fails", "fixed-request-timeout",
+                         "holder-marker-compare", "stale-relist", "token-only-cache"})
+"""Bugs of the runtime's past, brought back by name (see the module docstring)."""
 
 MIN_WAIT = 0.02  # the runtime's floor for a wake-up already due
 MemberFactory = Callable[[str], Member]
@@ -80,6 +93,7 @@ class SimSidecar:
         self.timing: LeaseTiming | None = None
         self.drain_timeout = float(world.spec.handoff.drain_timeout_seconds)
         self.target: Target | None = None
+        self.group_deleted = False
         self.partition_objs: dict[int, PartitionLeaseObj] = {}
         self.locks: dict[int, Lock] = {}
         self.my_lease: MemberLeaseObj | None = None
@@ -102,8 +116,13 @@ class SimSidecar:
         if stream == "group":
             self._set_group(items[0][1] if items else None)
         else:
-            self.partition_objs.clear()
-            self.locks.clear()
+            if self._regressed("stale-relist"):
+                self.partition_objs.clear()
+                self.locks.clear()
+            listed = {obj.partition for _, obj in items if isinstance(obj, PartitionLeaseObj)}
+            for vanished in sorted(set(self.locks) - listed):
+                self.partition_objs.pop(vanished, None)
+                self.locks.pop(vanished, None)
             seen: set[str] = set()
             for key, obj in items:
                 self._apply(key, obj)
@@ -129,10 +148,15 @@ class SimSidecar:
             self._apply(key, obj)
         self.poke()
 
+    def _regressed(self, name: str) -> bool:
+        return name in self.world.cfg.regressions
+
     def _set_group(self, obj: Stored | None) -> None:
         if not isinstance(obj, GroupObj):
             self.target = None
+            self.group_deleted = True
             return
+        self.group_deleted = False
         lease = self.world.spec.lease
         self.timing = LeaseTiming(
             duration=lease.duration_seconds, renew_interval=lease.renew_interval_seconds
@@ -146,20 +170,30 @@ class SimSidecar:
 
     def _apply(self, key: str, obj: Stored) -> None:
         if isinstance(obj, PartitionLeaseObj):
-            cached = self.locks.get(obj.partition)
-            if cached is not None and cached.token > obj.token:
-                return  # an event older than our own write's response
-            self.partition_objs[obj.partition] = obj
-            self.locks[obj.partition] = _lock(obj)
+            self._store_partition(obj)
         elif isinstance(obj, MemberLeaseObj):
             self.tracker.observe(obj.member, obj.session, str(obj.rv), obj.duration,
                                  self.proc.clock())
 
     def _store_partition(self, obj: PartitionLeaseObj) -> None:
-        cached = self.locks.get(obj.partition)
-        if cached is None or cached.token <= obj.token:
+        """runtime._apply_lease / _store_partition with ``objects.supersedes``: never back
+        in time (token first, then resourceVersion; one object, no uid to compare)."""
+        cached = self.partition_objs.get(obj.partition)
+        if cached is None or self._supersedes(obj, cached):
             self.partition_objs[obj.partition] = obj
             self.locks[obj.partition] = _lock(obj)
+
+    def _supersedes(self, new: PartitionLeaseObj, cached: PartitionLeaseObj) -> bool:
+        if new.token != cached.token:
+            return new.token > cached.token
+        return self._regressed("token-only-cache") or new.rv >= cached.rv
+
+    def _request_timeout(self) -> float:
+        if self._regressed("fixed-request-timeout"):
+            return max(0.5, 0.4 * self.world.spec.lease.duration_seconds)
+        lease = self.world.spec.lease
+        return request_timeout(LeaseTiming(duration=lease.duration_seconds,
+                                           renew_interval=lease.renew_interval_seconds))
 
     # ---- the loop --------------------------------------------------------------------
 
@@ -175,6 +209,7 @@ class SimSidecar:
             locks=dict(self.locks),
             tracker=self.tracker,
             app_releases=dict(self.app_releases),
+            group_deleted=self.group_deleted,
         )
 
     def poke(self) -> None:
@@ -231,7 +266,7 @@ class SimSidecar:
         elif isinstance(action, Lost):
             self.world.count("lost")
             self._resolve(action.partition, action.token)
-        elif isinstance(action, Revoke):
+        elif isinstance(action, Revoke | Adopted):
             pass
         elif isinstance(action, StartSession):
             self._start_session(action)
@@ -250,7 +285,7 @@ class SimSidecar:
             del self.app_releases[partition]
 
     def _rpc(self, request: Callable[[], Any], done: Callable[[Any], None]) -> None:
-        self.world.request(self.proc, request, done)
+        self.world.request(self.proc, request, done, timeout=self._request_timeout())
 
     # ---- action executors (runtime._start_session, _renew, ...) ----------------------
 
@@ -293,7 +328,9 @@ class SimSidecar:
                                    epoch=action.epoch)
         rv = self.my_lease.rv
         sent = self.proc.clock()
-        retry = min(1.0, action.timing.renew_interval / 2)
+        retry = renew_retry_seconds(action.timing)
+        if self._regressed("fixed-request-timeout"):
+            retry = min(1.0, action.timing.renew_interval / 2)
 
         def written(result: Any) -> None:
             if isinstance(result, MemberLeaseObj):
@@ -347,8 +384,8 @@ class SimSidecar:
                 self._done()
 
             def reread(result: Any) -> None:
-                # fix candidate: a timeout says nothing about whether the write happened;
-                # ask the server (again, while the session lasts) before reporting
+                # runtime._reread_acquisition: a timeout says nothing about whether the
+                # write happened; ask the server (again, while the session lasts)
                 if result is TIMEOUT or isinstance(result, Exception):
                     if self.member.session == action.session:
                         self.proc.schedule(0.5, self._rpc, lambda: store.get(key), reread)
@@ -365,10 +402,10 @@ class SimSidecar:
             def written(result: Any) -> None:
                 if isinstance(result, PartitionLeaseObj):
                     succeeded(result)
-                elif result is TIMEOUT and "acquire-timeout" in self.world.cfg.fixes:
+                elif result is TIMEOUT and not self._regressed("acquire-timeout-fails"):
                     self._rpc(lambda: store.get(key), reread)
                 else:
-                    failed()  # the runtime today: even on a timeout
+                    failed()
 
             self._rpc(lambda: store.update(key, body, expected_rv=rv), written)
 
@@ -381,9 +418,10 @@ class SimSidecar:
             if fresh is TIMEOUT or isinstance(fresh, Exception):
                 failed()
                 return
-            if "holder-reread" in self.world.cfg.fixes:
-                # fix candidate: feed the fresh read to the tracker, then ask it whether the
-                # session is live; a renewal seen by any path since the decision resets it
+            if not self._regressed("holder-marker-compare"):
+                # runtime._holder_expired: feed the fresh read to the tracker, then ask it
+                # whether the session is live; a renewal seen by any path since the
+                # decision resets it
                 if isinstance(fresh, MemberLeaseObj):
                     self._apply(f"member/{holder}", fresh)
                     if action.verify_session is not None and self.tracker.is_live(
@@ -391,10 +429,12 @@ class SimSidecar:
                     ):
                         failed()
                         return
+                else:
+                    self.tracker.forget(holder)
                 write()
                 return
-            # the runtime today: compare with the tracker's *current* marker, which a
-            # concurrent verification or a watch event may have moved on already
+            # the old bug: compare with the tracker's *current* marker, which a concurrent
+            # verification or a watch event may have moved on already
             if (
                 isinstance(fresh, MemberLeaseObj)
                 and fresh.session == action.verify_session
@@ -411,20 +451,23 @@ class SimSidecar:
         p = action.partition
         last = self.partition_objs.get(p)
         if (
-            "release-stale-cache" in self.world.cfg.fixes
+            not self._regressed("stale-relist")
             and (last is None or last.token < action.token)
         ):
-            # fix candidate: the cache is older than our own acquisition (a re-list read
+            # runtime._release: the cache is older than our own acquisition (a re-list read
             # before it, delivered after it): re-read instead of giving the lock up unwritten
             def fresh(obj: Any) -> None:
+                if obj is TIMEOUT or isinstance(obj, Exception):
+                    # unknown: retry later, the lock may well be ours
+                    self.member.release_failed(p, action.session, now=self.proc.clock(),
+                                               still_ours=True)
+                    self._done()
+                    return
                 if isinstance(obj, PartitionLeaseObj):
                     self._store_partition(obj)
                     self._release_with(action, obj)
-                else:  # unknown: retry later, the lock may well be ours
-                    self.member.release_failed(p, action.session, now=self.proc.clock(),
-                                               still_ours=obj is TIMEOUT
-                                               or isinstance(obj, Exception))
-                    self._done()
+                else:
+                    self._release_with(action, None)  # gone: nothing to write
 
             self._rpc(lambda: self.world.store.get(f"partition/{p}"), fresh)
             return

@@ -10,7 +10,7 @@ import dataclasses
 
 from kgroup.core.member import Acquire, Action, Member, Snapshot
 
-__all__ = ["NoFencingMember", "SameTokenMember"]
+__all__ = ["NoAdoptionMember", "NoFencingMember", "NoTargetRevokesMember", "SameTokenMember"]
 
 
 class NoFencingMember(Member):
@@ -31,3 +31,23 @@ class SameTokenMember(Member):
             dataclasses.replace(a, token=a.token - 1) if isinstance(a, Acquire) else a
             for a in super().step(snap)
         ]
+
+
+class NoTargetRevokesMember(Member):
+    """BROKEN (the core before it held on without a target): treats a status without
+    epoch as an empty target and revokes everything, as if the group were deleted, so an
+    emptied status moves every partition before the operator re-seeds it."""
+
+    def step(self, snap: Snapshot) -> list[Action]:
+        if snap.target is None:
+            snap = dataclasses.replace(snap, group_deleted=True)
+        return super().step(snap)
+
+
+class NoAdoptionMember(Member):
+    """BROKEN (the core before rule 2's adoption): a lock carrying its own live session
+    that it does not know it holds is skipped for ever, so an acquisition reported failed
+    but applied by the server afterwards leaves the partition stuck."""
+
+    def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
+        return []

@@ -27,7 +27,7 @@ from kgroup.core.ranges import parse_ranges
 from kgroup.sim.checks import Checker, Violation
 from kgroup.sim.control import SimOperator
 from kgroup.sim.kernel import Kernel, Process
-from kgroup.sim.sidecar import MemberFactory, SimSidecar
+from kgroup.sim.sidecar import REGRESSIONS, MemberFactory, SimSidecar
 from kgroup.sim.store import (
     GroupObj,
     MemberLeaseObj,
@@ -38,12 +38,13 @@ from kgroup.sim.store import (
     stream_of,
 )
 
-__all__ = ["FAULT_KINDS", "FIXES", "Fault", "Result", "SimConfig", "World", "run_seed"]
+__all__ = ["FAULT_KINDS", "FIXES", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
+           "run_seed"]
 
-FIXES = frozenset({"acquire-timeout", "holder-reread", "release-stale-cache"})
-"""Fix candidates for the sidecar adapter, each for a bug the simulation found in
-``kgroup_sidecar.runtime`` (see kgroup.sim.sidecar); without any, the adapter behaves as
-the runtime does today."""
+FIXES: frozenset[str] = frozenset()
+"""Obsolete: the adapter's fix candidates are all in kgroup_sidecar.runtime now, and the
+simulated adapter mirrors it; kept (empty) for callers that still pass ``fixes=FIXES``.
+The old bugs can be brought back by name: ``SimConfig.regressions`` (REGRESSIONS)."""
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
@@ -85,7 +86,8 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
-    fixes: frozenset[str] = frozenset()  # the adapter's fix candidates in use (FIXES)
+    regressions: frozenset[str] = frozenset()  # old runtime bugs brought back (REGRESSIONS)
+    fixes: frozenset[str] = frozenset()  # obsolete, ignored (see FIXES)
     verbose: bool = False
 
 
@@ -184,8 +186,10 @@ class World:
         return False
 
     def request(self, proc: Process, request: Callable[[], Any],
-                done: Callable[[Any], None]) -> None:
-        timeout = max(0.5, 0.4 * self.spec.lease.duration_seconds)
+                done: Callable[[Any], None], *, timeout: float | None = None) -> None:
+        """A request to the store; ``timeout`` None: the operator's (0.4 x the lease)."""
+        if timeout is None:
+            timeout = max(0.5, 0.4 * self.spec.lease.duration_seconds)
         proc.rpc(request, done, latency=self._latency, timeout=timeout, drop=self._drop)
 
     def write_latency(self) -> float:

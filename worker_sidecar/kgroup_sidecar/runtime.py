@@ -32,6 +32,7 @@ from kgroup.core.locks import LeaseTiming, SessionTracker
 from kgroup.core.member import (
     Acquire,
     Action,
+    Adopted,
     AppRelease,
     EndSession,
     Fence,
@@ -262,6 +263,12 @@ class Sidecar:
             self._resolve(action.partition, action.token, False)
         elif isinstance(action, Revoke):
             log.info("partition %d revoking (token %d)", action.partition, action.token)
+        elif isinstance(action, Adopted):
+            self.metrics.acquisitions += 1
+            log.info("acquired partition %d (token %d): a write reported failed was applied",
+                     action.partition, action.token)
+            self.audit.write("acquire", session=action.session, partition=action.partition,
+                             token=action.token, position=action.position)
         else:
             self._spawn(self._run_write(action))
 
