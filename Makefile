@@ -4,7 +4,7 @@ PY := .venv/bin/python
 VENV_STAMP := .venv/.kgroup-installed
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo bench crd
+.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench crd
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -42,8 +42,11 @@ e2e: setup tools ## the tests on the local control plane (brought up once per se
 test: setup tools lint ## every test tier: lint, unit, e2e on the local control plane, PySpark
 	$(PY) -m pytest tests e2e/tests
 
-demo: setup tools ## the main job: cluster, chart, a group, PySpark workers, events flowing
-	@echo "make demo: not built yet (see README, 'What does not work yet')"; exit 1
+demo: setup tools ## the main job: cluster, Redis, chart, a group of 3 -> 4 PySpark workers, events, verifier
+	@$(PY) -m kgroup_devcluster.demo up
+
+demo-down: setup ## stop what make demo started (the control plane stays: make cluster-down)
+	@$(PY) -m kgroup_devcluster.demo down
 
 bench: setup tools ## benchmarks; figures go to docs/bench/
 	$(PY) bench/run_all.py

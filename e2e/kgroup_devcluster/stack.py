@@ -44,17 +44,24 @@ def helm_install(cluster: Cluster, *, release: str, namespace: str) -> None:
         raise RuntimeError(f"helm install failed: {out.stderr.strip()}")
 
 
-def start_runner(*, namespace: str, state_dir: Path, detach: bool = False,
-                 extra_env: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """Start the local pod runner for `namespace` (logs and runner.json in `state_dir`)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+def runner_argv(*, namespace: str, state_dir: Path,
+                extra_env: tuple[str, ...] = ()) -> list[str]:
+    """The local pod runner's command line for `namespace` (state and logs in `state_dir`)."""
     args = [sys.executable, "-m", "kgroup_devcluster.runner", "--namespace", namespace,
             "--state-dir", str(state_dir), "--audit-dir", str(state_dir / "audit")]
     for item in [*RUNNER_ENV, *extra_env]:
         args += ["--env", item]
+    return args
+
+
+def start_runner(*, namespace: str, state_dir: Path,
+                 extra_env: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start the local pod runner as a child of this process (tests stop it themselves)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "runner.log", "ab") as log:
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=detach)
+        return subprocess.Popen(
+            runner_argv(namespace=namespace, state_dir=state_dir, extra_env=extra_env),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 @dataclass(frozen=True)
