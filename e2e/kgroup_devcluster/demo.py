@@ -13,6 +13,7 @@ running so the person can look around; `make demo-down` stops it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -34,6 +35,7 @@ STREAM = "orders"
 PARTITIONS = 16
 DEMO_DIR = STATE_DIR.parent / "demo"
 PIDS = DEMO_DIR / "pids.json"
+REDIS_PORT = 6390
 
 
 def say(msg: str) -> None:
@@ -65,7 +67,7 @@ def up(*, events: int, rate: int) -> int:
     api = admin_api_client(cluster)
     core = client.CoreV1Api(api)
 
-    redis_port = 6390
+    redis_port = REDIS_PORT
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -161,9 +163,12 @@ def down() -> int:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, check=False)
     records = processes.load_records(PIDS)
-    for name in ("runner", "redis"):  # the runner stops its pods' processes on SIGTERM
-        if name in records and processes.stop(records[name], grace=60):
-            say(f"stopped {name} (pid {records[name].pid})")
+    if "runner" in records and processes.stop(records["runner"], grace=60):
+        say(f"stopped the pod runner and its pods' processes (pid {records['runner'].pid})")
+    # redis-server rewrites its process title, so it is stopped through its own port
+    with contextlib.suppress(redis.ConnectionError):
+        redis.Redis(host="127.0.0.1", port=REDIS_PORT).shutdown(nosave=True)
+        say(f"stopped redis-server on 127.0.0.1:{REDIS_PORT}")
     PIDS.unlink(missing_ok=True)
     return 0
 
