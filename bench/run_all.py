@@ -39,14 +39,16 @@ Obj = dict[str, Any]
 
 def rebalance(quick: bool) -> Obj:
     rounds, crashes = (3, 1) if quick else (10, 3)
-    return bench_rebalance.run(partitions=64, members=4, rounds=rounds, crash_rounds=crashes,
-                               swarm=False)
+    result: Obj = bench_rebalance.run(partitions=64, members=4, rounds=rounds,
+                                      crash_rounds=crashes, swarm=False)
+    return result
 
 
 def rebalance_large(quick: bool) -> Obj:
     rounds, crashes = (2, 1) if quick else (4, 1)
-    return bench_rebalance.run(partitions=1024, members=32, rounds=rounds, crash_rounds=crashes,
-                               swarm=True)
+    result: Obj = bench_rebalance.run(partitions=1024, members=32, rounds=rounds,
+                                      crash_rounds=crashes, swarm=True)
+    return result
 
 
 def scale(quick: bool) -> Obj:
