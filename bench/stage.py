@@ -102,8 +102,14 @@ def pct(values: Iterable[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # run the finally blocks: operator stopped, namespace gone
+
+
 class Stage:
     def __init__(self, prefix: str) -> None:
+        with contextlib.suppress(ValueError):  # only the main thread may set handlers
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         self.cluster = cluster()
         self.api = admin_api_client(self.cluster)
         self.core = client.CoreV1Api(self.api)
