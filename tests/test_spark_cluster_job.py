@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from pipeline_fixtures import rclient, redis_url, stream
+from spark_bare_python import bare_python
+
 from kgroup_pipeline.producer import produce
 from kgroup_pipeline.spark_cluster import (
     SparkCluster,
@@ -28,8 +31,6 @@ from kgroup_pipeline.spark_cluster import (
     master_json,
 )
 from kgroup_pipeline.verify import render, verify
-from pipeline_fixtures import rclient, redis_url, stream
-from spark_bare_python import bare_python
 
 __all__ = ["rclient", "redis_url", "stream"]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

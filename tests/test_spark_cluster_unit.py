@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spark_bare_python import bare_python
+
 from kgroup_pipeline.spark_cluster import (
     ClusterState,
     Proc,
@@ -28,7 +30,6 @@ from kgroup_pipeline.spark_cluster import (
     read_cmdline,
     stop_proc,
 )
-from spark_bare_python import bare_python
 
 
 @pytest.fixture

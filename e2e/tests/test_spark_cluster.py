@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from kubernetes import client
+
+from kgroup.client import SidecarClient
 from kgroup_devcluster.cluster import Cluster
 from kgroup_pipeline.producer import produce
 from kgroup_pipeline.redis_server import RedisServer
@@ -41,9 +44,6 @@ from kgroup_sidecar.testing import (
     safety_violations,
     wait_until,
 )
-from kubernetes import client
-
-from kgroup.client import SidecarClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 GROUP = "orders"
