@@ -4,7 +4,7 @@ PY := .venv/bin/python
 VENV_STAMP := .venv/.kgroup-installed
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench crd
+.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench crd spark-up spark-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -24,6 +24,12 @@ cluster-down: setup ## stop exactly the processes cluster-up started and remove 
 
 cluster-status: setup ## show the local control plane's processes
 	@$(PY) -m kgroup_devcluster status
+
+spark-up: setup ## a local Spark standalone cluster (master + worker on 127.0.0.1) for the pipeline
+	@$(PY) -m kgroup_pipeline.spark_cluster up
+
+spark-down: setup ## stop exactly the Spark processes spark-up started
+	@$(PY) -m kgroup_pipeline.spark_cluster down
 
 crd: setup ## regenerate crds/ from the pydantic models
 	$(PY) -m kgroup.crdgen --write
