@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 .PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench crd spark-up spark-down
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
 setup: $(VENV_STAMP) ## create .venv/ and install everything (redis-server, pip packages)
 $(VENV_STAMP): pyproject.toml constraints.txt scripts/setup.sh
