@@ -137,6 +137,11 @@ def table(results: Obj) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _caption(results: Obj, key: str) -> str:
+    entry = results[key]
+    return f"{entry['machine_line']}\n{entry['command']}"
+
+
 def plots(results: Obj) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -150,7 +155,7 @@ def plots(results: Obj) -> list[str]:
         ax.boxplot(data, tick_labels=["join", "leave (SIGTERM)", "crash (SIGKILL)"])
         ax.set_ylabel("seconds until every moved partition is owned")
         ax.set_title(f"64 partitions, 4 ↔ 5 sidecar processes; window 0, lease 15 s\n"
-                     f"{results['rebalance']['machine_line']}", fontsize=8)
+                     f"{_caption(results, 'rebalance')}", fontsize=8)
         fig.tight_layout()
         fig.savefig(OUT / "rebalance.png", dpi=110)
         plt.close(fig)
@@ -166,7 +171,7 @@ def plots(results: Obj) -> list[str]:
         ax.set_ylabel("Lease writes/s while stable")
         ax.set_yscale("log")
         ax.set_title("Writes track members, not partitions (KCL-style 10,000 partitions at "
-                     "2 s: 5,000/s)\n" + results["scale"]["machine_line"], fontsize=8)
+                     "2 s: 5,000/s)\n" + _caption(results, "scale"), fontsize=8)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(OUT / "scale_writes.png", dpi=110)
@@ -181,7 +186,7 @@ def plots(results: Obj) -> list[str]:
         ax.axhspan(*KAFKA_UNIFORM_MS, color="orange", alpha=0.3,
                    label="Kafka uniform 50,000x1,000 (published, Java)")
         ax.set_ylabel("ms per assignment")
-        ax.set_title(results["assignor"]["machine_line"], fontsize=8)
+        ax.set_title(_caption(results, "assignor"), fontsize=8)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(OUT / "assignor.png", dpi=110)
