@@ -14,15 +14,13 @@ import time
 from collections.abc import Sequence
 
 from kgroup.sim import SimConfig, run_seed
-from kgroup.sim.world import FIXES
 
 CONFIGS: dict[str, SimConfig] = {
     "ci (4 members, 16 partitions, 30 s faults)": SimConfig(
-        members=4, partitions=16, fault_time=30, fixes=FIXES),
-    "default (5 members, 32 partitions, 60 s faults)": SimConfig(
-        fixes=FIXES),
+        members=4, partitions=16, fault_time=30),
+    "default (5 members, 32 partitions, 60 s faults)": SimConfig(),
     "large (10 members, 128 partitions, 60 s faults)": SimConfig(
-        members=10, partitions=128, fixes=FIXES),
+        members=10, partitions=128),
 }
 
 

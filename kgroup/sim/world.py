@@ -38,13 +38,9 @@ from kgroup.sim.store import (
     stream_of,
 )
 
-__all__ = ["FAULT_KINDS", "FIXES", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
+__all__ = ["FAULT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
 
-FIXES: frozenset[str] = frozenset()
-"""Obsolete: the adapter's fix candidates are all in kgroup_sidecar.runtime now, and the
-simulated adapter mirrors it; kept (empty) for callers that still pass ``fixes=FIXES``.
-The old bugs can be brought back by name: ``SimConfig.regressions`` (REGRESSIONS)."""
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
@@ -87,7 +83,6 @@ class SimConfig:
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
     regressions: frozenset[str] = frozenset()  # old runtime bugs brought back (REGRESSIONS)
-    fixes: frozenset[str] = frozenset()  # obsolete, ignored (see FIXES)
     verbose: bool = False
 
 
