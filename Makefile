@@ -4,7 +4,7 @@ PY := .venv/bin/python
 VENV_STAMP := .venv/.kgroup-installed
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench crd spark-up spark-down
+.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench chaos crd spark-up spark-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -54,5 +54,8 @@ demo: setup tools ## the main job: cluster, Redis, chart, a group of 3 -> 4 PySp
 demo-down: setup ## stop what make demo started (the control plane stays: make cluster-down)
 	@$(PY) -m kgroup_devcluster.demo down
 
-bench: setup tools ## benchmarks; figures go to docs/bench/
+bench: setup tools ## every benchmark on the local control plane; figures go to docs/bench/
 	$(PY) bench/run_all.py
+
+chaos: setup tools ## 5 minutes of faults on the full stack, then verifier + ownership audit
+	$(PY) bench/chaos.py --seconds 300 --seed 1
