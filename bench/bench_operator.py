@@ -29,13 +29,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kgroup_devcluster.cluster import REPO, Cluster
-from kgroup_devcluster.sessions import join, leave
-from kgroup_devcluster.tokens import admin_api_client
 from kubernetes import client, watch
 
 from kgroup import constants as C
 from kgroup.core.ranges import parse_ranges
+from kgroup_devcluster.cluster import REPO, Cluster
+from kgroup_devcluster.sessions import join, leave
+from kgroup_devcluster.tokens import admin_api_client
 
 GROUP = "bench"
 WINDOW = 1.0

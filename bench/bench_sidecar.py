@@ -29,6 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kubernetes import client
+
+from kgroup.client import Partition, SidecarClient
 from kgroup_devcluster.cluster import REPO, Cluster
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
@@ -39,9 +42,6 @@ from kgroup_sidecar.testing import (
     safety_violations,
     wait_until,
 )
-from kubernetes import client
-
-from kgroup.client import Partition, SidecarClient
 
 
 class Bench:

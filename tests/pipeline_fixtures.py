@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+
 from kgroup_pipeline.redis_server import RedisServer
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from kgroup_devcluster.cluster import build_tools
 
 REPO = Path(__file__).resolve().parents[1]

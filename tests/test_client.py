@@ -17,10 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kgroup_sidecar.http_api import serve
-from kgroup_sidecar.runtime import Sidecar
-from kgroup_sidecar.settings import Settings
-from kgroup_sidecar.testing import free_port
 
 from kgroup.client import AsyncSidecarClient, SidecarClient, SidecarError
 from kgroup.core.locks import LeaseTiming
@@ -34,6 +30,10 @@ from kgroup.core.member import (
     StartSession,
     Target,
 )
+from kgroup_sidecar.http_api import serve
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
+from kgroup_sidecar.testing import free_port
 
 POD = "pod-a"
 

@@ -4,6 +4,7 @@ checker used by the e2e tests."""
 from __future__ import annotations
 
 import pytest
+
 from kgroup_sidecar import objects
 from kgroup_sidecar.main import main
 from kgroup_sidecar.settings import SettingsError, load_settings

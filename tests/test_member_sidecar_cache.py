@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kgroup_sidecar import objects
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings

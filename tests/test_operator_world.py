@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kgroup_operator.world import World, lease_view, newer, pod_observation
-
 from kgroup import constants as C
+from kgroup_operator.world import World, lease_view, newer, pod_observation
 
 
 def member_lease(

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from pipeline_fixtures import rclient, redis_url, stream
+
 from kgroup_pipeline.scripted import ScriptedCoordinator, serve_sidecar
 from kgroup_pipeline.verify import verify
-from pipeline_fixtures import rclient, redis_url, stream
 
 __all__ = ["rclient", "redis_url", "stream"]
 

@@ -9,6 +9,8 @@ from typing import Any, cast
 
 import pytest
 import redis
+from pipeline_fixtures import rclient, redis_url, stream
+
 from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
@@ -18,7 +20,6 @@ from kgroup_pipeline.producer import produce
 from kgroup_pipeline.scripted import ScriptedCoordinator
 from kgroup_pipeline.verify import main as verify_main
 from kgroup_pipeline.verify import verify
-from pipeline_fixtures import rclient, redis_url, stream
 
 __all__ = ["rclient", "redis_url", "stream"]
 PARTS = 16

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import redis
+from pipeline_fixtures import rclient, redis_url, stream
+
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.light_worker import LightWorker
 from kgroup_pipeline.ownership import OwnedPartition
@@ -19,7 +21,6 @@ from kgroup_pipeline.scripted import ScriptedCoordinator, serve_sidecar
 from kgroup_pipeline.verify import verify
 from kgroup_pipeline.worker import Progress, build_session
 from kgroup_pipeline.worker import run as run_worker
-from pipeline_fixtures import rclient, redis_url, stream
 
 __all__ = ["rclient", "redis_url", "stream"]
 pytestmark = pytest.mark.spark

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kgroup_devcluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig, whoami
-from kubernetes import client
 
 pytestmark = pytest.mark.cluster
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+
 from kgroup_devcluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import (
@@ -23,7 +25,6 @@ from kgroup_devcluster.tokens import (
     pod_kubeconfig,
     whoami,
 )
-from kubernetes import client
 
 pytestmark = pytest.mark.cluster
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kgroup_devcluster import Cluster
-from kgroup_devcluster.pytest_plugin import wait_for
 from kubernetes import client
 
 from kgroup import constants as C
 from kgroup.core.ranges import parse_ranges
+from kgroup_devcluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
+
+from kgroup.client import SidecarClient, SidecarError
 from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.testing import (
     ScriptedTarget,
@@ -19,9 +22,6 @@ from kgroup_sidecar.testing import (
     safety_violations,
     wait_until,
 )
-from kubernetes import client
-
-from kgroup.client import SidecarClient, SidecarError
 
 pytestmark = pytest.mark.cluster
 GROUP = "orders"
