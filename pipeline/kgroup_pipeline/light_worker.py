@@ -12,14 +12,10 @@ runs use it where a JVM per pod would be too heavy.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from types import FrameType
 
 import redis
 
@@ -28,6 +24,7 @@ from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
+from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
 
 @dataclass
@@ -103,27 +100,12 @@ class LightWorker:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kgroup_pipeline.light_worker")
-    ap.add_argument("--redis", default=os.environ.get("KGROUP_REDIS_URL"))
-    ap.add_argument("--stream", default=os.environ.get("KGROUP_STREAM"))
-    ap.add_argument("--sidecar", default=os.environ.get("KGROUP_SIDECAR_URL"))
-    ap.add_argument("--static", default=None, help="partitions owned without a sidecar: 0-15")
-    ap.add_argument("--token", type=int, default=1, help="token of --static partitions")
+    add_source_arguments(ap)
     ap.add_argument("--max-rows", type=int, default=20_000)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     args = ap.parse_args(argv)
-    if not args.redis or not args.stream:
-        ap.error("--redis and --stream are required (or KGROUP_REDIS_URL, KGROUP_STREAM)")
-    if args.static is None and not args.sidecar:
-        ap.error("--sidecar (or KGROUP_SIDECAR_URL) or --static is required")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    spec = f"static:{args.static}@{args.token}" if args.static else f"sidecar:{args.sidecar}"
-    stop = threading.Event()
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    spec = ownership_spec(ap, args)
+    stop = stop_on_signals()
     worker = LightWorker(client=redis.Redis.from_url(args.redis, decode_responses=True),
                          stream=args.stream, ownership=ownership_from_spec(spec),
                          max_rows=args.max_rows, drain_timeout=args.drain_timeout, log_every=5.0)

@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 import redis
@@ -34,6 +32,7 @@ from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.ownership import ownership_from_spec
+from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
 log = logging.getLogger("kgroup_pipeline.worker")
 
@@ -208,11 +207,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kgroup_pipeline.worker")
-    ap.add_argument("--redis", default=os.environ.get("KGROUP_REDIS_URL"))
-    ap.add_argument("--stream", default=os.environ.get("KGROUP_STREAM"))
-    ap.add_argument("--sidecar", default=os.environ.get("KGROUP_SIDECAR_URL"))
-    ap.add_argument("--static", default=None, help="partitions owned without a sidecar: 0-15")
-    ap.add_argument("--token", type=int, default=1, help="token of --static partitions")
+    add_source_arguments(ap)
     ap.add_argument("--master", default=os.environ.get("KGROUP_SPARK_MASTER", "local[*]"))
     ap.add_argument("--executor-cores", type=int,
                     default=int(os.environ.get("KGROUP_SPARK_EXECUTOR_CORES", "1")),
@@ -228,19 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     args = ap.parse_args(argv)
-    if not args.redis or not args.stream:
-        ap.error("--redis and --stream are required (or KGROUP_REDIS_URL, KGROUP_STREAM)")
-    if args.static is None and not args.sidecar:
-        ap.error("--sidecar (or KGROUP_SIDECAR_URL) or --static is required")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    spec = f"static:{args.static}@{args.token}" if args.static else f"sidecar:{args.sidecar}"
-    stop = threading.Event()
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    spec = ownership_spec(ap, args)
+    stop = stop_on_signals()
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="kgroup-ckpt-")
     run(redis_url=args.redis, stream=args.stream, ownership=spec, master=args.master,
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
