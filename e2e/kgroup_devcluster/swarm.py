@@ -26,13 +26,26 @@ member Lease stays, unrenewed); ``leave`` is SIGTERM's path (revoke, release, de
     swarm = Swarm(kubeconfig=..., namespace="ns", group="g", audit_dir=Path(...))
     swarm.start(); swarm.add([f"w-{i}" for i in range(200)])
     swarm.leave("w-3"); swarm.crash("w-4"); swarm.close()
+
+**Split swarms** (``SwarmProcs``): one swarm per OS process (``python -m
+kgroup_devcluster.swarm``, driven by JSON lines on stdin/stdout), members dealt out
+round-robin, each process sharing one watch among its own members. Same methods as
+``Swarm``. One Python loop cannot step 200 members through 10,000 Lease events, and a
+process per member does not fit on 2 cores: a few processes let the kernel spread the
+loops over the cores. Each swarm also records its loop's worst lag (``lag_max_s``: how
+late a 0.5 s timer fired) so a starving loop is named, not guessed.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import concurrent.futures
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Coroutine, Iterable
@@ -156,6 +169,13 @@ class Swarm:
         cfg.connection_pool_maxsize = EXECUTOR_THREADS
         self.writer = client.ApiClient(cfg)
         self.hub = Hub(hub_settings, self.loop)
+        self.lag_max_s = 0.0
+
+    async def _watch_lag(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(0.5)
+            self.lag_max_s = max(self.lag_max_s, time.monotonic() - t - 0.5)
 
     def settings(self, pod: str, *, audit: bool = True) -> Settings:
         audit_file = (str(self.audit_dir / f"audit-{pod}.jsonl")
@@ -172,6 +192,7 @@ class Swarm:
             self.audit_dir.mkdir(parents=True, exist_ok=True)
         self.thread.start()
         self.loop.call_soon_threadsafe(self.hub.adapter.start)
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._watch_lag()))
         return self
 
     def add(self, pods: Iterable[str]) -> None:
@@ -223,6 +244,12 @@ class Swarm:
         renew in time shows up here)."""
         return sum(r.sidecar.metrics.fencings for r in self.members.values())
 
+    def stats(self) -> dict[str, Any]:
+        return {"api_writes": self.api_writes(), "fencings": self.fencings(),
+                "events": self.hub.events, "members": len(self.members),
+                "lag_max_s": round(self.lag_max_s, 3),
+                "cpu_s": round(sum(os.times()[:2]), 2)}
+
     def close(self) -> None:
         """Crash every member left (their Leases go with the namespace) and stop the loop."""
         for pod in list(self.members):
@@ -234,3 +261,115 @@ class Swarm:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.writer.close()  # type: ignore[no-untyped-call]
+
+
+class SwarmProcs:
+    """``processes`` swarms in child processes; members dealt out round-robin."""
+
+    def __init__(self, *, kubeconfig: str, namespace: str, group: str, processes: int,
+                 audit_dir: Path | None = None, grace: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "kgroup_devcluster.swarm", "--kubeconfig", kubeconfig,
+               "--namespace", namespace, "--group", group, "--grace", str(grace)]
+        if audit_dir is not None:
+            cmd += ["--audit-dir", str(audit_dir)]
+        self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True, bufsize=1) for _ in range(processes)]
+        self.where: dict[str, int] = {}
+        self.crashed_at: dict[str, float] = {}
+        self._next = 0
+
+    def start(self) -> SwarmProcs:
+        return self
+
+    def _ask(self, i: int, op: str, **args: Any) -> Any:
+        proc = self.procs[i]
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"swarm process {proc.pid} ended (rc {proc.poll()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"swarm process {proc.pid}: {reply['error']}")
+        return reply.get("result")
+
+    def add(self, pods: Iterable[str]) -> None:
+        share: dict[int, list[str]] = {}
+        for pod in pods:
+            i = self._next % len(self.procs)
+            self._next += 1
+            self.where[pod] = i
+            share.setdefault(i, []).append(pod)
+        for i, mine in share.items():
+            self._ask(i, "add", pods=mine)
+
+    def leave(self, pod: str, timeout: float = 60.0) -> None:
+        self._ask(self.where.pop(pod), "leave", pod=pod, timeout=timeout)
+
+    def crash(self, pod: str) -> float:
+        at = float(self._ask(self.where.pop(pod), "crash", pod=pod))
+        self.crashed_at[pod] = at
+        return at
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [dict(self._ask(i, "stats"), pid=p.pid) for i, p in enumerate(self.procs)]
+
+    def api_writes(self) -> int:
+        return sum(int(s["api_writes"]) for s in self.stats())
+
+    def fencings(self) -> int:
+        return sum(int(s["fencings"]) for s in self.stats())
+
+    def close(self) -> None:
+        for i, proc in enumerate(self.procs):
+            try:
+                self._ask(i, "close")
+            except Exception as exc:  # already gone
+                log.warning("swarm process %s: %s", proc.pid, exc)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """A child of ``SwarmProcs``: one request per stdin line, one JSON reply per line."""
+    ap = argparse.ArgumentParser(description="one swarm process, driven over stdin")
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--audit-dir", type=Path)
+    ap.add_argument("--grace", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    swarm = Swarm(kubeconfig=args.kubeconfig, namespace=args.namespace, group=args.group,
+                  audit_dir=args.audit_dir, grace=args.grace).start()
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req.pop("op")
+        try:
+            result: Any = None
+            if op == "add":
+                swarm.add(req["pods"])
+            elif op == "leave":
+                swarm.leave(req["pod"], req.get("timeout", 60.0))
+            elif op == "crash":
+                result = swarm.crash(req["pod"])
+            elif op == "stats":
+                result = swarm.stats()
+            elif op == "close":
+                swarm.close()
+                print(json.dumps({"result": None}), flush=True)
+                return 0
+            print(json.dumps({"result": result}), flush=True)
+        except Exception as exc:  # reported to the parent, which raises
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+    swarm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
