@@ -23,6 +23,7 @@ code, one process — used where 32 processes would not fit on 2 cores).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import signal
@@ -47,6 +48,7 @@ Obj = dict[str, Any]
 class Members(Protocol):
     audit_dir: Path
     ended_at: dict[str, float]
+    kills: dict[str, list[float]]
 
     def join(self, pod: str) -> None: ...
     def leave(self, pod: str) -> float: ...
@@ -63,6 +65,7 @@ class Procs:
         self.procs: dict[str, SidecarProcess] = {}
         self.stops: dict[str, threading.Event] = {}
         self.ended_at: dict[str, float] = {}
+        self.kills: dict[str, list[float]] = {}
 
     def join(self, pod: str) -> None:
         sc = SidecarProcess(pod=pod, group=self.st.group, namespace=self.st.ns,
@@ -93,6 +96,7 @@ class Procs:
         self.stops.pop(pod).set()
         assert sc.killed_at is not None
         self.ended_at[pod] = sc.killed_at
+        self.kills.setdefault(pod, []).append(sc.killed_at)
         return sc.killed_at
 
     def close(self) -> None:
@@ -107,6 +111,7 @@ class Swarmed:
         self.swarm = Swarm(kubeconfig=str(st.cluster.kubeconfig), namespace=st.ns,
                            group=st.group, audit_dir=self.audit_dir).start()
         self.ended_at = self.swarm.crashed_at
+        self.kills: dict[str, list[float]] = {}
 
     def join(self, pod: str) -> None:
         self.swarm.add([pod])
@@ -117,7 +122,9 @@ class Swarmed:
         return t
 
     def crash(self, pod: str) -> float:
-        return self.swarm.crash(pod)
+        at = self.swarm.crash(pod)
+        self.kills.setdefault(pod, []).append(at)
+        return at
 
     def close(self) -> None:
         self.swarm.close()
@@ -125,6 +132,25 @@ class Swarmed:
 
 def audit(m: Members) -> list[Obj]:
     return read_audit(sorted(m.audit_dir.glob("audit-*.jsonl")))
+
+
+def lives(records: list[Obj], kills: dict[str, list[float]]) -> tuple[list[Obj], dict[str, float]]:
+    """One member name per process life: the same pod crashed and restarted N times is N+1
+    members to the safety check, each ended at its own kill (``ended_at`` holds one time per
+    name, so without this a first life would seem to own its partitions until the last kill)."""
+    out: list[Obj] = []
+    ended: dict[str, float] = {}
+    for r in records:
+        times = kills.get(r["member"])
+        if not times:
+            out.append(r)
+            continue
+        life = bisect.bisect_left(times, r["mono"])  # kills before this line
+        name = f"{r['member']}#{life}"
+        if life < len(times):
+            ended[name] = times[life]
+        out.append({**r, "member": name})
+    return out, ended
 
 
 def targets(status: Obj) -> dict[int, str]:
@@ -197,7 +223,10 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
                   f"unmoved pauses {joins[-1]['unmoved_pauses']})"
                   + (f", crash {crashes[-1]:.2f} s" if i < crash_rounds
                      else f", leave {leaves[-1]:.2f} s"), flush=True)
-        violations = safety_violations(audit(m), ended_at=m.ended_at)
+        recs, ended = lives(audit(m), m.kills)
+        violations = safety_violations(recs, ended_at=ended)
+        for line in violations[:5]:
+            print(f"  SAFETY: {line}", flush=True)
         js = [j["seconds"] for j in joins]
         return {
             "partitions": partitions, "members": f"{members}->{members + 1}",
@@ -210,7 +239,8 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
             "unmoved_pauses": sum(j["unmoved_pauses"] for j in joins),
             "leave_p50_s": pct(leaves, 0.5), "leave_p95_s": pct(leaves, 0.95),
             "leave_runs": len(leaves),
-            "crash_p50_s": pct(crashes, 0.5), "crash_max_s": max(crashes, default=float("nan")),
+            "crash_p50_s": pct(crashes, 0.5), "crash_p95_s": pct(crashes, 0.95),
+            "crash_max_s": max(crashes, default=float("nan")),
             "crash_runs": len(crashes), "safety_violations": len(violations),
             "joins": js, "leaves": leaves, "crashes": crashes,
         }

@@ -8,9 +8,10 @@ are rendered from that file, never from memory, so they always agree with it.
     .venv/bin/python bench/run_all.py [--only rebalance,rebalance_large,scale,assignor,pipeline]
         [--quick] [--render-only]
 
-Sections: rebalance (64 partitions, 4 -> 5 sidecar processes), rebalance_large (1,024 x 32,
-swarm), scale (10,000 x 200 and the comparison sizes, swarm), assignor (pure), pipeline
-(PySpark + light worker vs raw XRANGE). Chaos is apart: ``bench/chaos.py``.
+Sections: rebalance (64 partitions, 4 -> 5 sidecar processes; 20 joins, 10 leaves,
+10 crashes), rebalance_large (1,024 x 32, swarm), scale (10,000 x 200 and the comparison
+sizes, 4 swarm processes), assignor (pure), pipeline (PySpark + light worker vs raw XRANGE).
+Chaos is apart: ``bench/chaos.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_assignor
 import bench_rebalance
 import bench_scale
-from stage import cluster, machine
+from stage import cluster, machine, pct
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bench"
@@ -38,7 +39,7 @@ Obj = dict[str, Any]
 
 
 def rebalance(quick: bool) -> Obj:
-    rounds, crashes = (3, 1) if quick else (10, 3)
+    rounds, crashes = (3, 1) if quick else (20, 10)  # full: 20 joins, 10 leaves, 10 crashes
     result: Obj = bench_rebalance.run(partitions=64, members=4, rounds=rounds,
                                       crash_rounds=crashes, swarm=False)
     return result
@@ -51,11 +52,16 @@ def rebalance_large(quick: bool) -> Obj:
     return result
 
 
+SCALE_PROCESSES = 4  # swarm processes for the full sizes: one loop cannot carry 200 members
+
+
 def scale(quick: bool) -> Obj:
     sizes = [(1000, 50), (100, 50), (1000, 10)] if quick else [
         (10_000, 200), (1_000, 200), (10_000, 50)]
     window = 10.0 if quick else 30.0
-    return {"sizes": [bench_scale.one(p, m, window=window, timeout=900) for p, m in sizes]}
+    return {"sizes": [bench_scale.one(p, m, window=window, timeout=900,
+                                      processes=1 if quick else SCALE_PROCESSES)
+                      for p, m in sizes]}
 
 
 def assignor(quick: bool) -> Obj:
@@ -104,12 +110,23 @@ def table(results: Obj) -> str:
             f"| partitions moved vs lower bound ({label}) | {r['moved']} vs {r['lower_bound']}; "
             f"pauses of unmoved partitions: {r['unmoved_pauses']} | eager protocols stop all |")
         lines.append(
-            f"| leave (SIGTERM) / crash (SIGKILL), {label} | {_f(r['leave_p50_s'])} s / "
-            f"{_f(r['crash_p50_s'])} s (lease 15 s) | KCL: failover after lease expiry |")
+            f"| leave (SIGTERM), {label} | p50 {_f(pct(r.get('leaves', []), 0.5))} s, "
+            f"p95 {_f(pct(r.get('leaves', []), 0.95))} s ({r.get('leave_runs', '?')} runs) "
+            "| KCL: lease handed over on shutdown |")
+        lines.append(
+            f"| crash (SIGKILL), {label} | p50 {_f(pct(r.get('crashes', []), 0.5))} s, "
+            f"p95 {_f(pct(r.get('crashes', []), 0.95))} s ({r.get('crash_runs', '?')} runs; "
+            "lease 15 s) | KCL: failover after lease expiry |")
     for s in results.get("scale", {}).get("figures", {}).get("sizes", []):
-        size = f"{s['partitions']:,} x {s['members']}"
+        procs = s.get("swarm_processes", 1)
+        size = f"{s['partitions']:,} x {s['members']}" + (
+            f" ({procs} swarm processes)" if procs > 1 else "")
         if "ns_writes_per_s" not in s:
-            lines.append(f"| scale {size} | fell short: {s.get('fell_short', '?')[:80]} | |")
+            swarms = [x for x in s.get("swarms", []) if "fencings" in x]
+            why = (f"; fencings {sum(x['fencings'] for x in swarms)}, worst loop lag "
+                   f"{max(x['lag_max_s'] for x in swarms):.1f} s" if swarms else "")
+            lines.append(f"| scale {size} | fell short: "
+                         f"{s.get('fell_short', '?')[:60]}{why} | |")
             continue
         kcl = s["partitions"] / 2.0
         lines.append(
