@@ -45,12 +45,29 @@ Rules, in the order ``step`` applies them:
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from kgroup.core.locks import LeaseTiming, LockState, SessionTracker, fencing_deadline, lock_state
+from kgroup.core.locks import LeaseTiming, LockState, fencing_deadline, lock_state
+from kgroup.core.member_model import (
+    AckEpoch,
+    Acquire,
+    Action,
+    Adopted,
+    AppRelease,
+    EndSession,
+    Fence,
+    Lock,
+    Lost,
+    PartitionState,
+    PartitionView,
+    Release,
+    Renew,
+    Revoke,
+    Snapshot,
+    StartSession,
+    Target,
+    View,
+)
 
 SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
@@ -86,154 +103,33 @@ def renew_retry_seconds(timing: LeaseTiming) -> float:
     a spin when the API server refuses connections at once."""
     return max(0.05, min(0.5, request_timeout(timing) / 4))
 
-
-class PartitionState(enum.Enum):
-    ACTIVE = "active"  # process it
-    REVOKING = "revoking"  # finish in-flight work, take no new work, then acknowledge
-    RELEASING = "releasing"  # release write in flight; not shown to the app
-
-
-@dataclass(frozen=True)
-class Lock:
-    """An observed partition Lease."""
-
-    partition: int
-    holder: str | None
-    session: str | None
-    token: int
-    resource_version: str
-    position: str | None = None
-    position_token: int | None = None
-
-
-@dataclass(frozen=True)
-class Target:
-    epoch: int
-    partitions: frozenset[int]
-
-
-@dataclass(frozen=True)
-class AppRelease:
-    """The app acknowledged (or asked for) the release of a partition."""
-
-    token: int
-    position: str | None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    now: float
-    timing: LeaseTiming | None  # None until the ConsumerGroup was seen
-    drain_timeout: float
-    target: Target | None  # None: the status has no epoch (hold what we have)
-    locks: Mapping[int, Lock]
-    tracker: SessionTracker
-    app_releases: Mapping[int, AppRelease] = field(default_factory=dict)
-    group_deleted: bool = False  # the ConsumerGroup is gone: revoke everything
-
-
-# ---- actions ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartSession:
-    """Create (or take over) the member Lease with a fresh session id; report
-    ``session_started`` with the time the write was sent."""
-
-    timing: LeaseTiming
-
-
-@dataclass(frozen=True)
-class Renew:
-    """Update the member Lease (renewTime, duration, acknowledged epoch)."""
-
-    session: str
-    timing: LeaseTiming
-    epoch: int | None
-
-
-@dataclass(frozen=True)
-class AckEpoch(Renew):
-    """A renewal that records a newly acknowledged epoch (held == target(epoch))."""
-
-
-@dataclass(frozen=True)
-class Acquire:
-    """Conditional update of the partition Lease: holder = us, token = ``token``.
-
-    When ``verify_holder`` is set, re-read that member's Lease first (quorum read), feed it
-    to the tracker, and skip the write if it shows ``verify_session`` renewed since."""
-
-    partition: int
-    session: str
-    token: int
-    expected_rv: str
-    verify_holder: str | None
-    verify_session: str | None
-
-
-@dataclass(frozen=True)
-class Revoke:
-    """Informational: the partition turned revoking (the app view changed)."""
-
-    partition: int
-    token: int
-    deadline: float
-
-
-@dataclass(frozen=True)
-class Release:
-    """Conditional update clearing the holder; ``position`` None keeps the old one."""
-
-    partition: int
-    session: str
-    token: int
-    expected_rv: str
-    position: str | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The session is over: every partition in ``partitions`` is lost; ownership ended at
-    ``until`` (the deadline), whenever this action is executed."""
-
-    session: str
-    partitions: tuple[tuple[int, int], ...]  # (partition, token)
-    until: float
-
-
-@dataclass(frozen=True)
-class Lost:
-    """One partition was taken by another session (we must have been seen as dead)."""
-
-    partition: int
-    session: str
-    token: int
-
-
-@dataclass(frozen=True)
-class Adopted:
-    """Informational: a lock carrying our session was found and is now held (an
-    acquisition reported failed was applied after all); the adapter audits it as an
-    acquisition."""
-
-    partition: int
-    session: str
-    token: int
-    position: str | None
-
-
-@dataclass(frozen=True)
-class EndSession:
-    """Shutdown finished releasing: delete the member Lease."""
-
-    session: str
-
-
-Action = (
-    StartSession | Renew | Acquire | Adopted | Revoke | Release | Fence | Lost | EndSession
-)
+__all__ = [
+    "MIN_REQUEST_TIMEOUT",
+    "NO_TARGET_EPOCH",
+    "SESSION_RETRY_SECONDS",
+    "AckEpoch",
+    "Acquire",
+    "Action",
+    "Adopted",
+    "AppRelease",
+    "EndSession",
+    "Fence",
+    "Lock",
+    "Lost",
+    "Member",
+    "PartitionState",
+    "PartitionView",
+    "Release",
+    "Renew",
+    "Revoke",
+    "Snapshot",
+    "StartSession",
+    "Target",
+    "View",
+    "renew_retry_seconds",
+    "renew_window",
+    "request_timeout",
+]
 
 
 @dataclass
@@ -246,50 +142,6 @@ class _Owned:
     release_position: str | None = None
     release_reason: str = ""
     release_in_flight: bool = False
-
-
-@dataclass(frozen=True)
-class PartitionView:
-    partition: int
-    token: int
-    state: str
-    position: str | None
-    revoke_deadline_seconds: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "token": self.token,
-            "state": self.state,
-            "position": self.position,
-            "revokeDeadlineSeconds": self.revoke_deadline_seconds,
-        }
-
-
-@dataclass(frozen=True)
-class View:
-    """What the app sees (the body of ``GET /v1/assignment``)."""
-
-    member: str
-    session: str | None
-    version: int
-    epoch: int | None
-    acked_epoch: int | None
-    fenced: bool
-    valid_for_seconds: float
-    partitions: tuple[PartitionView, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "member": self.member,
-            "session": self.session,
-            "version": self.version,
-            "epoch": self.epoch,
-            "ackedEpoch": self.acked_epoch,
-            "fenced": self.fenced,
-            "validForSeconds": round(self.valid_for_seconds, 3),
-            "partitions": [p.to_json() for p in self.partitions],
-        }
 
 
 class Member:
