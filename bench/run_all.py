@@ -108,7 +108,8 @@ def table(results: Obj) -> str:
             "KIP-848: revoke-then-assign over heartbeats (seconds) |")
         lines.append(
             f"| partitions moved vs lower bound ({label}) | {r['moved']} vs {r['lower_bound']}; "
-            f"pauses of unmoved partitions: {r['unmoved_pauses']} | eager protocols stop all |")
+            f"pauses of unmoved partitions: {r['unmoved_pauses']}; overlaps of ownership in "
+            f"the audit: {r.get('safety_violations', '—')} | eager protocols stop all |")
         lines.append(
             f"| leave (SIGTERM), {label} | p50 {_f(pct(r.get('leaves', []), 0.5))} s, "
             f"p95 {_f(pct(r.get('leaves', []), 0.95))} s ({r.get('leave_runs', '?')} runs) "
@@ -125,8 +126,8 @@ def table(results: Obj) -> str:
             swarms = [x for x in s.get("swarms", []) if "fencings" in x]
             why = (f"; fencings {sum(x['fencings'] for x in swarms)}, worst loop lag "
                    f"{max(x['lag_max_s'] for x in swarms):.1f} s" if swarms else "")
-            lines.append(f"| scale {size} | fell short: "
-                         f"{s.get('fell_short', '?')[:60]}{why} | |")
+            short = str(s.get("fell_short", "?")).split(" (last:")[0]
+            lines.append(f"| scale {size} | fell short ({short}){why} | |")
             continue
         kcl = s["partitions"] / 2.0
         lines.append(
