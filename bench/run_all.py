@@ -75,7 +75,8 @@ def assignor(quick: bool) -> Obj:
 
 def pipeline(quick: bool) -> Obj:
     cmd = [sys.executable, str(REPO / "bench" / "bench_pipeline.py"),
-           "--events", "60000" if quick else "300000"]
+           "--events", "60000" if quick else "300000",
+           "--latency-seconds", "10" if quick else "30"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         return {"fell_short": done.stderr[-1500:]}
@@ -152,7 +153,36 @@ def table(results: Obj) -> str:
             lines.append(f"| pipeline: {row['consumer']} (16 partitions) | "
                          f"{row['events_per_s']:,.0f} events/s | "
                          f"{row['ratio_to_raw']:.2f} x raw XRANGE |")
+        lines += pipeline_rows(p)
     return "\n".join(lines) + "\n"
+
+
+def pipeline_rows(p: Obj) -> list[str]:
+    """3 drivers against 1 (same harness, same master) and produce → commit latency."""
+    lines = []
+    three, one = p.get("spark3", {}), p.get("spark3", {}).get("single", {})
+    if "drain_eps" in three and "drain_eps" in one:
+        lines.append(
+            f"| pipeline: 3 PySpark workers together ({', '.join(three['shares'])}; own "
+            f"driver each, {three['master']}) | drain {three['drain_eps']:,.0f} events/s, "
+            f"steady {_f(three['steady_eps'], 0)} events/s; rows per worker "
+            f"{three['backlog_rows_per_worker']}; lost {three['lost']}, duplicated "
+            f"{three['duplicated']} | 1 worker: drain {one['drain_eps']:,.0f}, steady "
+            f"{_f(one['steady_eps'], 0)} events/s; x{three['ratio_to_single']:.2f} "
+            f"(drain) on {p.get('meta', {}).get('cpus', '?')} shared cores |")
+    elif "fell_short" in three:
+        lines.append(f"| pipeline: 3 PySpark workers together | fell short "
+                     f"({three['fell_short'][:120]}) | |")
+    lat = p.get("latency", {})
+    for key, label in (("workers_1", "1 worker"), ("workers_3", "3 workers")):
+        if key in lat:
+            r = lat[key]
+            lines.append(
+                f"| pipeline: produce → commit latency, {label}, {r['produced_eps']:,.0f} "
+                f"events/s | p50 {r['p50_ms']:,.0f} ms, p95 {r['p95_ms']:,.0f} ms, max "
+                f"{r['max_ms']:,.0f} ms ({int(r['events']):,} events; upper bounds, poll gap "
+                f"p50 {r['poll_gap_p50_ms']:.0f} ms) | micro-batch trigger every 250 ms |")
+    return lines
 
 
 def _caption(results: Obj, key: str) -> str:
