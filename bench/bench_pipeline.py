@@ -390,6 +390,7 @@ def main() -> int:
     ap.add_argument("--no-drivers", action="store_true", help="skip the 1- and 3-driver runs")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    load_start = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
     spark3: dict[str, Any] = {}
     latency: dict[str, Any] = {}
@@ -431,6 +432,7 @@ def main() -> int:
     meta = {"events": args.events, "partitions": PARTS, "master": args.master,
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0], "load_avg": list(os.getloadavg()),
+            "load_avg_start": load_start,
             "rate": args.rate, "latency_seconds": args.latency_seconds,
             "driver_events": args.driver_events or 3 * args.events}
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -157,6 +157,10 @@ def table(results: Obj) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _n(x: Any) -> str:
+    return f"{x:,.0f}" if isinstance(x, (int, float)) and x == x else "—"
+
+
 def pipeline_rows(p: Obj) -> list[str]:
     """3 drivers against 1 (same harness, same master) and produce → commit latency."""
     lines = []
@@ -165,10 +169,10 @@ def pipeline_rows(p: Obj) -> list[str]:
         lines.append(
             f"| pipeline: 3 PySpark workers together ({', '.join(three['shares'])}; own "
             f"driver each, {three['master']}) | drain {three['drain_eps']:,.0f} events/s, "
-            f"steady {_f(three['steady_eps'], 0)} events/s; rows per worker "
+            f"steady {_n(three['steady_eps'])} events/s; rows per worker "
             f"{three['backlog_rows_per_worker']}; lost {three['lost']}, duplicated "
             f"{three['duplicated']} | 1 worker: drain {one['drain_eps']:,.0f}, steady "
-            f"{_f(one['steady_eps'], 0)} events/s; x{three['ratio_to_single']:.2f} "
+            f"{_n(one['steady_eps'])} events/s; x{three['ratio_to_single']:.2f} "
             f"(drain) on {p.get('meta', {}).get('cpus', '?')} shared cores |")
     elif "fell_short" in three:
         lines.append(f"| pipeline: 3 PySpark workers together | fell short "
