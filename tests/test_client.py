@@ -60,7 +60,7 @@ class Scripted:
         async def apply() -> None:
             sc = self.sc
             sc.timing, sc.drain_timeout = LeaseTiming(duration=3, renew_interval=1), 30.0
-            sc.synced = {"group", "lease"}
+            sc.synced = {"group", "member", "partition"}
             sc.target = Target(epoch, frozenset(target))
             for p in range(partitions):
                 sc.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))

@@ -37,16 +37,16 @@ def sidecar() -> Sidecar:
 def test_a_relist_read_before_our_acquisition_does_not_replace_it(sidecar: Sidecar) -> None:
     """The bug of seeds 1376 / 2316: our acquisition's answer (token 3) is in the cache;
     a list read before it (token 2, free) arrives after it and must not replace it."""
-    sidecar.on_list("lease", [lease(0, token=2, rv="100")])
+    sidecar.on_list("partition", [lease(0, token=2, rv="100")])
     sidecar._store_partition(lease(0, token=3, rv="120", holder=ME, session="S"))
-    sidecar.on_list("lease", [lease(0, token=2, rv="100"), lease(1, token=0, rv="90")])
+    sidecar.on_list("partition", [lease(0, token=2, rv="100"), lease(1, token=0, rv="90")])
     assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (3, ME)
     assert sorted(sidecar.locks) == [0, 1]
 
 
 def test_a_relist_still_drops_a_lease_that_no_longer_exists(sidecar: Sidecar) -> None:
-    sidecar.on_list("lease", [lease(0, token=2, rv="100"), lease(1, token=0, rv="90")])
-    sidecar.on_list("lease", [lease(1, token=0, rv="90")])
+    sidecar.on_list("partition", [lease(0, token=2, rv="100"), lease(1, token=0, rv="90")])
+    sidecar.on_list("partition", [lease(1, token=0, rv="90")])
     assert sorted(sidecar.locks) == [1]
 
 
@@ -55,23 +55,24 @@ def test_a_replayed_event_with_the_same_token_and_an_older_version_is_dropped(
 ) -> None:
     """Acquired (token 5, rv 200), then released (token 5, no holder, rv 210): a replay of
     the acquisition's event must not bring the holder back."""
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="210"))
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="210"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
     assert (sidecar.locks[0].holder, sidecar.locks[0].resource_version) == (None, "210")
 
 
 def test_an_event_with_a_lower_token_is_dropped_whatever_its_version(sidecar: Sidecar) -> None:
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=4, rv="300", holder="b", session="T"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=4, rv="300", holder="b", session="T"))
     assert sidecar.locks[0].token == 5
 
 
 def test_newer_events_replace_the_cache(sidecar: Sidecar) -> None:
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="9999"))  # longer number
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="9999"))  # longer number
     assert sidecar.locks[0].resource_version == "9999"
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=6, rv="10000", holder="b", session="T"))
+    sidecar.on_event("partition", "MODIFIED",
+                     lease(0, token=6, rv="10000", holder="b", session="T"))
     assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (6, "b")
 
 
@@ -80,10 +81,10 @@ def test_a_lease_created_again_replaces_the_old_one_despite_its_lower_token(
 ) -> None:
     """The group was deleted and created again (new uid, token 0) while the DELETED event
     was lost: the newer object wins."""
-    sidecar.on_event("lease", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
-    sidecar.on_list("lease", [lease(0, token=0, rv="500", uid="u2")])
+    sidecar.on_event("partition", "MODIFIED", lease(0, token=5, rv="200", holder=ME, session="S"))
+    sidecar.on_list("partition", [lease(0, token=0, rv="500", uid="u2")])
     assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (0, None)
-    sidecar.on_event("lease", "DELETED", lease(0, token=5, rv="250"))  # old incarnation
+    sidecar.on_event("partition", "DELETED", lease(0, token=5, rv="250"))  # old incarnation
     assert 0 in sidecar.locks
 
 

@@ -5,9 +5,12 @@ real core and writing through the real ``KubeAdapter`` write path), each with it
 member identity, session Lease and audit trail. Only three things are shared, because
 200 separate processes would measure the machine, not kgroup:
 
-- one list+watch of the group and one of its Leases (``Hub``), fanned out in the loop to
-  every member's ``on_list``/``on_event`` — a member that joins late gets the hub's
-  current objects as its initial list, exactly what its own list would have returned;
+- one list+watch each of the group, its member Leases and all its partition Leases
+  (``Hub``), handed out in the loop as each member's own watches would deliver them: the
+  group and member Leases to every member, a partition Lease only to the members whose
+  scope (``next_watch_scope`` of their interest) holds it, and a re-list of its scope to a
+  member whose scope changes; a member that joins late gets the hub's current objects as
+  its initial lists, exactly what its own lists would have returned;
 - one ``ApiClient`` (connection pool) for every member's writes;
 - one asyncio loop (in a thread of its own), with a larger default executor, since
   every write is a blocking call in ``asyncio.to_thread``.
@@ -55,9 +58,10 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-from kgroup.core.member import AppRelease, Revoke
-from kgroup_sidecar.kube import KubeAdapter, make_configuration
+from kgroup.core.member import AppRelease, Revoke, next_watch_scope
+from kgroup_sidecar.kube import KubeAdapter, Scope, make_configuration
 from kgroup_sidecar.metrics import Metrics
+from kgroup_sidecar.objects import parse_partition_lease
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
 
@@ -68,7 +72,10 @@ EXECUTOR_THREADS = 32
 
 
 class Hub:
-    """One watch of the group and of its Leases; every registered sidecar sees it all."""
+    """One watch of the group, of its member Leases and of all its partition Leases; each
+    registered sidecar gets what its own watches would: the group, every member Lease, and
+    the partition Leases of its own scope (``next_watch_scope`` of its interest, exactly as its
+    ``KubeAdapter`` would select them), re-listed to it when its scope changes."""
 
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, *,
                  batch_seconds: float = 0.05) -> None:
@@ -76,44 +83,116 @@ class Hub:
         self.batch_seconds = batch_seconds
         self.pending: list[tuple[str, str, Obj]] = []
         self.members: dict[str, Sidecar] = {}
-        self.current: dict[str, dict[str, Obj]] = {"group": {}, "lease": {}}
+        self.current: dict[str, dict[str, Obj]] = {"group": {}, "member": {}}
+        self.partitions: dict[int, Obj] = {}
+        self.scopes: dict[str, Scope] = {}
+        self.watchers: dict[int, set[str]] = {}  # partition -> members whose scope has it
         self.listed: set[str] = set()
         self.events = 0
+        self.deliveries = 0
+        self.scope_changes = 0
         self.adapter = KubeAdapter(settings, loop=loop, on_list=self.on_list,
-                                   on_event=self.on_event, metrics=Metrics())
+                                   on_event=self.on_event, metrics=Metrics(),
+                                   watch_all_partitions=True)
 
-    def on_list(self, kind: str, items: list[Obj]) -> None:
+    def on_list(self, kind: str, items: list[Obj], scope: Scope = None) -> None:
         self.flush()
-        self.current[kind] = {str(o["metadata"]["name"]): o for o in items}
         self.listed.add(kind)
+        if kind == "partition":
+            self.partitions = {p: o for o in items if (p := _partition(o)) is not None}
+            for name, sc in list(self.members.items()):
+                self._relist(name, sc)
+            return
+        self.current[kind] = {str(o["metadata"]["name"]): o for o in items}
         for sc in list(self.members.values()):
             sc.on_list(kind, list(items))
 
+    def _relist(self, name: str, sc: Sidecar) -> None:
+        scope = self.scopes.get(name, frozenset())
+        if scope is None:
+            items = list(self.partitions.values())
+        else:
+            items = [o for p in sorted(scope) if (o := self.partitions.get(p)) is not None]
+        sc.on_list("partition", items, scope)
+
     def on_event(self, kind: str, event_type: str, obj: Obj) -> None:
         self.events += 1
-        name = str(obj["metadata"]["name"])
-        if event_type == "DELETED":
-            self.current[kind].pop(name, None)
+        if kind == "partition":
+            p = _partition(obj)
+            if p is not None:
+                if event_type == "DELETED":
+                    self.partitions.pop(p, None)
+                else:
+                    self.partitions[p] = obj
         else:
-            self.current[kind][name] = obj
+            name = str(obj["metadata"]["name"])
+            if event_type == "DELETED":
+                self.current[kind].pop(name, None)
+            else:
+                self.current[kind][name] = obj
         if not self.pending:
             self.loop.call_later(self.batch_seconds, self.flush)
         self.pending.append((kind, event_type, obj))
 
     def flush(self) -> None:
         batch, self.pending = self.pending, []
-        for sc in list(self.members.values()):
-            for kind, event_type, obj in batch:
-                sc.on_event(kind, event_type, obj)
+        whole = [n for n, scope in self.scopes.items() if scope is None]
+        for kind, event_type, obj in batch:
+            if kind == "partition":
+                p = _partition(obj)
+                names = sorted(self.watchers.get(p, set()).union(whole)) if p is not None else []
+            else:
+                names = list(self.members)
+            for name in names:
+                sc = self.members.get(name)
+                if sc is not None:
+                    self.deliveries += 1
+                    sc.on_event(kind, event_type, obj)
 
     def register(self, name: str, sidecar: Sidecar) -> None:
         self.flush()
         self.members[name] = sidecar
-        for kind in sorted(self.listed):
-            sidecar.on_list(kind, list(self.current[kind].values()))
+        self.scopes[name] = frozenset()
+        for kind in ("group", "member"):
+            if kind in self.listed:
+                sidecar.on_list(kind, list(self.current[kind].values()))
+        if "partition" in self.listed:
+            self._relist(name, sidecar)
+
+    def set_interest(self, name: str, interest: frozenset[int]) -> None:
+        """The member's ``set_partition_interest``: a new scope re-lists it to the member."""
+        if name not in self.members:
+            return
+        current = self.scopes.get(name, frozenset())
+        scope = next_watch_scope(current, interest)
+        if scope == current:
+            return
+        self.flush()
+        self.scope_changes += 1
+        self._unindex(name)
+        self.scopes[name] = scope
+        for p in scope or ():
+            self.watchers.setdefault(p, set()).add(name)
+        if "partition" in self.listed:
+            self._relist(name, self.members[name])
+
+    def _unindex(self, name: str) -> None:
+        for p in self.scopes.get(name) or ():
+            watching = self.watchers.get(p)
+            if watching is not None:
+                watching.discard(name)
+                if not watching:
+                    del self.watchers[p]
 
     def unregister(self, name: str) -> None:
+        self._unindex(name)
+        self.scopes.pop(name, None)
         self.members.pop(name, None)
+
+
+def _partition(obj: Obj) -> int | None:
+    lock = parse_partition_lease(obj).value
+    return lock.partition if lock is not None else None
 
 
 class SwarmAdapter(KubeAdapter):
@@ -131,8 +210,12 @@ class SwarmAdapter(KubeAdapter):
     def start(self) -> None:
         self._hub.register(self.settings.pod_name, self._sidecar)
 
+    def set_partition_interest(self, interest: frozenset[int]) -> None:
+        self._hub.set_interest(self.settings.pod_name, interest)
+
     def stop(self) -> None:
         self._hub.unregister(self.settings.pod_name)
+        self._session_writes.shutdown(wait=False, cancel_futures=True)
 
 
 class AckingSidecar(Sidecar):
@@ -246,7 +329,8 @@ class Swarm:
 
     def stats(self) -> dict[str, Any]:
         return {"api_writes": self.api_writes(), "fencings": self.fencings(),
-                "events": self.hub.events, "members": len(self.members),
+                "events": self.hub.events, "deliveries": self.hub.deliveries,
+                "scope_changes": self.hub.scope_changes, "members": len(self.members),
                 "lag_max_s": round(self.lag_max_s, 3),
                 "cpu_s": round(sum(os.times()[:2]), 2)}
 

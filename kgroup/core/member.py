@@ -41,6 +41,11 @@ Rules, in the order ``step`` applies them:
    A renewal request must give up early enough to be retried before the fencing
    deadline: :func:`request_timeout` and :func:`renew_retry_seconds` derive both from the
    timing, and the adapter uses them for every API request.
+
+What ``step`` reads: the locks of :meth:`Member.partitions_of_interest` only (the target,
+what is held, acquired or possibly acquired). An adapter may watch just those
+(:func:`next_watch_scope` says when to re-select), so a member's watch traffic grows with
+its own share, not with the group.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ from kgroup.core.member_model import (
 )
 
 SESSION_RETRY_SECONDS = 1.0
+MAX_SELECTED_PARTITIONS = 500
+"""Beyond this many partitions of interest an adapter watches every partition Lease of
+the group (a label selector of 500 five-digit values is about 3 KB of URL)."""
+SCOPE_NARROW_SLACK = 8
 """Pause before retrying a failed session start or a failed acquisition/release."""
 
 NO_TARGET_EPOCH = 0
@@ -130,6 +139,25 @@ __all__ = [
     "renew_window",
     "request_timeout",
 ]
+
+
+def next_watch_scope(current: frozenset[int] | None,
+                     interest: frozenset[int]) -> frozenset[int] | None:
+    """The partition watch's next scope (None: every partition of the group), or
+    ``current`` itself when it needs no re-selection.
+
+    Widen at once when the interest has a partition the scope lacks (a new target must be
+    seen before it can be acquired); narrow only when the scope holds more than twice the
+    interest (plus slack), so the releases after a rebalance cost one re-list, not one
+    per release, and a steady member never re-selects."""
+    want = None if len(interest) > MAX_SELECTED_PARTITIONS else interest
+    if want is None:
+        return None
+    if current is None:
+        return want  # the interest fits a selector again: narrow
+    if not want <= current or len(current) > 2 * len(want) + SCOPE_NARROW_SLACK:
+        return want
+    return current
 
 
 @dataclass
@@ -215,6 +243,15 @@ class Member:
             valid_for_seconds=max(0.0, deadline - now) if live and deadline is not None else 0.0,
             partitions=tuple(parts),
         )
+
+    def partitions_of_interest(self, target: Target | None) -> frozenset[int]:
+        """The partitions whose locks ``step`` and ``next_wakeup`` read: the target, what
+        is held (in any state), what is being acquired, and what an unanswered acquisition
+        may have written. An adapter that watches only these locks feeds ``step`` every
+        lock it decides on (the sidecar's partition watch is scoped to them)."""
+        wanted = set(target.partitions) if target is not None else set()
+        wanted.update(self.owned, self._acquiring, self._unconfirmed)
+        return frozenset(wanted)
 
     def check_release(self, partition: int, token: int, now: float) -> tuple[int, str] | None:
         """Validate an app's release request: None if acceptable, else (HTTP status, why)."""

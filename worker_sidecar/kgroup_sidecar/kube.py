@@ -1,42 +1,80 @@
-"""Kubernetes adapter of the sidecar: two watch threads feeding the asyncio loop, and
+"""Kubernetes adapter of the sidecar: three watch threads feeding the asyncio loop, and
 blocking writes run in worker threads.
 
-Why threads: the official ``kubernetes`` client is synchronous. Each watch (the
-ConsumerGroup, and the group's Leases by label selector) runs list-then-watch in its own
-daemon thread and hands every event to the loop with ``call_soon_threadsafe``; the loop
-alone touches the state. A ``410 Gone`` re-lists; a broken stream (API server restart,
-network) re-watches from the last resourceVersion after a short backoff. Writes go through
-``asyncio.to_thread`` with a request timeout derived from the lease timing (set by the
-runtime from ``kgroup.core.member.request_timeout``: short enough that a renewal whose
-answer is lost is retried before the fencing deadline), and return the raw JSON of the
-object written, so the caller learns the new resourceVersion.
+Why threads: the official ``kubernetes`` client is synchronous. Each watch runs
+list-then-watch in its own daemon thread and hands every event to the loop with
+``call_soon_threadsafe``; the loop alone touches the state. A ``410 Gone`` re-lists; a
+broken stream (API server restart, network) re-watches from the last resourceVersion after
+a short backoff. The three watches:
+
+- ``group``: the ConsumerGroup (field selector on its name);
+- ``member``: the group's member Leases (one per member: what the session tracker needs);
+- ``partition``: the partition Leases **this member cares about** (its target, what it
+  holds, what it is acquiring), by a set-based label selector
+  (``kgroup.dev/partition in (...)``). Watching every partition Lease of the group made
+  each sidecar receive every other member's lock writes: O(members x partitions) watch
+  events per rebalance, the measured scale limit (docs/design.md). The scope follows the
+  runtime's ``set_partition_interest``: it widens at once when the interest gains a
+  partition (a new target), and narrows only when it holds more than twice the interest
+  (``kgroup.core.member.next_watch_scope``), so steady state never restarts the watch.
+  A scope change re-lists under the new selector (the list is authoritative only inside
+  that scope, which ``on_list`` receives) and shuts the old stream's socket so a quiet
+  stream does not linger; an interest beyond ``MAX_SELECTED_PARTITIONS`` watches the
+  group's partition Leases whole.
+
+Writes go through worker threads with a request timeout derived from the lease timing (set
+by the runtime from ``kgroup.core.member.request_timeout``: short enough that a renewal
+whose answer is lost is retried before the fencing deadline), and return the raw JSON of
+the object written, so the caller learns the new resourceVersion. Writes of the member
+Lease (session start, renewal, end) have a thread of their own: a member taking hundreds
+of partitions at once queues those acquisitions in the shared pool, and a renewal queued
+behind them would miss its deadline and fence the member.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from kgroup.constants import API_GROUP, API_VERSION, LABEL_GROUP, PLURAL
+from kgroup.constants import (
+    API_GROUP,
+    API_VERSION,
+    LABEL_GROUP,
+    LABEL_PARTITION,
+    LABEL_ROLE,
+    PLURAL,
+    ROLE_MEMBER,
+    ROLE_PARTITION,
+)
+from kgroup.core.member import next_watch_scope
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-ListHandler = Callable[[str, list[Obj]], None]
+T = TypeVar("T")
+Scope = frozenset[int] | None
+"""The partitions a list or watch covers; None: every partition Lease of the group."""
+ListHandler = Callable[[str, list[Obj], Scope], None]
 EventHandler = Callable[[str, str, Obj], None]
 
 WATCH_SECONDS = 240
 watch_factory: Any = watch.Watch
 BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
+def partition_selector(group: str, scope: Scope) -> str:
+    base = f"{LABEL_GROUP}={group},{LABEL_ROLE}={ROLE_PARTITION}"
+    if scope is None:
+        return base
+    return f"{base},{LABEL_PARTITION} in ({','.join(str(p) for p in sorted(scope))})"
 
 
 def make_configuration(settings: Settings) -> client.Configuration:
@@ -67,6 +105,7 @@ class KubeAdapter:
         on_list: ListHandler,
         on_event: EventHandler,
         metrics: Metrics,
+        watch_all_partitions: bool = False,
     ) -> None:
         self.settings = settings
         self.namespace = settings.namespace
@@ -81,6 +120,15 @@ class KubeAdapter:
         self._stop = threading.Event()
         self._watches: list[Any] = []
         self.write_timeout: tuple[float, float] = (2.0, 4.0)
+        self._session_writes = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="session-write")
+        # The partition watch's scope: guarded by _scope_changed's lock; a new generation
+        # makes the watch thread re-list under the new selector.
+        self._scope_changed = threading.Condition()
+        self._scope: Scope = None if watch_all_partitions else frozenset()
+        self._whole = watch_all_partitions
+        self._scope_gen = 0
+        self.scope_changes = 0
 
     # ---- watches --------------------------------------------------------------------
 
@@ -88,19 +136,23 @@ class KubeAdapter:
         group_api = client.CustomObjectsApi(client.ApiClient(self._cfg))
         lease_api = client.CoordinationV1Api(client.ApiClient(self._cfg))
         group_field = f"metadata.name={self.settings.group}"
-        lease_labels = f"{LABEL_GROUP}={self.settings.group}"
+        member_labels = f"{LABEL_GROUP}={self.settings.group},{LABEL_ROLE}={ROLE_MEMBER}"
 
         def list_groups(**kw: Any) -> Any:
             return group_api.list_namespaced_custom_object(
                 API_GROUP, API_VERSION, self.namespace, PLURAL, field_selector=group_field, **kw
             )
 
-        def list_leases(**kw: Any) -> Any:
+        def list_members(**kw: Any) -> Any:
             return lease_api.list_namespaced_lease(
-                self.namespace, label_selector=lease_labels, **kw
+                self.namespace, label_selector=member_labels, **kw
             )
 
-        for kind, fn in (("group", list_groups), ("lease", list_leases)):
+        def list_partitions(**kw: Any) -> Any:
+            return lease_api.list_namespaced_lease(self.namespace, **kw)
+
+        for kind, fn in (("group", list_groups), ("member", list_members),
+                         ("partition", list_partitions)):
             thread = threading.Thread(
                 target=self._watch_forever, args=(kind, fn), name=f"watch-{kind}", daemon=True
             )
@@ -108,11 +160,57 @@ class KubeAdapter:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._scope_changed:
+            self._scope_changed.notify_all()
         for w in list(self._watches):
             w.stop()
+        self._session_writes.shutdown(wait=False, cancel_futures=True)
 
-    def _emit_list(self, kind: str, items: list[Obj]) -> None:
-        self._loop.call_soon_threadsafe(self._on_list, kind, items)
+    def set_partition_interest(self, interest: frozenset[int]) -> None:
+        """The partitions this member needs to see (called from the loop after each step);
+        restarts the partition watch when ``next_watch_scope`` says so."""
+        if self._whole:
+            return
+        with self._scope_changed:
+            scope = next_watch_scope(self._scope, interest)
+            if scope == self._scope:
+                return
+            self._scope = scope
+            self._scope_gen += 1
+            self.scope_changes += 1
+            self._scope_changed.notify_all()
+        for w in list(self._watches):
+            if getattr(w, "kgroup_kind", None) == "partition":
+                w.stop()
+                # Unblock a read waiting on a quiet stream (urllib3 >= 2.3). The stream may
+                # already be gone (ENOTCONN): the thread then re-lists on its own.
+                resp = getattr(w, "_resp", None)
+                try:
+                    if resp is not None and hasattr(resp, "shutdown"):
+                        resp.shutdown()
+                except Exception as exc:
+                    log.debug("partition watch: shutting the old stream failed: %s", exc)
+
+    def _current_scope(self, kind: str) -> tuple[int, Scope, dict[str, Any]]:
+        """(generation, scope, list/watch arguments) of a watch; the fixed watches have
+        generation 0 and no scope."""
+        if kind != "partition":
+            return 0, None, {}
+        with self._scope_changed:
+            while not self._stop.is_set() and self._scope == frozenset():
+                # Nothing of interest: an empty list, then wait for an interest.
+                empty_gen = self._scope_gen
+                self._emit_list(kind, [], frozenset())
+                while not self._stop.is_set() and self._scope_gen == empty_gen:
+                    self._scope_changed.wait()
+            gen, scope = self._scope_gen, self._scope
+        return gen, scope, {"label_selector": partition_selector(self.settings.group, scope)}
+
+    def _scope_moved(self, kind: str, gen: int) -> bool:
+        return kind == "partition" and self._scope_gen != gen
+
+    def _emit_list(self, kind: str, items: list[Obj], scope: Scope) -> None:
+        self._loop.call_soon_threadsafe(self._on_list, kind, items, scope)
 
     def _emit_event(self, kind: str, event_type: str, obj: Obj) -> None:
         self._loop.call_soon_threadsafe(self._on_event, kind, event_type, obj)
@@ -120,24 +218,35 @@ class KubeAdapter:
     def _watch_forever(self, kind: str, list_fn: Callable[..., Any]) -> None:
         failures = 0
         resource_version: str | None = None
+        listed_gen, gen = -1, 0
         while not self._stop.is_set():
             try:
+                gen, scope, selection = self._current_scope(kind)
+                if self._stop.is_set():
+                    break
+                if gen != listed_gen:
+                    resource_version = None  # a new scope: list it afresh
                 if resource_version is None:
-                    raw = list_fn(_preload_content=False, _request_timeout=(3, 10))
+                    raw = list_fn(_preload_content=False, _request_timeout=(3, 10), **selection)
                     body = json.loads(raw.data)
                     resource_version = body["metadata"]["resourceVersion"]
-                    self._emit_list(kind, list(body.get("items") or []))
+                    listed_gen = gen
+                    self._emit_list(kind, list(body.get("items") or []), scope)
                 w: Any = watch_factory()
+                w.kgroup_kind = kind
                 self._watches.append(w)
                 try:
+                    if self._scope_moved(kind, gen):
+                        continue  # the scope changed during the list: re-list at once
                     for event in w.stream(
                         list_fn,
                         resource_version=resource_version,
                         timeout_seconds=WATCH_SECONDS,
                         allow_watch_bookmarks=True,
                         _request_timeout=(3, WATCH_SECONDS + 10),
+                        **selection,
                     ):
-                        if self._stop.is_set():
+                        if self._stop.is_set() or self._scope_moved(kind, gen):
                             break
                         failures = 0
                         raw_obj: Obj = event["raw_object"]
@@ -148,6 +257,8 @@ class KubeAdapter:
                             self._emit_event(kind, event["type"], raw_obj)
                 finally:
                     self._watches.remove(w)
+                if self._scope_moved(kind, gen):
+                    continue
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("watch of %s expired (410 Gone): re-listing", kind)
@@ -156,6 +267,8 @@ class KubeAdapter:
                 failures += 1
                 log.warning("watch of %s failed (%s %s); retrying", kind, exc.status, exc.reason)
             except Exception as exc:  # the API server went away: urllib3, socket, ssl errors
+                if self._scope_moved(kind, gen):
+                    continue  # our own shutdown of the old stream
                 failures += 1
                 log.warning("watch of %s broke (%s); retrying", kind, type(exc).__name__)
             if not self._stop.is_set():
@@ -164,7 +277,15 @@ class KubeAdapter:
 
     # ---- reads and writes -----------------------------------------------------------
 
-    async def get_lease(self, name: str) -> Obj | None:
+    async def _call(self, call: Callable[[], T], *, session: bool) -> T:
+        """Run a blocking request in a worker thread: the member Lease's own thread for
+        session writes, the shared pool for the rest."""
+        if session:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._session_writes, call)
+        return await asyncio.to_thread(call)
+
+    async def get_lease(self, name: str, *, session: bool = False) -> Obj | None:
         def call() -> Obj | None:
             try:
                 raw = self._leases.read_namespaced_lease(
@@ -178,7 +299,7 @@ class KubeAdapter:
             result: Obj = json.loads(raw.data)
             return result
 
-        return await asyncio.to_thread(call)
+        return await self._call(call, session=session)
 
     async def create_lease(self, body: Obj) -> Obj:
         def call() -> Obj:
@@ -189,7 +310,7 @@ class KubeAdapter:
             return result
 
         self._metrics.api_writes["create"] += 1
-        return await asyncio.to_thread(call)
+        return await self._call(call, session=_is_member_lease(body))
 
     async def replace_lease(self, body: Obj) -> Obj:
         """PUT with ``metadata.resourceVersion`` in the body: a conditional update."""
@@ -204,9 +325,10 @@ class KubeAdapter:
             return result
 
         self._metrics.api_writes["update"] += 1
-        return await asyncio.to_thread(call)
+        return await self._call(call, session=_is_member_lease(body))
 
-    async def delete_lease(self, name: str, *, resource_version: str | None = None) -> None:
+    async def delete_lease(self, name: str, *, resource_version: str | None = None,
+                           session: bool = False) -> None:
         def call() -> None:
             options = client.V1DeleteOptions(
                 preconditions=client.V1Preconditions(resource_version=resource_version)
@@ -222,4 +344,8 @@ class KubeAdapter:
                     raise
 
         self._metrics.api_writes["delete"] += 1
-        await asyncio.to_thread(call)
+        await self._call(call, session=session)
+
+
+def _is_member_lease(body: Obj) -> bool:
+    return bool(((body.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == ROLE_MEMBER)

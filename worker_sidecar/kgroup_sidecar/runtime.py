@@ -58,6 +58,7 @@ from kgroup_sidecar.settings import Settings
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MIN_WAIT = 0.02  # floor for a wake-up already due: never spin
+WATCHES = frozenset({"group", "member", "partition"})  # each listed once before any step
 
 
 class Sidecar:
@@ -95,27 +96,38 @@ class Sidecar:
             self._warned.add(key)
             log.warning("%s", message)
 
-    def on_list(self, kind: str, items: list[Obj]) -> None:
+    def on_list(self, kind: str, items: list[Obj], scope: frozenset[int] | None = None) -> None:
+        """A (re-)list of one watch. It is authoritative on which objects exist within what
+        it covers (the group; every member Lease; the partition Leases of ``scope``, all of
+        the group's when None), not on how new each is: a cached lock newer than the listed
+        one (our own write's answer) is kept."""
         if kind == "group":
             self._set_group(items[0] if items else None)
-        else:
-            # The list is authoritative on which Leases exist, not on how new each is: a
-            # cached lock newer than the listed one (our own write's answer) is kept.
-            listed = {lock.partition for lock in (
-                objects.parse_partition_lease(obj).value for obj in items
-                if objects.is_partition(obj)) if lock is not None}
-            for vanished in set(self.locks) - listed:
-                self.partition_leases.pop(vanished, None)
-                self.locks.pop(vanished, None)
+        elif kind == "member":
             seen = set()
             for obj in items:
                 self._apply_lease("ADDED", obj)
-                if objects.is_member(obj):
-                    parsed = objects.parse_member_lease(obj)
-                    if parsed.value is not None:
-                        seen.add(parsed.value.member)
+                parsed = objects.parse_member_lease(obj)
+                if parsed.value is not None:
+                    seen.add(parsed.value.member)
             for gone in set(self.tracker.members()) - seen:
                 self.tracker.forget(gone)
+        else:
+            listed = {lock.partition for lock in (
+                objects.parse_partition_lease(obj).value for obj in items
+                if objects.is_partition(obj)) if lock is not None}
+            covered = set(self.locks) if scope is None else set(self.locks) & scope
+            for vanished in covered - listed:
+                self.partition_leases.pop(vanished, None)
+                self.locks.pop(vanished, None)
+            if scope is not None:
+                # Locks outside the new scope are no longer watched: a cached copy would
+                # only grow stale (they are read again when they come back into scope).
+                for unwatched in set(self.locks) - scope:
+                    self.partition_leases.pop(unwatched, None)
+                    self.locks.pop(unwatched, None)
+            for obj in items:
+                self._apply_lease("ADDED", obj)
         self.synced.add(kind)
         self.dirty.set()
 
@@ -203,7 +215,7 @@ class Sidecar:
             drain = min(drain, max(0.0, 0.6 * self.settings.termination_grace_seconds))
         return Snapshot(
             now=self.clock(),
-            timing=self.timing if self.synced >= {"group", "lease"} else None,
+            timing=self.timing if self.synced >= WATCHES else None,
             drain_timeout=drain,
             target=self.target,
             locks=dict(self.locks),
@@ -234,6 +246,7 @@ class Sidecar:
             snap = self.snapshot()
             for action in self.member.step(snap):
                 self.execute(action)
+            kube.set_partition_interest(self.member.partitions_of_interest(self.target))
             self.publish()
             if self.member.done:
                 break
@@ -318,7 +331,7 @@ class Sidecar:
         session = secrets.token_hex(8)
         name = member_lease_name(self.settings.group, self.settings.pod_name)
         try:
-            existing = await self.kube.get_lease(name)
+            existing = await self.kube.get_lease(name, session=True)
             body = objects.new_member_lease(
                 name=name, namespace=self.settings.namespace, group=self.group,
                 member=self.settings.pod_name, session=session,
@@ -521,7 +534,7 @@ class Sidecar:
         assert self.kube is not None
         name = member_lease_name(self.settings.group, self.settings.pod_name)
         try:
-            await self.kube.delete_lease(name)
+            await self.kube.delete_lease(name, session=True)
         except Exception as exc:
             log.warning("could not delete the member Lease: %s", _describe(exc))
         self.audit.write("session-end", session=action.session)
