@@ -12,6 +12,10 @@ Lease writes per second while stable over ``--window`` seconds, two ways:
   leases (PUT+POST+DELETE), cluster-wide: includes other engineers' tests and the control
   plane's own leader election, so it is an upper bound.
 
+Also the Lease watch events the API server sent (``apiserver_watch_events_total``,
+cluster-wide) from empty to Stable and per second while stable: with scoped partition
+watches these grow with each member's share, not with members x partitions.
+
 Members run in swarms (``kgroup_devcluster.swarm``), not as 200 processes: with
 ``--processes N`` (N > 1) in N swarm processes, members dealt out between them, each
 sharing one watch among its own members; every swarm reports its loop's worst lag, CPU
@@ -33,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stage import Stage, apiserver_requests, cpu_seconds, machine, wait_until
+from stage import (
+    Stage,
+    apiserver_requests,
+    apiserver_watch_events,
+    cpu_seconds,
+    machine,
+    wait_until,
+)
 
 from kgroup_devcluster.swarm import Swarm, SwarmProcs
 
@@ -65,7 +76,7 @@ def one(partitions: int, members: int, *, window: float, timeout: float,
         pods = [f"w-{i}" for i in range(members + 1)]
         st.pods(pods)
         st.create_group(partitions=partitions, window=0)
-        t0 = time.monotonic()
+        t0, watch0 = time.monotonic(), apiserver_watch_events(st.cluster)
         op = st.start_operator()
         kw: Obj = {"kubeconfig": str(st.cluster.kubeconfig), "namespace": st.ns,
                    "group": st.group}
@@ -76,6 +87,7 @@ def one(partitions: int, members: int, *, window: float, timeout: float,
         result["empty_to_stable_s"] = time.monotonic() - t0
         result["operator_cpu_s_to_stable"] = cpu_seconds(op.pid)
         result["fencings_to_stable"] = swarm.fencings()
+        result["lease_watch_events_to_stable"] = apiserver_watch_events(st.cluster) - watch0
         print(f"  {partitions}x{members}: Stable after {result['empty_to_stable_s']:.1f} s",
               flush=True)
 
@@ -91,6 +103,7 @@ def one(partitions: int, members: int, *, window: float, timeout: float,
 
         cpu0, writes0 = cpu_seconds(op.pid), swarm.api_writes()
         api0, t0 = apiserver_requests(st.cluster), time.monotonic()
+        watch1 = apiserver_watch_events(st.cluster)
         epoch0 = st.status().get("epoch")
         time.sleep(window)  # a measuring window, not a wait for a condition
         elapsed = time.monotonic() - t0
@@ -99,6 +112,8 @@ def one(partitions: int, members: int, *, window: float, timeout: float,
         result["ns_writes_per_s"] = (swarm.api_writes() - writes0) / elapsed
         result["apiserver_lease_writes_per_s"] = sum(
             api1.get(v, 0) - api0.get(v, 0) for v in WRITE_VERBS) / elapsed
+        result["lease_watch_events_per_s_stable"] = (
+            apiserver_watch_events(st.cluster) - watch1) / elapsed
         result["operator_cpu_s_per_min_stable"] = (cpu_seconds(op.pid) - cpu0) * 60 / elapsed
         result["epoch_bumps_while_stable"] = int(st.status().get("epoch") or 0) - int(epoch0 or 0)
         result["swarms"] = swarm_stats(swarm)

@@ -79,6 +79,20 @@ def apiserver_requests(cl: Cluster, *, resource: str = "leases") -> dict[str, fl
     return out
 
 
+_WATCH_EVENTS = re.compile(r'^apiserver_watch_events_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+def apiserver_watch_events(cl: Cluster, *, resource: str = "leases") -> float:
+    """apiserver_watch_events_total for one resource (cluster-wide): events the API server
+    sent to every watcher of it."""
+    total = 0.0
+    for line in cl.apiserver_metrics().splitlines():
+        m = _WATCH_EVENTS.match(line)
+        if m and f'resource="{resource}"' in m["labels"]:
+            total += float(m["value"])
+    return total
+
+
 def wait_until(what: str, cond: Callable[[], Any], *, timeout: float = 120.0,
                interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
