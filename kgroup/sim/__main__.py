@@ -5,7 +5,7 @@ Examples::
     python -m kgroup.sim --seeds 2000              # seeds 0..1999
     python -m kgroup.sim --seed 1234 --verbose     # replay one seed's trace
     python -m kgroup.sim --seed 127 --members 4 --partitions 16 --fault-time 30 \
-        --regression holder-marker-compare         # an old runtime bug, caught again
+        --regression holder-marker-compare --whole-watch   # an old runtime bug, caught again
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ VARIANTS = {
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(members=args.members, partitions=args.partitions,
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
-                     regressions=frozenset(args.regression), verbose=args.verbose)
+                     regressions=frozenset(args.regression), verbose=args.verbose,
+                     scoped_watch=not args.whole_watch)
 
 
 def adapter_flags(args: argparse.Namespace) -> str:
-    return "".join(f" --regression {name}" for name in sorted(set(args.regression)))
+    flags = "".join(f" --regression {name}" for name in sorted(set(args.regression)))
+    return flags + (" --whole-watch" if args.whole_watch else "")
 
 
 def _run(job: tuple[int, SimConfig]) -> Result:
@@ -73,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
                     help="bring back this old bug of the sidecar runtime (repeatable); "
                          "default: the adapter as kgroup_sidecar runs today")
+    ap.add_argument("--whole-watch", action="store_true",
+                    help="sidecars watch every Lease of the group (not their scope)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)

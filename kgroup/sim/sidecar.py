@@ -112,7 +112,11 @@ class SimSidecar:
 
     # ---- observations (runtime.on_list / on_event) -----------------------------------
 
-    def on_list(self, stream: str, items: list[tuple[str, Stored]]) -> None:
+    def on_list(self, stream: str, items: list[tuple[str, Stored]],
+                scope: frozenset[int] | None = None) -> None:
+        """runtime.on_list: the Lease list carries the member Leases and the partition
+        Leases of ``scope`` (all when None); it is authoritative within that scope, and
+        cached locks outside it are dropped (no longer watched)."""
         if stream == "group":
             self._set_group(items[0][1] if items else None)
         else:
@@ -120,7 +124,9 @@ class SimSidecar:
                 self.partition_objs.clear()
                 self.locks.clear()
             listed = {obj.partition for _, obj in items if isinstance(obj, PartitionLeaseObj)}
-            for vanished in sorted(set(self.locks) - listed):
+            covered = set(self.locks) if scope is None else set(self.locks) & scope
+            unwatched = set() if scope is None else set(self.locks) - scope
+            for vanished in sorted(covered - listed | unwatched):
                 self.partition_objs.pop(vanished, None)
                 self.locks.pop(vanished, None)
             seen: set[str] = set()
@@ -231,6 +237,7 @@ class SimSidecar:
         snap = self.snapshot()
         for action in self.member.step(snap):
             self.execute(action)
+        self.world.set_scope(self, self.member.partitions_of_interest(self.target))
         self.app_observe()
         if self.member.done:
             self.world.sidecar_exited(self)

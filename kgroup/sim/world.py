@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.member import Member
+from kgroup.core.member import Member, next_watch_scope
 from kgroup.core.ranges import parse_ranges
 from kgroup.sim.checks import Checker, Violation
 from kgroup.sim.control import SimOperator
@@ -83,6 +83,10 @@ class SimConfig:
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
     regressions: frozenset[str] = frozenset()  # old runtime bugs brought back (REGRESSIONS)
+    # Sidecars watch only the partition Leases of their interest (the runtime's scoped
+    # partition watch); False: every Lease of the group, as the runtime does beyond
+    # MAX_SELECTED_PARTITIONS (and as every sidecar did when the pinned seeds were found).
+    scoped_watch: bool = True
     verbose: bool = False
 
 
@@ -128,6 +132,15 @@ class _Watch:
     last: dict[str, float] = field(default_factory=dict)
     recent: dict[str, list[tuple[str, Stored | None]]] = field(default_factory=dict)
     broken: set[str] = field(default_factory=set)
+    # A sidecar's Lease watch sees the partition Leases of its scope only (runtime's
+    # scoped partition watch; None: all of them). The operator's is not scoped.
+    scoped: bool = False
+    scope: frozenset[int] | None = frozenset()
+
+    def sees(self, key: str) -> bool:
+        kind, _, name = key.partition("/")
+        return not self.scoped or kind != "partition" or self.scope is None or (
+            int(name) in self.scope)
 
 
 class World:
@@ -148,6 +161,7 @@ class World:
         self.lines: list[str] = []
         self._claim_sig: dict[int, tuple[Any, ...]] = {}
         self._by_proc: dict[int, SimSidecar] = {}
+        self._scoped_watch: dict[int, _Watch] = {}
         self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
@@ -246,6 +260,8 @@ class World:
 
     def _send(self, w: _Watch, stream: str, events: list[tuple[str, Stored | None]]) -> None:
         for key, obj in events:
+            if not w.sees(key):
+                continue
             t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
             w.last[stream] = t
             self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, key, obj)
@@ -253,10 +269,28 @@ class World:
     def _relist(self, w: _Watch, stream: str) -> None:
         if not w.proc.alive:
             return
-        items = self.store.list(stream)
+        items = [(k, o) for k, o in self.store.list(stream) if w.sees(k)]
         t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
         w.last[stream] = t
-        self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items)
+        if w.scoped and stream == "lease":
+            self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items, w.scope)
+        else:
+            self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items)
+
+    def set_scope(self, sc: SimSidecar, interest: frozenset[int]) -> None:
+        """The runtime's ``set_partition_interest``: a new scope re-lists the Leases."""
+        w = self._scoped_watch.get(id(sc))
+        if w is None:
+            return
+        scope = next_watch_scope(w.scope, interest)
+        if scope == w.scope:
+            return
+        w.scope = scope
+        self.count("scope-change")
+        if w.proc.cut:
+            w.broken.add("lease")  # re-listed when the cut heals, as any broken stream
+        else:
+            self._relist(w, "lease")
 
     def _periodic_relist(self, w: _Watch) -> None:
         if not w.proc.alive:
@@ -267,9 +301,12 @@ class World:
                 self._relist(w, stream)
         self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
 
-    def watch(self, proc: Process, target: Any, streams: tuple[str, ...]) -> None:
-        w = _Watch(proc, target, streams)
+    def watch(self, proc: Process, target: Any, streams: tuple[str, ...], *,
+              scoped: bool = False) -> None:
+        w = _Watch(proc, target, streams, scoped=scoped)
         self.watches.append(w)
+        if scoped:
+            self._scoped_watch[id(target)] = w
         for stream in streams:
             self._relist(w, stream)
         self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
@@ -296,7 +333,7 @@ class World:
         self._by_proc[id(proc)] = sc
         self.sidecars[name] = sc
         self._put_pod(name, ready=True)
-        self.watch(proc, sc, ("group", "lease"))
+        self.watch(proc, sc, ("group", "lease"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
 
