@@ -46,7 +46,7 @@ def rebalance(quick: bool) -> Obj:
 
 
 def rebalance_large(quick: bool) -> Obj:
-    rounds, crashes = (2, 1) if quick else (4, 1)
+    rounds, crashes = (2, 1) if quick else (10, 3)  # full: 10 joins, 7 leaves, 3 crashes
     result: Obj = bench_rebalance.run(partitions=1024, members=32, rounds=rounds,
                                       crash_rounds=crashes, swarm=True)
     return result

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 T = TypeVar("T")
 EXECUTOR_THREADS = 32
+SESSION_THREADS_POOLED = 256  # connections kept for the members' session-write threads
 
 
 class Hub:
@@ -249,7 +250,8 @@ class Swarm:
         self.crashed_at: dict[str, float] = {}
         hub_settings = self.settings("swarm-hub", audit=False)
         cfg = make_configuration(hub_settings)
-        cfg.connection_pool_maxsize = EXECUTOR_THREADS
+        # the shared pool, plus one session-write thread per member (kube.py)
+        cfg.connection_pool_maxsize = EXECUTOR_THREADS + SESSION_THREADS_POOLED
         self.writer = client.ApiClient(cfg)
         self.hub = Hub(hub_settings, self.loop)
         self.lag_max_s = 0.0
