@@ -133,7 +133,10 @@ def table(results: Obj) -> str:
         kcl = s["partitions"] / 2.0
         lines.append(
             f"| scale {size}: empty → Stable; join; leave | {_f(s['empty_to_stable_s'], 1)} s; "
-            f"{_f(s['join_to_stable_s'], 1)} s; {_f(s['leave_to_stable_s'], 1)} s | |")
+            f"{_f(s['join_to_stable_s'], 1)} s; {_f(s['leave_to_stable_s'], 1)} s; "
+            f"fencings {s.get('fencings_total', '—')}; operator "
+            f"{_f(s.get('operator_cpu_s_to_stable'), 1)} CPU-s to Stable, "
+            f"{_f(s.get('operator_cpu_s_per_min_stable'), 1)} CPU-s/min while stable | |")
         lines.append(
             f"| Lease writes/s while stable, {size} | {_f(s['ns_writes_per_s'])} "
             f"(members ÷ 5 s = {s['members'] / 5:.0f}) | KCL-style per-partition renewal "
