@@ -376,10 +376,11 @@ def _serve(status: int) -> tuple[http.server.HTTPServer, int]:
     return server, server.server_address[1]
 
 
-@pytest.mark.parametrize(("status", "passes"), [(200, True), (500, False), (None, True)])
-def test_operator_probe_passes_a_standby_and_fails_a_sick_leader(status: int | None,
-                                                                  passes: bool) -> None:
-    # None: nothing listens (a standby replica before it is elected) -> the probe passes.
+@pytest.mark.parametrize(("status", "passes"), [(200, True), (500, False), (None, False)])
+def test_operator_probe_passes_a_healthy_endpoint_and_fails_a_sick_or_absent_one(
+        status: int | None, passes: bool) -> None:
+    # 200: a leader (kopf) or a standby (its own endpoint); None: nothing listens (the
+    # process is not serving) -> the probe fails.
     if status is None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -100,6 +100,9 @@ class OperatorProcess:
     def alive(self) -> bool:
         return self._get(self.liveness_port, "/healthz") != ""
 
+    def health(self) -> str:
+        return self._get(self.liveness_port, "/healthz")
+
     def metric(self, name: str) -> float | None:
         for line in self.metrics().splitlines():
             if line.startswith(name + "{") and f'group="{GROUP}"' in line:
@@ -573,10 +576,14 @@ def test_a_standby_replica_waits_and_takes_over_without_moving_anything(
     standby.log_dir.mkdir()
     standby.start()
     try:
+        wait_for("the standby to answer its health endpoint",
+                 lambda: '"standby"' in standby.health(), timeout=30)
         stays("the standby serves no metrics", lambda: standby.metrics() == "", 4)
         operator.stop()
         wait_for("the standby to take over",
                  lambda: standby.metric("kgroup_members") == 3, timeout=60)
+        wait_for("kopf's own health endpoint on the same port",
+                 lambda: standby.alive() and '"standby"' not in standby.health(), timeout=30)
         stays("epoch and target unchanged",
               lambda: (lambda s: (s["epoch"], s["assignment"]))(get_status(kube, namespace))
               == (before["epoch"], before["assignment"]), 3)

@@ -1,6 +1,9 @@
 """``kgroup-operator``: parse flags, elect a leader, run kopf with the handlers module.
 
 Everything listens on 127.0.0.1 by default (kopf's liveness endpoint, the metrics port).
+A standby replica (waiting for the leader Lease) answers ``GET /healthz`` on the liveness
+port itself with ``{"state": "standby"}``, so a probe tells a live standby from a dead
+process; that endpoint closes just before kopf opens its own on the same port.
 Exit status: 0 on a clean stop (SIGTERM/SIGINT), 2 when leadership was lost (the pod
 restarts and waits as a standby).
 """
@@ -15,6 +18,7 @@ import signal
 import sys
 
 import kopf
+from aiohttp import web
 from kubernetes import client, config
 
 from .kube import Kube
@@ -87,6 +91,27 @@ def _load_config() -> client.ApiClient:
     return client.ApiClient()
 
 
+async def serve_standby_health(port: int, identity: str) -> web.AppRunner | None:
+    """``GET /healthz`` → 200 ``{"state": "standby"}`` on 127.0.0.1:``port`` while this
+    replica waits for the leader Lease. None when the port cannot be bound (logged: the
+    probe then fails, which is the truth about an unreachable endpoint)."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"state": "standby", "identity": identity})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except OSError as exc:
+        log.warning("standby health endpoint on 127.0.0.1:%d: %s", port, exc)
+        await runner.cleanup()
+        return None
+    return runner
+
+
 async def run(settings: OperatorSettings) -> int:
     # Import registers the kopf handlers in kopf's default registry.
     from . import handlers  # noqa: F401
@@ -106,9 +131,15 @@ async def run(settings: OperatorSettings) -> int:
             identity=settings.identity,
             duration=settings.leader_lease_seconds,
         )
-        acquiring = asyncio.create_task(elector.acquire())
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        standby = (await serve_standby_health(settings.liveness_port, settings.identity)
+                   if settings.liveness_port else None)
+        try:
+            acquiring = asyncio.create_task(elector.acquire())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if standby is not None:
+                await standby.cleanup()  # frees the port for kopf's endpoint
         if stop.is_set():
             acquiring.cancel()
             return 0
