@@ -99,3 +99,31 @@ def test_resource_versions_compare_as_integers_only_when_they_are_valid(
     new: str, old: str, expected: bool,
 ) -> None:
     assert objects.supersedes(lease(0, token=1, rv=new), lease(0, token=1, rv=old)) is expected
+
+
+# ---- scoped re-lists (the partition watch selects the member's interest) -------------
+
+def test_a_scoped_relist_drops_what_left_the_scope_and_what_vanished_inside_it(
+    sidecar: Sidecar,
+) -> None:
+    sidecar.on_list("partition", [lease(p, token=0, rv=str(10 + p)) for p in range(4)], None)
+    assert sorted(sidecar.locks) == [0, 1, 2, 3]
+    # scope {1, 2, 5}: 0 and 3 are no longer watched, 2 was deleted, 5 is new
+    sidecar.on_list("partition", [lease(1, token=0, rv="11"), lease(5, token=0, rv="15")],
+                    frozenset({1, 2, 5}))
+    assert sorted(sidecar.locks) == [1, 5]
+    assert sorted(sidecar.partition_leases) == [1, 5]
+
+
+def test_a_scoped_relist_keeps_our_newer_write_inside_the_scope(sidecar: Sidecar) -> None:
+    sidecar.on_list("partition", [lease(0, token=2, rv="100")], frozenset({0}))
+    sidecar._store_partition(lease(0, token=3, rv="120", holder=ME, session="S"))
+    sidecar.on_list("partition", [lease(0, token=2, rv="100")], frozenset({0, 1}))
+    assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (3, ME)
+
+
+def test_the_member_relist_forgets_sessions_but_leaves_the_locks(sidecar: Sidecar) -> None:
+    sidecar.on_list("partition", [lease(0, token=1, rv="5", holder="b", session="T")], None)
+    sidecar.on_list("member", [], None)
+    assert sorted(sidecar.locks) == [0]
+    assert sidecar.synced == {"partition", "member"}

@@ -1,5 +1,5 @@
 """The sidecar watches only the partition Leases it decides on (member.next_watch_scope,
-Member.partitions_of_interest, runtime.on_list with a scope).
+Member.partitions_of_interest; runtime.on_list with a scope: tests/test_member_sidecar_cache.py).
 
 The claim that makes the scoped watch safe: ``Member.step`` given only the locks of
 ``partitions_of_interest`` decides exactly what it decides given every lock of the group.
@@ -10,7 +10,6 @@ unanswered acquisitions, fencing). Pure: nothing here talks to an API server."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -31,8 +30,6 @@ from kgroup.core.member import (
 )
 from kgroup.core.member import next_watch_scope as next_scope
 from kgroup_sidecar.kube import partition_selector
-from kgroup_sidecar.runtime import Sidecar
-from kgroup_sidecar.settings import Settings
 
 TIMING = LeaseTiming(duration=10, renew_interval=2)
 ME = "pod-a"
@@ -67,51 +64,6 @@ def test_the_selector_names_the_group_the_role_and_the_partitions() -> None:
     assert partition_selector("orders", frozenset({10, 2})) == (
         "kgroup.dev/group=orders,kgroup.dev/role=partition,kgroup.dev/partition in (2,10)")
     assert partition_selector("orders", None) == "kgroup.dev/group=orders,kgroup.dev/role=partition"
-
-
-# ---- the runtime's scoped re-list ------------------------------------------------------
-
-def lease(p: int, *, token: int, rv: str, holder: str | None = None,
-          session: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"leaseTransitions": token}
-    if holder:
-        spec["holderIdentity"] = holder
-    return {"metadata": {"name": f"g-partition-{p}", "resourceVersion": rv, "uid": "u1",
-                         "annotations": {"kgroup.dev/session": session} if session else {},
-                         "labels": {"kgroup.dev/role": "partition",
-                                    "kgroup.dev/partition": str(p)}},
-            "spec": spec}
-
-
-@pytest.fixture
-def sidecar() -> Sidecar:
-    return Sidecar(Settings(group="g", namespace="ns", pod_name=ME))
-
-
-def test_a_scoped_relist_drops_what_left_the_scope_and_what_vanished_inside_it(
-    sidecar: Sidecar,
-) -> None:
-    sidecar.on_list("partition", [lease(p, token=0, rv=str(10 + p)) for p in range(4)], None)
-    assert sorted(sidecar.locks) == [0, 1, 2, 3]
-    # scope {1, 2, 5}: 0 and 3 are no longer watched, 2 was deleted, 5 is new
-    sidecar.on_list("partition", [lease(1, token=0, rv="11"), lease(5, token=0, rv="15")],
-                    frozenset({1, 2, 5}))
-    assert sorted(sidecar.locks) == [1, 5]
-    assert sorted(sidecar.partition_leases) == [1, 5]
-
-
-def test_a_scoped_relist_keeps_our_newer_write_inside_the_scope(sidecar: Sidecar) -> None:
-    sidecar.on_list("partition", [lease(0, token=2, rv="100")], frozenset({0}))
-    sidecar._store_partition(lease(0, token=3, rv="120", holder=ME, session="S"))
-    sidecar.on_list("partition", [lease(0, token=2, rv="100")], frozenset({0, 1}))
-    assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (3, ME)
-
-
-def test_the_member_relist_forgets_sessions_but_leaves_the_locks(sidecar: Sidecar) -> None:
-    sidecar.on_list("partition", [lease(0, token=1, rv="5", holder="b", session="T")], None)
-    sidecar.on_list("member", [], None)
-    assert sorted(sidecar.locks) == [0]
-    assert sidecar.synced == {"partition", "member"}
 
 
 # ---- the claim: interest is all the member reads --------------------------------------
