@@ -182,8 +182,10 @@ class KubeAdapter:
         for w in list(self._watches):
             if getattr(w, "kgroup_kind", None) == "partition":
                 w.stop()
-                # Unblock a read waiting on a quiet stream (urllib3 >= 2.3). The stream may
-                # already be gone (ENOTCONN): the thread then re-lists on its own.
+                # Unblock a read waiting on a quiet stream (urllib3 >= 2.3; ``_resp`` is the
+                # client's Watch's own). Without it a quiet old stream would hold the new
+                # scope back until its next event or its timeout. The stream may already be
+                # gone (ENOTCONN): the thread then re-lists on its own.
                 resp = getattr(w, "_resp", None)
                 try:
                     if resp is not None and hasattr(resp, "shutdown"):
