@@ -75,11 +75,13 @@ from kgroup.core.member_model import (
 )
 
 SESSION_RETRY_SECONDS = 1.0
+"""Pause before retrying a failed session start or a failed acquisition/release."""
+
 MAX_SELECTED_PARTITIONS = 500
 """Beyond this many partitions of interest an adapter watches every partition Lease of
 the group (a label selector of 500 five-digit values is about 3 KB of URL)."""
 SCOPE_NARROW_SLACK = 8
-"""Pause before retrying a failed session start or a failed acquisition/release."""
+"""How much larger than twice the interest a scope may be before it is narrowed."""
 
 NO_TARGET_EPOCH = 0
 """The epoch of the operator's status before it computed any target (assignment empty);
