@@ -40,16 +40,21 @@ build() {  # build MODULE_DIR LDFLAGS PACKAGE...
   log "built $(printf '%s ' "$@" | sed 's#[^ ]*/##g')in $((SECONDS - start)) s"
 }
 
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+vflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  vflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  vflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  vflags=""
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    vflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    vflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
   build "$toolchain/kubernetes" "$vflags" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+fi
+if need kubelet; then
+  # The real node's kubelet (make cluster-up starts it beside the kwok nodes); built
+  # apart from the control plane so a cache from before it keeps its other binaries.
+  build "$toolchain/kubernetes" "$vflags" k8s.io/kubernetes/cmd/kubelet
 fi
 if need etcd; then
   build "$toolchain/etcd" "" go.etcd.io/etcd/server/v3
