@@ -6,23 +6,82 @@ Every answer carries ``validForSeconds``; the client adds it to the time the req
 when the sidecar cannot be reached (the sidecar may be paused, or its session fenced).
 Measuring from the send time is conservative: the sidecar computed the figure later.
 
-No kubernetes import here: the app knows only the loopback URL of its sidecar.
+No kubernetes import here: the app knows only its sidecar's URL (``KGROUP_SIDECAR_URL``):
+``unix:///var/run/kgroup/sidecar.sock`` (a Unix socket in a volume the pod's containers
+share: what the chart renders) or ``http://127.0.0.1:<port>``. Requests go straight to
+that address, never through an HTTP proxy named in the environment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8470"
+UNIX_SCHEME = "unix://"
+
+
+@dataclass(frozen=True)
+class SidecarAddress:
+    """Where the sidecar listens: a Unix socket path, or an http host and port."""
+
+    socket_path: str | None
+    host: str = "localhost"
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SidecarAddress:
+        """``unix:///abs/path.sock`` or ``http://host:port``; anything else is a ValueError."""
+        if url.startswith(UNIX_SCHEME):
+            path = url[len(UNIX_SCHEME):]
+            if not path.startswith("/"):
+                raise ValueError(f"sidecar URL {url!r}: expected unix:///absolute/path")
+            return cls(socket_path=path)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.path.strip("/"):
+            raise ValueError(f"sidecar URL {url!r}: expected unix:///path or http://host:port")
+        return cls(socket_path=None, host=parts.hostname, port=parts.port or 80)
+
+    def connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self.socket_path is not None:
+            return _UnixHTTPConnection(self.socket_path, timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix stream socket (the Host header says ``localhost``)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _error_message(raw: bytes, fallback: str) -> str:
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return fallback
+    message = payload.get("error") if isinstance(payload, dict) else None
+    return str(message or fallback)
 
 
 class SidecarError(Exception):
@@ -119,31 +178,34 @@ def _diff(old: dict[int, Partition], new: dict[int, Partition]
 
 
 class SidecarClient:
-    """Synchronous client (stdlib urllib)."""
+    """Synchronous client (stdlib http.client; one connection per request)."""
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url.rstrip("/")
+        self.address = SidecarAddress.parse(self.url)
         self.timeout = timeout
         self.clock = clock
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
                  timeout: float | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        conn = self.address.connection(timeout or self.timeout)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                result: dict[str, Any] = json.loads(resp.read())
-                return result
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("error", exc.reason)
-            except (ValueError, AttributeError):
-                message = str(exc.reason)
-            raise SidecarError(exc.code, str(message)) from None
-        except (urllib.error.URLError, OSError) as exc:
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
             raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            raise SidecarError(resp.status, _error_message(raw, resp.reason))
+        try:
+            result: dict[str, Any] = json.loads(raw)
+        except ValueError as exc:
+            raise SidecarError(0, f"sidecar answered no JSON: {exc}") from None
+        return result
 
     def assignment(self) -> Assignment:
         sent = self.clock()
@@ -207,6 +269,7 @@ class AsyncSidecarClient:
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url.rstrip("/")
+        self.address = SidecarAddress.parse(self.url)
         self.timeout = timeout
         self.clock = clock
 
@@ -215,9 +278,16 @@ class AsyncSidecarClient:
         import aiohttp
 
         client_timeout = aiohttp.ClientTimeout(total=timeout or self.timeout)
+        address = self.address
+        connector: aiohttp.BaseConnector | None = None
+        base = self.url
+        if address.socket_path is not None:
+            connector = aiohttp.UnixConnector(path=address.socket_path)
+            base = "http://localhost"
         try:
-            async with aiohttp.ClientSession(timeout=client_timeout) as session, \
-                    session.request(method, self.url + path, json=body) as resp:
+            async with aiohttp.ClientSession(timeout=client_timeout, connector=connector,
+                                             trust_env=False) as session, \
+                    session.request(method, base + path, json=body) as resp:
                 payload: Any = await resp.json(content_type=None)
                 if resp.status >= 400:
                     message = payload.get("error") if isinstance(payload, dict) else None

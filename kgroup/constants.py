@@ -26,6 +26,11 @@ ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
+SIDECAR_CONTAINER = "kgroup-sidecar"
+"""The sidecar's container name in worker pods (the chart's ``kgroup.sidecarContainer``).
+Its readiness is an *output* of membership (Ready once it holds its target), so the
+operator's membership rule leaves it out."""
+
 
 def member_lease_name(group: str, member: str) -> str:
     """The session Lease of `member` (a pod name) in `group`."""

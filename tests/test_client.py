@@ -1,7 +1,8 @@
 """The app client against a real sidecar HTTP server fed by a scripted core (no cluster).
 
 The driver below is the sidecar's loop with the Kubernetes writes replaced by an
-in-memory lock table: every acquisition and release succeeds at once.
+in-memory lock table: every acquisition and release succeeds at once. Every test runs
+twice: the sidecar on a Unix socket (what the chart renders) and on loopback TCP.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kgroup.client import AsyncSidecarClient, SidecarClient, SidecarError
+from kgroup.client import AsyncSidecarClient, SidecarAddress, SidecarClient, SidecarError
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import (
     Acquire,
@@ -31,6 +32,7 @@ from kgroup.core.member import (
     Target,
 )
 from kgroup_sidecar.http_api import serve
+from kgroup_sidecar.probe import main as probe_main
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
 from kgroup_sidecar.testing import free_port
@@ -41,16 +43,18 @@ POD = "pod-a"
 class Scripted:
     """A real Sidecar object and HTTP server on a private loop; the core is scripted."""
 
-    def __init__(self) -> None:
+    def __init__(self, socket_path: Path | None) -> None:
         self.port = free_port()
+        self.socket_path = socket_path
         self.loop = asyncio.new_event_loop()
-        settings = Settings(group="g", namespace="ns", pod_name=POD, listen_port=self.port)
+        settings = Settings(group="g", namespace="ns", pod_name=POD, listen_port=self.port,
+                            listen_socket=str(socket_path) if socket_path else None)
         self.sc = Sidecar(settings)
         self.released: dict[int, str | None] = {}
         self.renewals_fail = False
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.runner = self.call(serve(self.sc, "127.0.0.1", self.port))
+        self.runner = self.call(serve(self.sc, settings))
         self.driver = asyncio.run_coroutine_threadsafe(self.drive(), self.loop)
 
     def call(self, coro: Any) -> Any:
@@ -62,6 +66,7 @@ class Scripted:
             sc.timing, sc.drain_timeout = LeaseTiming(duration=3, renew_interval=1), 30.0
             sc.synced = {"group", "member", "partition"}
             sc.target = Target(epoch, frozenset(target))
+            sc.in_target = True
             for p in range(partitions):
                 sc.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
             sc.dirty.set()
@@ -107,16 +112,20 @@ class Scripted:
 
     @property
     def url(self) -> str:
+        if self.socket_path is not None:
+            return f"unix://{self.socket_path}"
         return f"http://127.0.0.1:{self.port}"
 
 
-@pytest.fixture
-def scripted() -> Iterator[Scripted]:
-    s = Scripted()
-    try:
-        yield s
-    finally:
-        s.close()
+@pytest.fixture(params=["unix", "tcp"])
+def scripted(request: pytest.FixtureRequest) -> Iterator[Scripted]:
+    # A short directory of its own: a Unix socket path is limited to ~107 bytes.
+    with tempfile.TemporaryDirectory(prefix="kgc-") as tmp:
+        s = Scripted(Path(tmp) / "sidecar.sock" if request.param == "unix" else None)
+        try:
+            yield s
+        finally:
+            s.close()
 
 
 def wait(what: str, cond: Any, timeout: float = 10.0) -> Any:
@@ -129,14 +138,17 @@ def wait(what: str, cond: Any, timeout: float = 10.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def raw(url: str, method: str = "GET", body: bytes | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=body, method=method)
+def raw(sidecar: Scripted, path: str, method: str = "GET",
+        body: bytes | None = None) -> tuple[int, Any]:
+    """One request to the sidecar's API, over its transport."""
+    conn = SidecarAddress.parse(sidecar.url).connection(5)
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            text = resp.read().decode()
-            return resp.status, json.loads(text) if text.startswith("{") else text
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        text = resp.read().decode()
+    finally:
+        conn.close()
+    return resp.status, json.loads(text) if text.startswith("{") else text
 
 
 def test_assignment_reports_partitions_tokens_and_validity(scripted: Scripted) -> None:
@@ -180,9 +192,9 @@ def test_release_hands_over_the_position_and_refuses_bad_requests(scripted: Scri
     wait("acked", lambda: c.assignment().acked_epoch == 1)
     scripted.set(target=[0], epoch=2)
     wait("revoking", lambda: any(p.state == "revoking" for p in c.assignment().partitions))
-    status, body = raw(scripted.url + "/v1/partitions/1/release", "POST", b"not json")
+    status, body = raw(scripted, "/v1/partitions/1/release", "POST", b"not json")
     assert status == 400 and "error" in body
-    status, body = raw(scripted.url + "/v1/partitions/x/release", "POST", b"{}")
+    status, body = raw(scripted, "/v1/partitions/x/release", "POST", b"{}")
     assert status == 400
     with pytest.raises(SidecarError) as refused:
         c.release(3, 1, "p")
@@ -199,13 +211,12 @@ def test_release_hands_over_the_position_and_refuses_bad_requests(scripted: Scri
 def test_fenced_sidecar_reports_nothing_and_is_not_ready(scripted: Scripted) -> None:
     scripted.set(target=[0], epoch=1)
     c = SidecarClient(scripted.url)
-    wait("owned", lambda: c.assignment().partitions)
-    assert raw(scripted.url + "/readyz")[0] == 200
+    wait("ready", lambda: raw(scripted, "/readyz")[0] == 200)
     scripted.renewals_fail = True
     a = wait("fenced", lambda: (x := c.assignment()).fenced and x, timeout=10)
     assert a.partitions == ()
-    assert raw(scripted.url + "/readyz")[0] == 503
-    status, metrics = raw(scripted.url + "/metrics")
+    assert raw(scripted, "/readyz")[0] == 503
+    status, metrics = raw(scripted, "/metrics")
     assert status == 200 and "kgroup_sidecar_fencings_total 1" in metrics
 
 
@@ -257,3 +268,44 @@ def test_async_client_reads_and_releases(scripted: Scripted) -> None:
     parts, ok, status = asyncio.run(scenario())
     assert parts == [2] and ok and status in (404, 409)
     assert scripted.released[2] == "9-0"
+
+
+def test_the_socket_file_is_group_writable_and_replaced_when_stale(scripted: Scripted) -> None:
+    if scripted.socket_path is None:
+        pytest.skip("TCP transport: no socket file")
+    assert scripted.socket_path.stat().st_mode & 0o777 == 0o660
+    scripted.close()  # a container restart leaves the file in the shared volume
+    again = Scripted(scripted.socket_path)
+    try:
+        assert raw(again, "/healthz") == (200, {"ok": True})
+    finally:
+        again.close()
+    scripted.close = lambda: None  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("url", ["unix://relative.sock", "https://127.0.0.1:1", "ftp://x",
+                                 "http://127.0.0.1:8470/v1"])
+def test_a_sidecar_url_the_client_cannot_use_is_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        SidecarClient(url)
+
+
+def test_an_absent_socket_is_unreachable_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(SidecarError) as err:
+        SidecarClient(f"unix://{tmp_path}/none.sock").assignment()
+    assert err.value.status == 0
+
+
+def test_the_exec_probe_reads_the_listen_address_and_fails_until_ready(
+        scripted: Scripted, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    listen = scripted.url if scripted.socket_path else f"127.0.0.1:{scripted.port}"
+    monkeypatch.setenv("KGROUP_LISTEN", listen)
+    assert probe_main(["/healthz"]) == 0
+    assert probe_main(["/readyz"]) == 1  # no target yet
+    assert "503" in capsys.readouterr().out.splitlines()[-1]
+    scripted.set(target=[0], epoch=1)
+    wait("ready", lambda: probe_main(["/readyz"]) == 0)
+    scripted.close()
+    scripted.close = lambda: None  # type: ignore[method-assign]
+    assert probe_main(["/healthz"]) == 1  # nobody listens

@@ -19,7 +19,8 @@ def test_settings_defaults() -> None:
         "127.0.0.1", 8470, "INFO", None)
 
 
-@pytest.mark.parametrize("listen", ["0.0.0.0:8470", "10.0.0.1:1", "example.com:80", "8470"])
+@pytest.mark.parametrize("listen", ["0.0.0.0:8470", "10.0.0.1:1", "example.com:80", "8470",
+                                    "unix://relative.sock", "http://0.0.0.0:8470"])
 def test_settings_refuse_non_loopback_or_malformed_listen(listen: str) -> None:
     with pytest.raises(SettingsError):
         load_settings({**BASE, "KGROUP_LISTEN": listen})
@@ -27,6 +28,18 @@ def test_settings_refuse_non_loopback_or_malformed_listen(listen: str) -> None:
 
 def test_settings_accept_ipv6_loopback() -> None:
     assert load_settings({**BASE, "KGROUP_LISTEN": "[::1]:9000"}).listen_host == "::1"
+
+
+def test_settings_accept_a_unix_socket() -> None:
+    s = load_settings({**BASE, "KGROUP_LISTEN": "unix:///var/run/kgroup/sidecar.sock"})
+    assert (s.listen_socket, s.listen) == (
+        "/var/run/kgroup/sidecar.sock", "unix:///var/run/kgroup/sidecar.sock")
+
+
+def test_settings_listen_is_a_client_url() -> None:
+    assert load_settings({**BASE, "KGROUP_LISTEN": "http://127.0.0.1:9000"}).listen == (
+        "http://127.0.0.1:9000")
+    assert load_settings({**BASE, "KGROUP_LISTEN": "[::1]:9000"}).listen == "http://[::1]:9000"
 
 
 def test_missing_group_exits_2(monkeypatch: pytest.MonkeyPatch,

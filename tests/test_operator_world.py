@@ -56,6 +56,27 @@ def test_a_pod_is_ready_only_with_a_true_ready_condition() -> None:
     assert obs.running and not obs.ready and not obs.terminating
 
 
+def test_membership_reads_the_app_containers_not_the_pods_ready_condition() -> None:
+    """The sidecar is Ready only once it holds its target: a pod not Ready because of it
+    is still eligible, a pod whose app container is not ready is not."""
+    def pod(app_ready: bool, sidecar_ready: bool, native: bool) -> dict[str, object]:
+        sidecar = {"name": "kgroup-sidecar", "ready": sidecar_ready}
+        status: dict[str, object] = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": str(app_ready and sidecar_ready)}],
+            "containerStatuses": [{"name": "worker", "ready": app_ready}]
+            + ([] if native else [sidecar]),
+        }
+        if native:
+            status["initContainerStatuses"] = [sidecar]
+        return {"metadata": {"name": "p"}, "status": status}
+
+    for native in (True, False):
+        assert pod_observation(pod(True, False, native)).ready
+        assert not pod_observation(pod(False, True, native)).ready
+        assert pod_observation(pod(True, True, native)).ready
+
+
 def test_a_pod_with_a_deletion_timestamp_is_terminating() -> None:
     body = {"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert pod_observation(body).terminating

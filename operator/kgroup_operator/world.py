@@ -32,12 +32,23 @@ def newer(new_rv: str | None, old_rv: str | None) -> bool:
 
 
 def pod_observation(body: Mapping[str, Any]) -> PodObservation:
+    """``ready`` means the *app's* containers are ready, not the pod's Ready condition:
+    the kgroup sidecar's readiness probe answers Ready only once the pod holds its target
+    (``kgroup.core.readiness``), which needs the pod to be a member first; waiting for the
+    pod's Ready condition would never admit a new pod. The sidecar (a native sidecar lives
+    in ``initContainerStatuses``; a plain one is named ``kgroup-sidecar``) is left out.
+    A pod with no container statuses yet falls back to its Ready condition."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
+    apps = [c for c in status.get("containerStatuses") or []
+            if c.get("name") != C.SIDECAR_CONTAINER]
+    if apps:
+        ready = all(bool(c.get("ready")) for c in apps)
+    else:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
     return PodObservation(
         name=meta.get("name", ""),
         labels=dict(meta.get("labels") or {}),

@@ -7,7 +7,8 @@ scripted coordinator in :mod:`kgroup_pipeline.scripted`.
 
 The PySpark source plans batches in a Python process of its own (not the driver's), so an
 ownership must be re-creatable from a string: :func:`ownership_from_spec` parses
-``sidecar:http://127.0.0.1:8470`` or ``static:0-15@1`` (partitions, token).
+``sidecar:unix:///var/run/kgroup/sidecar.sock``, ``sidecar:http://127.0.0.1:8470`` or
+``static:0-15@1`` (partitions, token).
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
 """The sidecar's local HTTP API (aiohttp), exactly as in docs/protocol.md.
 
-Loopback only (settings refuse anything else). Every error is JSON ``{"error": "..."}``.
-The long-poll waits on the sidecar's change event, not on a timer loop.
+On a Unix socket or loopback only (settings refuse anything else). Every error is JSON
+``{"error": "..."}``. The long-poll waits on the sidecar's change event, not on a timer loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
 
 SIDECAR_KEY: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 DEFAULT_WAIT = 30.0
@@ -84,11 +86,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """200 once the whole target is held and its epoch acknowledged, else 503; the body
+    says why (``kgroup.core.readiness``)."""
     sidecar = request.app[SIDECAR_KEY]
-    view = sidecar.member.view(sidecar.clock())
-    if view.session is None or view.fenced:
-        return web.json_response({"ready": False, "fenced": view.fenced}, status=503)
-    return web.json_response({"ready": True, "session": view.session})
+    verdict = sidecar.readiness()
+    body = {"ready": verdict.ready, "reason": verdict.reason,
+            "session": sidecar.member.session, "epoch": sidecar.member.view(
+                sidecar.clock()).acked_epoch}
+    return web.json_response(body, status=200 if verdict.ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -107,8 +112,22 @@ def build_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-async def serve(sidecar: Sidecar, host: str, port: int) -> web.AppRunner:
+async def serve(sidecar: Sidecar, settings: Settings) -> web.AppRunner:
+    """Serve on ``settings.listen_socket`` (a Unix socket) or loopback host:port.
+
+    A socket file left by an earlier run of the container (the emptyDir outlives it) is
+    replaced; the socket is made group-writable so an app container running under another
+    uid of the pod's fsGroup can connect."""
     runner = web.AppRunner(build_app(sidecar), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    site: web.BaseSite
+    if settings.listen_socket is not None:
+        path = Path(settings.listen_socket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        site = web.UnixSite(runner, str(path))
+        await site.start()
+        path.chmod(0o660)
+    else:
+        site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
+        await site.start()
     return runner

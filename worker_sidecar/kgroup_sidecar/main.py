@@ -21,7 +21,7 @@ log = logging.getLogger("kgroup_sidecar")
 async def _run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     sidecar = Sidecar(settings)
-    runner = await serve(sidecar, settings.listen_host, settings.listen_port)
+    runner = await serve(sidecar, settings)
     log.info("listening on %s; group %s/%s as member %s", settings.listen,
              settings.namespace, settings.group, settings.pod_name)
     for sig in (signal.SIGTERM, signal.SIGINT):

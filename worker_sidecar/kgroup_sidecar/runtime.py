@@ -49,6 +49,7 @@ from kgroup.core.member import (
     request_timeout,
 )
 from kgroup.core.ranges import parse_ranges
+from kgroup.core.readiness import Readiness, readiness
 from kgroup_sidecar import objects
 from kgroup_sidecar.audit import AuditLog
 from kgroup_sidecar.kube import KubeAdapter, status_of
@@ -73,6 +74,7 @@ class Sidecar:
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0
         self.target: Target | None = None
+        self.in_target = False  # this pod is a key of the target assignment (a member)
         self.group_deleted = False
         self.partition_leases: dict[int, Obj] = {}
         self.locks: dict[int, Lock] = {}
@@ -141,6 +143,7 @@ class Sidecar:
     def _set_group(self, obj: Obj | None) -> None:
         if obj is None:
             self.target = None  # keep the last timing: our own Lease goes with the group
+            self.in_target = False
             self.group_deleted = True  # revoke everything (no target alone holds)
             return
         self.group = obj
@@ -164,14 +167,17 @@ class Sidecar:
         epoch = status.get("epoch")
         if not isinstance(epoch, int):
             self.target = None  # no target: hold what we have until the operator seeds one
+            self.in_target = False
             return
-        ranges = (status.get("assignment") or {}).get(self.settings.pod_name, "")
+        assignment = status.get("assignment") or {}
+        ranges = assignment.get(self.settings.pod_name, "")
         try:
             partitions = frozenset(parse_ranges(str(ranges)))
         except ValueError as exc:
             self._warn_once(f"assign:{ranges}", f"ConsumerGroup {name}: bad assignment: {exc}")
             return  # keep the previous target
         self.target = Target(epoch=epoch, partitions=partitions)
+        self.in_target = self.settings.pod_name in assignment
 
     def _apply_lease(self, event_type: str, obj: Obj) -> None:
         name = objects.meta(obj).get("name", "?")
@@ -230,6 +236,12 @@ class Sidecar:
             self._published = self.member.version
             self.changed.set()
             self.changed = asyncio.Event()
+
+    def readiness(self) -> Readiness:
+        """``GET /readyz``: Ready once the whole target is held and its epoch acknowledged
+        (``kgroup.core.readiness``)."""
+        return readiness(self.member.view(self.clock()), self.target, member=self.in_target,
+                         stopping=self.member.shutting_down)
 
     def begin_shutdown(self) -> None:
         if self.shutdown_deadline is None:

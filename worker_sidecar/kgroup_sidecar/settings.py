@@ -1,8 +1,11 @@
 """The sidecar's settings, read once from the environment (names in docs/protocol.md).
 
 One pydantic model with a documented field per variable; a bad value is a clear message
-and exit status 2 (see ``main``), never a traceback. The local API must stay on loopback:
-any other bind address is refused here, before anything listens.
+and exit status 2 (see ``main``), never a traceback. The local API must stay local: either
+a Unix socket (``KGROUP_LISTEN=unix:///var/run/kgroup/sidecar.sock``, what the chart sets:
+two hostNetwork pods on one node share the host's loopback ports, never a pod's volume)
+or ``host:port`` on loopback; any other bind address is refused here, before anything
+listens.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+UNIX_SCHEME = "unix://"
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -29,6 +33,9 @@ class Settings(BaseModel):
     pod_name: str = Field(min_length=1, description="KGROUP_POD_NAME: the member id")
     listen_host: str = Field(default="127.0.0.1", description="KGROUP_LISTEN host")
     listen_port: int = Field(default=8470, ge=0, le=65535, description="KGROUP_LISTEN port")
+    listen_socket: str | None = Field(
+        default=None, description="KGROUP_LISTEN=unix://<path>: serve on this Unix socket"
+    )
     kubeconfig: str | None = Field(default=None, description="KUBECONFIG; None: in-cluster")
     log_level: str = Field(default="INFO", description="KGROUP_LOG_LEVEL")
     audit_file: str | None = Field(default=None, description="KGROUP_AUDIT_FILE: JSON lines")
@@ -57,16 +64,30 @@ class Settings(BaseModel):
             raise ValueError(f"KGROUP_LOG_LEVEL {level!r} is not a logging level")
         return level
 
+    @field_validator("listen_socket")
+    @classmethod
+    def _absolute_socket(cls, path: str | None) -> str | None:
+        if path is not None and not path.startswith("/"):
+            raise ValueError(f"KGROUP_LISTEN socket {path!r} is not an absolute path")
+        return path
+
     @property
     def listen(self) -> str:
-        return f"{self.listen_host}:{self.listen_port}"
+        """The API's address as a client URL (what ``KGROUP_SIDECAR_URL`` takes)."""
+        if self.listen_socket is not None:
+            return f"unix://{self.listen_socket}"
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"http://{host}:{self.listen_port}"
 
 
-def _split_listen(value: str) -> tuple[str, str]:
-    host, sep, port = value.rpartition(":")
+def _split_listen(value: str) -> dict[str, str]:
+    """``unix:///path`` or ``host:port`` (``http://`` in front is accepted too)."""
+    if value.startswith(UNIX_SCHEME):
+        return {"listen_socket": value[len(UNIX_SCHEME):]}
+    host, sep, port = value.removeprefix("http://").rpartition(":")
     if not sep or not host:
-        raise SettingsError(f"KGROUP_LISTEN={value!r}: expected host:port")
-    return host, port
+        raise SettingsError(f"KGROUP_LISTEN={value!r}: expected unix:///path or host:port")
+    return {"listen_host": host, "listen_port": port}
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -81,13 +102,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             namespace = IN_CLUSTER_NAMESPACE_FILE.read_text().strip() or "default"
         except OSError:
             namespace = "default"
-    host, port = _split_listen(env.get("KGROUP_LISTEN", "127.0.0.1:8470"))
     raw: dict[str, object] = {
+        **_split_listen(env.get("KGROUP_LISTEN", "127.0.0.1:8470")),
         "group": env["KGROUP_GROUP"],
         "namespace": namespace,
         "pod_name": env["KGROUP_POD_NAME"],
-        "listen_host": host,
-        "listen_port": port,
         "kubeconfig": env.get("KUBECONFIG") or None,
         "log_level": env.get("KGROUP_LOG_LEVEL", "INFO"),
         "audit_file": env.get("KGROUP_AUDIT_FILE") or None,

@@ -1,0 +1,66 @@
+"""When a worker pod is Ready: the rule behind the sidecar's ``GET /readyz``.
+
+Rule of this module: it is pure (no clock, no I/O); the sidecar feeds it its app view, the
+group's target as it last saw it, and whether it is stopping.
+
+A pod is Ready once its sidecar **holds its whole target and has acknowledged the
+current epoch**, so a Deployment's rollout (maxSurge / maxUnavailable) is paced by real
+ownership: a new pod counts as available only when it owns what the operator gave it,
+and an old pod is taken down only then. In order, the pod is *not* Ready while:
+
+1. it is stopping (SIGTERM: it hands everything over);
+2. it has no live session, or is fenced (its view is empty);
+3. the group has no target yet (no epoch, or epoch 0: the operator has not computed one);
+4. it is not a member of the current target: the operator has not admitted it yet. The
+   operator's membership therefore must not wait for the pod's Ready condition (that
+   would never come); it reads the app containers' readiness instead
+   (``kgroup_operator.world.pod_observation``);
+5. it still drains a revoked partition, or holds less or more than its target;
+6. it has not yet written the target's epoch as acknowledged on its member Lease.
+
+The first pod of a group goes 4 → 5 → Ready as the operator admits it and it takes the
+locks. A member whose target is empty (more pods than partitions) is Ready as soon as it
+has acknowledged the epoch: it holds its whole, empty, target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kgroup.core.member_model import Target, View
+
+__all__ = ["Readiness", "readiness"]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str  # why not Ready (or "holds its target of epoch E" when Ready)
+
+
+def readiness(view: View, target: Target | None, *, member: bool, stopping: bool) -> Readiness:
+    """Is this pod Ready? ``member``: the pod's name is a key of the target assignment
+    (every member is one, with an empty range when it gets no partition)."""
+    if stopping:
+        return Readiness(False, "stopping: handing its partitions over")
+    if view.session is None:
+        return Readiness(False, "no session yet")
+    if view.fenced:
+        return Readiness(False, "fenced: its session lapsed")
+    if target is None or target.epoch <= 0:
+        return Readiness(False, "the group has no target yet")
+    if not member:
+        return Readiness(False, f"not a member of epoch {target.epoch} yet")
+    active = {p.partition for p in view.partitions if p.state == "active"}
+    revoking = len(view.partitions) - len(active)
+    if revoking:
+        return Readiness(False, f"draining {revoking} revoked partition(s)")
+    extra = len(active - target.partitions)
+    if extra:
+        return Readiness(False, f"holds {extra} partition(s) outside its target")
+    if active != target.partitions:
+        return Readiness(False, f"holds {len(active)} of {len(target.partitions)} "
+                                "targeted partition(s)")
+    if view.acked_epoch != target.epoch:
+        return Readiness(False, f"epoch {target.epoch} not acknowledged yet")
+    return Readiness(True, f"holds its target of epoch {target.epoch}")
