@@ -233,7 +233,10 @@ def test_rendered_crd_schema_equals_the_generated_one() -> None:
 
 
 @pytest.mark.parametrize("bad", ["bogus=1", "operator.bogus=1", "sidecar.image.bogus=x",
-                                 "admissionPolicy.failurePolicy=Sometimes"])
+                                 "admissionPolicy.failurePolicy=Sometimes",
+                                 "operator.metricsHost=0.0.0.0", "sidecar.listen=0.0.0.0:8470",
+                                 "sidecar.listen=unix://relative.sock",
+                                 "sidecar.port=8470"])
 def test_schema_refuses_unknown_or_invalid_values(bad: str) -> None:
     out = helm("template", "kg", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad,
                check=False)
@@ -327,32 +330,122 @@ def test_sidecar_template_renders_a_native_sidecar_with_the_protocol_env(
     assert env["KGROUP_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["KGROUP_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["KGROUP_LISTEN"]["value"] == "127.0.0.1:8470"
-    probes = {k: " ".join(side[k]["exec"]["command"])
+    assert env["KGROUP_LISTEN"]["value"] == "unix:///var/run/kgroup/sidecar.sock"
+    assert "KUBERNETES_SERVICE_HOST" not in env
+    probes = {k: side[k]["exec"]["command"]
               for k in ("startupProbe", "livenessProbe", "readinessProbe")}
-    assert "http://127.0.0.1:8470/healthz" in probes["livenessProbe"]
-    assert "http://127.0.0.1:8470/readyz" in probes["readinessProbe"]
+    assert probes["livenessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/healthz"]
+    assert probes["readinessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/readyz"]
+    assert side["readinessProbe"]["periodSeconds"] == 2
+    assert side["volumeMounts"] == [{"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
     assert side["securityContext"]["readOnlyRootFilesystem"] is True
     assert side["securityContext"]["runAsNonRoot"] is True
 
 
 def test_sidecar_template_renders_a_plain_container_when_not_native(tmp_path: Path) -> None:
     parent = _parent_chart(tmp_path, POD_TEMPLATE % {
-        "where": "initContainers", "extra": '"native" false "port" 9470'})
+        "where": "initContainers", "extra": '"native" false "listen" "127.0.0.1:9470"'})
     (side,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
     assert "restartPolicy" not in side
     assert {e["name"]: e.get("value") for e in side["env"]}["KGROUP_LISTEN"] == "127.0.0.1:9470"
+    assert "volumeMounts" not in side  # loopback TCP: no socket volume
+
+
+APP_TEMPLATE = """\
+{{- $k := dict "root" $ "values" .Values.kgroup }}
+apiVersion: v1
+kind: Pod
+metadata: {name: w}
+spec:
+  initContainers:
+    {{- include "kgroup.sidecarContainer" (merge (dict "group" "orders") $k) | nindent 4 }}
+  containers:
+    - name: app
+      image: app
+      env:
+        {{- include "kgroup.sidecarUrlEnv" $k | nindent 8 }}
+      volumeMounts:
+        {{- include "kgroup.sidecarVolumeMount" $k | nindent 8 }}
+  volumes:
+    {{- include "kgroup.sidecarVolume" $k | nindent 4 }}
+"""
+
+
+def _app_pod(tmp_path: Path, values: str) -> Obj:
+    parent = _parent_chart(tmp_path, APP_TEMPLATE)
+    (parent / "values.yaml").write_text(
+        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '0.1.0'}}\n" + values)
+    return one(render(chart=parent), "Pod")
+
+
+def test_the_app_container_shares_the_sidecars_socket_volume(tmp_path: Path) -> None:
+    spec = _app_pod(tmp_path, "")["spec"]
+    (app,) = spec["containers"]
+    (side,) = spec["initContainers"]
+    assert app["env"] == [{"name": "KGROUP_SIDECAR_URL",
+                           "value": "unix:///var/run/kgroup/sidecar.sock"}]
+    assert app["volumeMounts"] == side["volumeMounts"] == [
+        {"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
+    assert spec["volumes"] == [{"name": "kgroup-sidecar",
+                                "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+
+
+def test_a_loopback_sidecar_needs_no_volume_and_the_api_address_reaches_the_sidecar(
+        tmp_path: Path) -> None:
+    spec = _app_pod(tmp_path, "  sidecar: {listen: '127.0.0.1:9470', image: {tag: '0.1.0'}}\n"
+                              "  kubernetesApi: {host: 127.0.0.1, port: 6443}\n")["spec"]
+    (app,) = spec["containers"]
+    (side,) = spec["initContainers"]
+    assert app["env"] == [{"name": "KGROUP_SIDECAR_URL", "value": "http://127.0.0.1:9470"}]
+    assert not app["volumeMounts"] and not spec["volumes"]
+    env = {e["name"]: e.get("value") for e in side["env"]}
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+        "127.0.0.1", "6443")
+
+
+def test_operator_metrics_bind_the_pod_ip_never_a_wildcard() -> None:
+    (c,) = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KGROUP_METRICS_HOST"] == {
+        "name": "KGROUP_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert "KUBERNETES_SERVICE_HOST" not in env
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+
+
+def test_operator_on_the_host_network_with_a_given_api_server() -> None:
+    pod = one(render("operator.hostNetwork=true", "operator.metricsHost=127.0.0.1",
+                     "kubernetesApi.host=127.0.0.1", "kubernetesApi.port=6443"),
+              "Deployment")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KGROUP_METRICS_HOST"] == "127.0.0.1"
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+        "127.0.0.1", "6443")
+    pod = one(render("operator.hostNetwork=true", "operator.dnsPolicy=Default"),
+              "Deployment")["spec"]["template"]["spec"]
+    assert pod["dnsPolicy"] == "Default"
 
 
 def test_example_worker_deployment_matches_the_sidecar_template(tmp_path: Path) -> None:
-    example = yaml.safe_load((REPO / "examples" / "worker-deployment.yaml").read_text())
-    (side,) = [c for c in example["spec"]["template"]["spec"]["initContainers"]
-               if c["name"] == "kgroup-sidecar"]
-    parent = _parent_chart(tmp_path, POD_TEMPLATE % {"where": "initContainers", "extra": ""})
-    (parent / "values.yaml").write_text(
-        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '0.1.0'}}\n")
-    (rendered,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
-    assert side == rendered
+    docs = list(yaml.safe_load_all((REPO / "examples" / "worker-deployment.yaml").read_text()))
+    example = one(docs, "Deployment")
+    pod = example["spec"]["template"]["spec"]
+    (side,) = [c for c in pod["initContainers"] if c["name"] == "kgroup-sidecar"]
+    (app,) = pod["containers"]
+    rendered = _app_pod(tmp_path, "")["spec"]
+    assert side == rendered["initContainers"][0]
+    (url_env,) = rendered["containers"][0]["env"]
+    assert url_env in app["env"]
+    (mount,) = rendered["containers"][0]["volumeMounts"]
+    assert mount in app["volumeMounts"]
+    assert rendered["volumes"][0] in pod["volumes"]
+    # The worker starts: its Redis and stream settings come from the ConfigMap.
+    config = one(docs, "ConfigMap")
+    assert app["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
+    assert {"KGROUP_REDIS_URL", "KGROUP_STREAM"} <= set(config["data"])
+    assert example["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def _probe_script(port: int) -> list[str]:
@@ -394,3 +487,53 @@ def test_operator_probe_passes_a_healthy_endpoint_and_fails_a_sick_or_absent_one
             server.shutdown()
             server.server_close()
     assert (result.returncode == 0) is passes, result.stderr
+
+
+def test_the_example_worker_gets_every_setting_it_needs_from_its_pod_spec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The light worker exited with status 2 (no Redis settings) under the old example: its
+    command line is now complete from the ConfigMap and the container's env."""
+    import argparse
+
+    from kgroup_pipeline.ownership import SidecarOwnership, ownership_from_spec
+    from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec
+
+    docs = list(yaml.safe_load_all((REPO / "examples" / "worker-deployment.yaml").read_text()))
+    (app,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert app["command"] == ["python3", "-m", "kgroup_pipeline.light_worker"]
+    env = dict(one(docs, "ConfigMap")["data"])
+    env.update({e["name"]: e["value"] for e in app["env"]})
+    for name in ("KGROUP_REDIS_URL", "KGROUP_STREAM", "KGROUP_SIDECAR_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    ap = argparse.ArgumentParser()
+    add_source_arguments(ap)
+    spec = ownership_spec(ap, ap.parse_args([]))  # ap.error() would exit with status 2
+    ownership = ownership_from_spec(spec)
+    assert isinstance(ownership, SidecarOwnership)
+    assert ownership.client.address.socket_path == "/var/run/kgroup/sidecar.sock"
+
+
+def test_the_real_node_values_keep_every_socket_on_loopback_and_pods_on_the_node() -> None:
+    objs = render_file(REPO / "e2e" / "values-real-node.yaml", "kubernetesApi.port=40123")
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
+    assert pod["nodeSelector"] == {"kgroup.dev/node": "real"}
+    assert pod["tolerations"] == [{"key": "kgroup.dev/node", "operator": "Equal",
+                                   "value": "real", "effect": "NoSchedule"}]
+    (c,) = pod["containers"]
+    assert c["imagePullPolicy"] == "Never"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KGROUP_METRICS_HOST"] == "127.0.0.1"
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+        "127.0.0.1", "40123")
+    assert not by_kind(objs, "Service")
+
+
+def render_file(values: Path, *sets: str) -> list[Obj]:
+    out = helm("template", "kg", str(CHART), "--namespace", "kgroup-system",
+               "--kube-version", KUBE_VERSION, "-f", str(values),
+               *[a for s in sets for a in ("--set", s)], check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]

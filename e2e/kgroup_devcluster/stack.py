@@ -24,7 +24,7 @@ from .cluster import REPO, Cluster
 
 CHART = REPO / "charts" / "kgroup"
 
-# The chart's operator listens on fixed ports (its metrics on 0.0.0.0 for the Service). On
+# The chart's operator listens on fixed ports (its metrics on the pod IP for the Service). On
 # the local runner every pod shares the host's loopback, so those listeners are turned off.
 RUNNER_ENV = ["KGROUP_METRICS_HOST=127.0.0.1", "KGROUP_METRICS_PORT=0", "KGROUP_LIVENESS_PORT=0"]
 

@@ -8,30 +8,85 @@ kgroup.sidecarContainer: the kgroup sidecar as one container list item, for a wo
 Keys: "root" (the chart context, required), "group" (the ConsumerGroup name, required),
 optional "values" (this chart's values; from a chart that depends on kgroup pass
 .Values.kgroup, and set kgroup.sidecar.image.tag since .Chart is then the parent's),
-"native" (bool, default sidecar.native), "image" (default the sidecar image), "port"
-(default sidecar.port), "resources" (default sidecar.resources).
+"native" (bool, default sidecar.native), "image" (default the sidecar image), "listen"
+(default sidecar.listen), "resources" (default sidecar.resources).
 
 Why a native sidecar (initContainer with restartPolicy: Always, Kubernetes >= 1.29): it is
 started (and its startup probe passed) before the app, so the app never asks a sidecar that
 is not listening; and at shutdown the kubelet stops it only after the app has exited, so
 the app can release its partitions with their positions through a live sidecar, and the
-sidecar then revokes what is left and deletes its session.
+sidecar then revokes what is left and deletes its session. Its readiness counts for the
+pod's Ready condition.
 
-Why exec probes: the sidecar's API listens on 127.0.0.1 only (any pod on the network could
-otherwise release partitions), and a kubelet httpGet probe connects to the pod IP, so the
-probes run inside the container against loopback.
+Where it listens (sidecar.listen): by default a Unix socket in an emptyDir shared with the
+app; the pod then also needs, from the templates below,
+  volumes:        {{ include "kgroup.sidecarVolume" (dict "root" $) }}
+  app container:  volumeMounts: {{ include "kgroup.sidecarVolumeMount" (dict "root" $) }}
+                  env:          {{ include "kgroup.sidecarUrlEnv" (dict "root" $) }}
+(each renders a list item, or nothing when sidecar.listen is loopback TCP).
+
+Why exec probes: the API is on a Unix socket or loopback (any pod on the network could
+otherwise release partitions), and a kubelet httpGet probe connects to the pod IP, so
+the probes run inside the container (kgroup_sidecar.probe reads KGROUP_LISTEN).
+Readiness means ownership: 200 once the pod holds its whole target and has acknowledged
+the group's epoch (docs/protocol.md), so a rollout is paced by it.
 
 Settings per docs/protocol.md: KGROUP_GROUP, KGROUP_NAMESPACE and KGROUP_POD_NAME (the
-downward API), KGROUP_LISTEN=127.0.0.1:<port>. The pod needs
-serviceAccountName: <workerRbac.serviceAccountName> and a projected (pod-bound) token,
-which is the default for pods.
+downward API), KGROUP_LISTEN; KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
+The pod needs serviceAccountName: <workerRbac.serviceAccountName> and a projected
+(pod-bound) token, which is the default for pods.
 */}}
 {{- define "kgroup.sidecarProbe" -}}
 exec:
-  command:
-    - python3
-    - -c
-    - "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{{ .port }}{{ .path }}', timeout=2)"
+  command: ["python3", "-m", "kgroup_sidecar.probe", {{ .path | quote }}]
+{{- end -}}
+
+{{/* The socket directory of a unix:// listen address, or "" for loopback TCP. */}}
+{{- define "kgroup.sidecarSocketDir" -}}
+{{- if hasPrefix "unix://" . -}}
+{{- dir (trimPrefix "unix://" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kgroup.sidecarListen" -}}
+{{- $v := default .root.Values .values -}}
+{{- default $v.sidecar.listen .listen -}}
+{{- end -}}
+
+{{/* The emptyDir holding the sidecar's socket, as a `volumes` list item. */}}
+{{- define "kgroup.sidecarVolume" -}}
+{{- if include "kgroup.sidecarSocketDir" (include "kgroup.sidecarListen" .) -}}
+- name: kgroup-sidecar
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end -}}
+{{- end -}}
+
+{{/* Its mount, as a `volumeMounts` list item (the sidecar and the app containers). */}}
+{{- define "kgroup.sidecarVolumeMount" -}}
+{{- $dir := include "kgroup.sidecarSocketDir" (include "kgroup.sidecarListen" .) -}}
+{{- if $dir -}}
+- name: kgroup-sidecar
+  mountPath: {{ $dir }}
+{{- end -}}
+{{- end -}}
+
+{{/* KGROUP_SIDECAR_URL of the app container, as an `env` list item. */}}
+{{- define "kgroup.sidecarUrlEnv" -}}
+{{- $listen := include "kgroup.sidecarListen" . -}}
+- name: KGROUP_SIDECAR_URL
+  value: {{ ternary $listen (printf "http://%s" $listen) (hasPrefix "unix://" $listen) | quote }}
+{{- end -}}
+
+{{/* KUBERNETES_SERVICE_HOST/PORT env items when kubernetesApi.host is set. */}}
+{{- define "kgroup.kubernetesApiEnv" -}}
+{{- with .kubernetesApi.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $.kubernetesApi.port | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "kgroup.sidecarContainer" -}}
@@ -40,7 +95,7 @@ exec:
 {{- $v := default $root.Values .values -}}
 {{- $native := $v.sidecar.native -}}
 {{- if hasKey . "native" }}{{ $native = .native }}{{ end -}}
-{{- $port := default $v.sidecar.port .port -}}
+{{- $listen := include "kgroup.sidecarListen" . -}}
 {{- $tag := default $root.Chart.AppVersion $v.sidecar.image.tag -}}
 {{- $image := default (printf "%s:%s" $v.sidecar.image.repository $tag) .image -}}
 {{- $resources := default $v.sidecar.resources .resources -}}
@@ -63,24 +118,23 @@ exec:
         fieldRef:
           fieldPath: metadata.name
     - name: KGROUP_LISTEN
-      value: {{ printf "127.0.0.1:%v" $port | quote }}
+      value: {{ $listen | quote }}
     - name: KGROUP_LOG_LEVEL
       value: {{ $v.sidecar.logLevel | quote }}
+    {{- include "kgroup.kubernetesApiEnv" $v | nindent 4 }}
   startupProbe:
-    {{- include "kgroup.sidecarProbe" (dict "port" $port "path" "/healthz") | nindent 4 }}
+    {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
     periodSeconds: 1
     timeoutSeconds: 3
     failureThreshold: 60
   livenessProbe:
-    {{- include "kgroup.sidecarProbe" (dict "port" $port "path" "/healthz") | nindent 4 }}
+    {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
     periodSeconds: 10
     timeoutSeconds: 3
     failureThreshold: 3
   readinessProbe:
-    {{- include "kgroup.sidecarProbe" (dict "port" $port "path" "/readyz") | nindent 4 }}
-    periodSeconds: 5
-    timeoutSeconds: 3
-    failureThreshold: 2
+    {{- include "kgroup.sidecarProbe" (dict "path" "/readyz") | nindent 4 }}
+    {{- toYaml $v.sidecar.readinessProbe | nindent 4 }}
   securityContext:
     runAsNonRoot: true
     runAsUser: 10001
@@ -94,4 +148,8 @@ exec:
       type: RuntimeDefault
   resources:
     {{- toYaml $resources | nindent 4 }}
+  {{- with include "kgroup.sidecarVolumeMount" . }}
+  volumeMounts:
+    {{- . | nindent 4 }}
+  {{- end }}
 {{- end -}}
