@@ -15,6 +15,7 @@ from kubernetes import client
 
 from kgroup.client import SidecarClient, SidecarError
 from kgroup_devcluster.cluster import Cluster
+from kgroup_sidecar.probe import probe
 from kgroup_sidecar.testing import (
     ScriptedTarget,
     SidecarProcess,
@@ -36,9 +37,10 @@ class Harness:
         self.workdir = workdir
         self.sidecars: dict[str, SidecarProcess] = {}
 
-    def start(self, pod: str) -> SidecarProcess:
+    def start(self, pod: str, *, unix_socket: bool = False) -> SidecarProcess:
         sc = SidecarProcess(pod=pod, group=GROUP, namespace=self.namespace,
-                            kubeconfig=self.kubeconfig, workdir=self.workdir).start()
+                            kubeconfig=self.kubeconfig, workdir=self.workdir,
+                            unix_socket=unix_socket).start()
         self.sidecars[pod] = sc
         return sc
 
@@ -102,6 +104,45 @@ def test_two_members_join_split_the_target_and_acknowledge(harness: Harness) -> 
     assert lease is not None
     assert lease["metadata"]["annotations"]["kgroup.dev/epoch"] == str(epoch)
     assert lease["metadata"]["ownerReferences"][0]["uid"] == h.target.uid
+
+
+def _readiness(h: Harness, pod: str) -> tuple[bool, str]:
+    """What the kubelet's exec probe (kgroup_sidecar.probe /readyz) sees."""
+    return probe("/readyz", h.sidecars[pod].listen)
+
+
+def _ready_when(h: Harness, pod: str, ready: bool, reason: str, *, timeout: float = 30) -> None:
+    wait_until(f"{pod} {'ready' if ready else 'not ready'}: {reason}",
+               lambda: (r := _readiness(h, pod))[0] is ready and reason in r[1],
+               timeout=timeout)
+
+
+def test_readiness_follows_ownership_over_a_unix_socket(harness: Harness) -> None:
+    """Ready = holds the whole target and acknowledged its epoch: a pod not admitted yet is
+    not Ready, the first pod becomes Ready once it holds everything, a pod that drains a
+    revoked partition is not Ready, and a member with an empty target is Ready."""
+    h = harness
+    h.target.create(partitions=4, drain=4)
+    h.start("pod-a", unix_socket=True)
+    h.start("pod-b", unix_socket=True)
+    assert h.sidecars["pod-a"].url.startswith("unix://")
+    _ready_when(h, "pod-a", False, "no target yet")
+    one = h.target.assign({"pod-a": [0, 1, 2, 3]})
+    _ready_when(h, "pod-a", True, f"holds its target of epoch {one}")
+    assert h.acked("pod-a", one) and len(h.view("pod-a")) == 4
+    _ready_when(h, "pod-b", False, f"not a member of epoch {one}")
+    two = h.target.assign({"pod-a": [0, 1], "pod-b": [2, 3]})
+    # pod-a drains 2 and 3 (nobody acknowledges: the drain timeout releases them), and
+    # pod-b cannot take them before that: neither is Ready meanwhile.
+    _ready_when(h, "pod-a", False, "draining 2")
+    _ready_when(h, "pod-b", False, "holds 0 of 2")
+    _ready_when(h, "pod-b", True, f"epoch {two}")
+    _ready_when(h, "pod-a", True, f"epoch {two}")
+    assert h.converged({"pod-a": [0, 1], "pod-b": [2, 3]}, two)
+    three = h.target.assign({"pod-a": [0, 1, 2, 3], "pod-b": []})
+    _ready_when(h, "pod-a", True, f"epoch {three}")
+    _ready_when(h, "pod-b", True, f"epoch {three}")  # its whole, empty, target
+    assert h.view("pod-b") == {}
 
 
 def _converge(h: Harness, target: dict[str, list[int]]) -> int:

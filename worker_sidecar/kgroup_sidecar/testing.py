@@ -63,12 +63,20 @@ class SidecarProcess:
     workdir: Path
     grace: float = 20.0
     port: int = field(default_factory=free_port)
+    unix_socket: bool = False  # serve on <workdir>/<pod>.sock instead of the port
     proc: subprocess.Popen[bytes] | None = None
     killed_at: float | None = None
 
     @property
+    def listen(self) -> str:
+        """KGROUP_LISTEN of the process."""
+        if self.unix_socket:
+            return f"unix://{self.workdir / f'{self.pod}.sock'}"
+        return f"127.0.0.1:{self.port}"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.listen if self.unix_socket else f"http://{self.listen}"
 
     @property
     def audit_file(self) -> Path:
@@ -84,7 +92,7 @@ class SidecarProcess:
             "KGROUP_GROUP": self.group,
             "KGROUP_NAMESPACE": self.namespace,
             "KGROUP_POD_NAME": self.pod,
-            "KGROUP_LISTEN": f"127.0.0.1:{self.port}",
+            "KGROUP_LISTEN": self.listen,
             "KUBECONFIG": self.kubeconfig,
             "KGROUP_AUDIT_FILE": str(self.audit_file),
             "KGROUP_LOG_LEVEL": "DEBUG",
