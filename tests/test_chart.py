@@ -418,6 +418,11 @@ def test_operator_on_the_host_network_with_a_given_api_server() -> None:
                      "kubernetesApi.host=127.0.0.1", "kubernetesApi.port=6443"),
               "Deployment")["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    dep = one(render("operator.hostNetwork=true"), "Deployment")
+    # the node's ports: the old pod must go before the new one can start
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert one(render(), "Deployment")["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1, "maxUnavailable": 0}
     (c,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["KGROUP_METRICS_HOST"] == "127.0.0.1"
