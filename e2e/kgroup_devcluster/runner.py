@@ -9,9 +9,13 @@ runner starts, as local processes, the containers of every pod it is told to wat
 - each process acts as the pod: its ``KUBECONFIG`` holds a TokenRequest token for the pod's
   service account *bound to that pod*, never the admin's, so RBAC and the admission policy
   see the pod's identity;
-- a pod's containers share a network namespace in Kubernetes; here every pod shares the
-  host's loopback, so the runner gives each pod a free port and sets ``KGROUP_LISTEN`` and
-  ``KGROUP_SIDECAR_URL`` to it (the one place where the local run differs from a real pod);
+- the sidecar's API: in a real pod a Unix socket in an emptyDir shared by the sidecar and
+  the app (the chart's default). Here each pod gets its own socket in its state dir
+  (named by the pod's uid, as a new pod gets a new emptyDir), and ``KGROUP_LISTEN`` and
+  ``KGROUP_SIDECAR_URL`` point at it whatever the pod spec says (the one place where the
+  local run differs from a real pod); when that path is too long for a Unix socket
+  (about 107 bytes), in a short directory of the runner's under /tmp instead (removed
+  when the runner stops);
 - a container that exits while its pod is still Running is restarted with back-off, as
   the kubelet does for ``restartPolicy: Always``;
 - when the pod is deleted (or gets a deletionTimestamp) its processes get SIGTERM, then
@@ -19,7 +23,7 @@ runner starts, as local processes, the containers of every pod it is told to wat
 
 Everything listens on and connects to 127.0.0.1: processes reach the API server at its
 loopback URL, never at a Service or pod IP. The runner writes ``runner.json`` (pod → pids,
-port, log files) into its state directory so tests and chaos tools can signal a pod's
+sidecar URL, log files) into its state directory so tests and chaos tools can signal a pod's
 processes the way a crash would.
 """
 
@@ -34,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +51,14 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger("kgroup.runner")
 
 RESTART_BACKOFF_MAX = 10.0
+
+
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, its terminating NUL included
+
+
+def sidecar_url(listen: str) -> str:
+    """KGROUP_SIDECAR_URL for a KGROUP_LISTEN value."""
+    return listen if listen.startswith("unix://") else f"http://{listen}"
 
 
 def free_port() -> int:
@@ -71,7 +84,7 @@ class RunningPod:
     namespace: str
     name: str
     uid: str
-    port: int
+    listen: str  # KGROUP_LISTEN of the pod: unix:///... or 127.0.0.1:<port>
     grace: float
     containers: list[Container] = field(default_factory=list)
     terminating_since: float | None = None
@@ -104,6 +117,7 @@ class LocalRunner:
         self.token_writer = token_writer
         self.audit_dir = audit_dir
         self.pods: dict[str, RunningPod] = {}
+        self.socket_dir: Path | None = None  # for socket paths too long in the state dir
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
@@ -149,16 +163,16 @@ class LocalRunner:
         except Exception as exc:  # the pod may be gone already; the next event decides
             log.warning("no token for pod %s/%s: %s", ns, name, exc)
             return
-        port = free_port()
+        listen = self._sidecar_listen(pod_dir, pod.metadata.uid)
         running = RunningPod(
             namespace=ns,
             name=name,
             uid=pod.metadata.uid,
-            port=port,
+            listen=listen,
             grace=float(spec.termination_grace_period_seconds or 30),
         )
         for c in runnable:
-            env = self._container_env(pod, c, kubeconfig=kubeconfig, port=port)
+            env = self._container_env(pod, c, kubeconfig=kubeconfig, listen=listen)
             argv = [self._resolve(c.command[0]), *c.command[1:], *(c.args or [])]
             running.containers.append(
                 Container(name=c.name, argv=argv, env=env, log_path=pod_dir / f"{c.name}.log",
@@ -167,9 +181,18 @@ class LocalRunner:
         self.pods[running.key] = running
         for container in running.containers:
             self._spawn(running, container)
-        log.info("started pod %s (port %d): %s", running.key, port,
+        log.info("started pod %s (sidecar at %s): %s", running.key, listen,
                  ", ".join(c.name for c in running.containers))
         self._write_state()
+
+    def _sidecar_listen(self, pod_dir: Path, uid: str) -> str:
+        """The pod's sidecar socket: in its state dir, or in the runner's short dir."""
+        path = pod_dir / f"sidecar-{uid[:8]}.sock"
+        if len(str(path).encode()) > SOCKET_PATH_MAX:
+            if self.socket_dir is None:
+                self.socket_dir = Path(tempfile.mkdtemp(prefix="kgroup-runner-"))
+            path = self.socket_dir / f"{uid}.sock"
+        return f"unix://{path}"
 
     def _resolve(self, executable: str) -> str:
         if "/" in executable:
@@ -177,7 +200,8 @@ class LocalRunner:
         found = shutil.which(executable, path=f"{self.venv_bin}{os.pathsep}{os.environ['PATH']}")
         return found or executable
 
-    def _container_env(self, pod: Any, c: Any, *, kubeconfig: Path, port: int) -> dict[str, str]:
+    def _container_env(self, pod: Any, c: Any, *, kubeconfig: Path,
+                       listen: str) -> dict[str, str]:
         env = dict(os.environ)
         env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
         for var in c.env or []:
@@ -189,8 +213,8 @@ class LocalRunner:
                     env[var.name] = value
         env.update(self.extra_env)
         env["KUBECONFIG"] = str(kubeconfig)
-        env["KGROUP_LISTEN"] = f"127.0.0.1:{port}"
-        env["KGROUP_SIDECAR_URL"] = f"http://127.0.0.1:{port}"
+        env["KGROUP_LISTEN"] = listen
+        env["KGROUP_SIDECAR_URL"] = sidecar_url(listen)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
         if self.audit_dir is not None:
             ns, name = pod.metadata.namespace, pod.metadata.name
@@ -259,7 +283,7 @@ class LocalRunner:
         state = {
             pod.key: {
                 "uid": pod.uid,
-                "port": pod.port,
+                "sidecar": sidecar_url(pod.listen),
                 "containers": {
                     c.name: {
                         "pid": c.proc.pid if c.proc else None,
@@ -333,6 +357,8 @@ class LocalRunner:
                         c.proc.kill()
             self.pods.clear()
         self._write_state()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _alive(c: Container) -> bool:

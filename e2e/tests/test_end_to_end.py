@@ -280,10 +280,14 @@ def _items(listing: Any) -> list[Any]:
 
 
 def _sidecar_view(env: Env, pod: str) -> Any:
-    import urllib.request
-    port = env.runner_state()[f"{env.namespace}/{pod}"]["port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/assignment", timeout=5) as resp:
-        return json.loads(resp.read())
+    from kgroup.client import SidecarAddress
+    url = env.runner_state()[f"{env.namespace}/{pod}"]["sidecar"]
+    conn = SidecarAddress.parse(url).connection(5)
+    try:
+        conn.request("GET", "/v1/assignment")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
 
 
 def _ranges(text: str) -> list[int]:
