@@ -36,20 +36,26 @@ def _unescape(field: str) -> str:
             .replace("\\134", "\\"))
 
 
-def _mountinfo() -> list[tuple[str, str, str]]:
-    """(mount point, fs type, super options) of every mount, in mount order."""
+def parse_mountinfo(text: str) -> list[tuple[str, str, str]]:
+    """(mount point, fs type, super options) of every line of a mountinfo, in order."""
     out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in text.splitlines():
         left, right = line.split(" - ", 1)
         fstype, _source, options = [*right.split(" "), "", ""][:3]
         out.append((_unescape(left.split(" ")[4]), fstype, options))
     return out
 
 
-def mounts_under(directory: Path) -> list[str]:
-    """Mount points at or under `directory`, deepest (then latest) first."""
+def _mountinfo() -> list[tuple[str, str, str]]:
+    return parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+
+
+def mounts_under(directory: Path, mounts: list[tuple[str, str, str]] | None = None) -> list[str]:
+    """Mount points at or under `directory`, deepest (then latest) first; `mounts` as
+    parse_mountinfo returns them (default: this process's)."""
     root = str(directory.resolve())
-    found = [m for m, _, _ in _mountinfo() if m == root or m.startswith(root + "/")]
+    found = [m for m, _, _ in (_mountinfo() if mounts is None else mounts)
+             if m == root or m.startswith(root + "/")]
     order = {m: i for i, m in enumerate(found)}
     return sorted(found, key=lambda m: (m.count("/"), order[m]), reverse=True)
 
