@@ -4,7 +4,7 @@ and `import_image` to load any image archive into the node's containerd.
 Rule: an image here is one layer of files taken from this machine (a static binary and
 its symlinks), written as a docker-archive tar (`manifest.json` + config + layer), the
 same format `buildah push ... docker-archive:` writes. Archives are cached outside the
-clone (`~/.cache/kgroup/images/`, `KGROUP_CACHE` moves it), named by a hash of their
+clone (`~/.cache/kgroup/images/node/`, `KGROUP_CACHE` moves it), named by a hash of their
 inputs, so a warm `cluster-up` reuses them; the tar is deterministic (sorted entries,
 mtime 0, uid 0).
 
@@ -43,7 +43,7 @@ class ImageError(RuntimeError):
 
 def cache_dir() -> Path:
     root = Path(os.environ.get("KGROUP_CACHE", Path.home() / ".cache" / "kgroup"))
-    return root / "images"
+    return root / "images" / "node"
 
 
 @dataclass(frozen=True)
