@@ -261,8 +261,7 @@ class Cluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
                 f"--proxy-client-key-file={pki.front_proxy_client_key}",
-                # The real node: reached at the InternalIP it is given (127.0.0.1), never
-                # through a name the VM's DNS would resolve; its certificate is checked.
+                # The real node: dialled at its InternalIP (127.0.0.1), certificate checked.
                 "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-client-certificate={pki.client_cert('apiserver-kubelet-client')}",
                 f"--kubelet-client-key={pki.client_key('apiserver-kubelet-client')}",
@@ -355,15 +354,13 @@ class Cluster:
         """Start one component (the caller holds the state lock) and wait until healthy."""
         ensure_pki(self.pki.dir)  # a state dir from an older version may lack a file
         argv = self.argv(name)
-        if name in node.COMPONENTS:
-            node.prepare(self, name)
+        node.prepare(self, name)  # the real node's configs, cgroups, ... (else nothing)
         rec = processes.start(name, argv, log=self.log(name), cwd=self.state_dir)
         records = self.records()
         records[name] = rec
         processes.save_records(self.pids_file, records)
         self._wait(f"{name} to be healthy", lambda: self._healthy(name), name=name)
-        if name in node.COMPONENTS:
-            node.started(self, name)
+        node.started(self, name)
         _say(f"{name} running (pid {rec.pid}, log {self.log(name)})")
         return rec
 
@@ -529,9 +526,8 @@ def ensure_up(*, state_dir: Path = STATE_DIR, who: str = "pytest",
     stays up after test sessions end).
     """
     bin_dir = build_tools()
-    missing = [n for n in COMPONENTS
-               if n not in node.COMPONENTS and not (bin_dir / n).exists()]
-    missing += node.missing_executables(bin_dir)
+    missing = node.missing_executables(bin_dir) + [
+        n for n in COMPONENTS if n not in node.COMPONENTS and not (bin_dir / n).exists()]
     if missing:
         raise ClusterError(f"missing binaries in {bin_dir}: {', '.join(missing)}")
     with state_lock():
@@ -553,10 +549,8 @@ def ensure_up(*, state_dir: Path = STATE_DIR, who: str = "pytest",
         for name, (_, alive) in status.items():
             port = _port_of(cluster, name)
             if not alive and port is not None and not _port_is_free(port):
-                raise ClusterError(
-                    f"port {port} for {name} is taken by a process this "
-                    f"tool did not start; run `python -m kgroup_devcluster down` and retry"
-                )
+                raise ClusterError(f"port {port} for {name} is taken by a process this tool "
+                                   f"did not start; run `python -m kgroup_devcluster down`")
         for name, (_, alive) in status.items():
             if not alive:
                 cluster.start_component(name)
@@ -575,10 +569,10 @@ def _register_user(state_dir: Path, user: processes.Record | None) -> None:
 
 
 def _port_of(cluster: Cluster, name: str) -> int | None:
+    """The component's listening port; None for containerd (a Unix socket)."""
     key = {"kube-apiserver": "apiserver", "kube-controller-manager": "controller_manager",
-           "kube-scheduler": "scheduler", "kwok": "kwok", "etcd": "etcd_client",
-           "kubelet": "kubelet", "containerd": None}[name]
-    return None if key is None else cluster.ports[key]
+           "kube-scheduler": "scheduler", "etcd": "etcd_client"}.get(name, name)
+    return cluster.ports.get(key)
 
 
 def stop(*, state_dir: Path = STATE_DIR, grace: float = 10.0) -> list[str]:

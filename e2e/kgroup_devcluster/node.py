@@ -232,7 +232,8 @@ def missing_executables(bin_dir: Path) -> list[str]:
 
 
 def prepare(cluster: Cluster, name: str) -> None:
-    """Write what `name` reads at start (idempotent; the caller holds the state lock)."""
+    """Write what `name` reads at start (idempotent; the caller holds the state lock);
+    nothing for a component that is not the node's."""
     s = cluster.state_dir
     p = _paths(s)
     if name == "containerd":
@@ -260,7 +261,7 @@ def prepare(cluster: Cluster, name: str) -> None:
 
 
 def started(cluster: Cluster, name: str) -> None:
-    """After `name` is healthy: containerd gets the node's own images."""
+    """After `name` is healthy: containerd gets the node's own images (else nothing)."""
     if name == "containerd":
         images.ensure_base_images(containerd_address(cluster.state_dir))
 
