@@ -191,6 +191,32 @@ def test_deleting_a_pod_sends_sigterm_to_its_container(
         pods.patch_namespaced_pod("graceful", namespace, {"metadata": {"finalizers": None}})
 
 
+def _heartbeat(cluster: Cluster) -> str:
+    n = node.get_node(cluster) or {}
+    return next((str(c["lastHeartbeatTime"]) for c in n.get("status", {}).get("conditions", [])
+                 if c["type"] == "Ready"), "")
+
+
+def test_a_restarted_kubelet_keeps_the_loopback_address_and_the_running_container(
+    cluster: Cluster, kube: client.ApiClient, namespace: str
+) -> None:
+    before = _start(kube, namespace, "survivor")
+    beat = _heartbeat(cluster)
+
+    cluster.stop_component("kubelet")
+    ensure_up(state_dir=cluster.state_dir)
+    # The kubelet's first status report after its start runs every status setter.
+    wait_for("a status report of the new kubelet", lambda: _heartbeat(cluster) != beat,
+             timeout=60)
+
+    n = node.get_node(cluster)
+    assert n is not None and node.is_ready(n)
+    assert [a for a in n["status"]["addresses"] if a["type"] == "InternalIP"] == [
+        {"type": "InternalIP", "address": "127.0.0.1"}]
+    after = wait_for("the pod Ready again", lambda: _running(kube, namespace, "survivor"))
+    assert after.container_id == before.container_id and after.restart_count == 0
+
+
 @pytest.mark.slow
 def test_cluster_down_leaves_no_process_mount_or_cgroup_behind(
     tmp_path: Path, cluster: Cluster
