@@ -96,6 +96,11 @@ def import_image(archive: Path, state_dir: Path | None = None) -> None:
     images.import_image(archive, containerd_address(state_dir))
 
 
+def image_names(state_dir: Path | None = None) -> set[str]:
+    """The images the node's containerd holds for the kubelet (to skip an import)."""
+    return images.image_names(containerd_address(state_dir))
+
+
 def cgroup_root(state_dir: Path) -> str:
     """The kubelet's cgroupRoot: one per state dir, so two clusters never share one."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
