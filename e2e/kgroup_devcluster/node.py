@@ -27,11 +27,13 @@ How it is kept on loopback and apart from the rest of the machine:
 `stop` (from `make cluster-down`) stops the kubelet, deletes every task through
 containerd, stops containerd, then removes what is left: processes in our cgroup subtree,
 shims started with our socket, mounts under `<state>/node`, the cgroup subtree in every
-hierarchy, our pods' links in /var/log/containers (see hostclean.py).
+hierarchy, our pods' links in /var/log/containers (see hostclean.py), and the empty
+directories the kubelet and the shims made in /var/lib/kubelet and /run/containerd.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,6 +65,13 @@ CONTAINERD = "/usr/bin/containerd"
 RUNC = "/usr/sbin/runc"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 CONTAINER_LOG_LINKS = Path("/var/log/containers")  # fixed in the kubelet's code
+# Also fixed in the kubelet's code, whatever its --root-dir: the device plugins' socket.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+# Directories the kubelet, containerd's shims and ctr create outside the state dir; removed
+# at `down` when empty (rmdir never removes what another runtime still keeps there).
+HOST_DIRS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/log/containers",
+             "/run/containerd/fifo", "/run/containerd/runc/k8s.io", "/run/containerd/runc",
+             "/run/containerd/s", "/run/containerd")
 SYSCTL_RECORD = Path("/run/kgroup-kubelet-sysctl.json")
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic",
                    "kernel.panic_on_oops", "kernel.keys.root_maxkeys",
@@ -365,8 +374,12 @@ def stop(state_dir: Path, records: dict[str, processes.Record], *,
         for link in CONTAINER_LOG_LINKS.iterdir():
             if link.is_symlink() and os.readlink(link).startswith(logs + "/"):
                 link.unlink()
-    if not [p for p in hostclean.pids_named("kubelet") if p != os.getpid()]:
+    if not hostclean.pids_named("kubelet"):  # the last kubelet of the machine is gone
         hostclean.restore_sysctls(SYSCTL_RECORD)
+        DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
+    for d in HOST_DIRS:
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
     return stopped
 
 
