@@ -194,6 +194,42 @@ def test_deleting_a_pod_sends_sigterm_to_its_container(
         pods.patch_namespaced_pod("graceful", namespace, {"metadata": {"finalizers": None}})
 
 
+def test_a_native_sidecar_gets_sigterm_after_the_main_container_exits(
+    kube: client.ApiClient, namespace: str
+) -> None:
+    """The chart's sidecar is a native sidecar (an init container with restartPolicy
+    Always): it starts first, and on delete stops only after the app container."""
+    pods: Any = client.CoreV1Api(kube)
+    spec = real_pod("with-sidecar", finalizers=[HOLD])
+    spec["spec"]["shareProcessNamespace"] = True  # the sidecar looks for main's process
+    main = spec["spec"]["containers"][0]
+    main["command"] = [*main["command"], "main-marker"]  # $0 of main's shell
+    on_term = ('if ps | grep -q "[m]ain-marker"; then echo "main still running"; '
+               'else echo "got SIGTERM after main"; fi > /dev/termination-log; exit 0')
+    sidecar = {**main, "name": "sidecar", "restartPolicy": "Always",
+               "command": ["/bin/sh", "-c", f"trap '{on_term}' TERM; "
+                           "while true; do sleep 0.1; done"]}
+    spec["spec"]["initContainers"] = [sidecar]
+    pods.create_namespaced_pod(namespace, spec)
+    wait_for("main running and Ready", lambda: _running(kube, namespace, "with-sidecar"),
+             timeout=90)
+    pods.delete_namespaced_pod("with-sidecar", namespace)
+
+    def both_terminated() -> Any:
+        status = _pod(kube, namespace, "with-sidecar").status
+        states = [s.state.terminated for s in [*(status.init_container_statuses or []),
+                                                *(status.container_statuses or [])]]
+        return states if len(states) == 2 and all(states) else None
+
+    try:
+        side, app = wait_for("both containers to terminate", both_terminated, timeout=60)
+        assert app.message.strip() == "got SIGTERM"
+        assert side.message.strip() == "got SIGTERM after main"
+        assert side.finished_at >= app.finished_at
+    finally:
+        pods.patch_namespaced_pod("with-sidecar", namespace, {"metadata": {"finalizers": None}})
+
+
 def _heartbeat(cluster: Cluster) -> str:
     n = node.get_node(cluster) or {}
     return next((str(c["lastHeartbeatTime"]) for c in n.get("status", {}).get("conditions", [])
