@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything kgroup needs from the project's own files:
-#   - Debian packages (redis-server) when missing,
+#   - Debian packages when missing (redis-server; containerd, runc and friends for the
+#     real node; buildah and debootstrap for the images),
 #   - the virtualenv at .venv/ with the package and its dev + pipeline extras, pinned by
 #     constraints.txt (pip's cache lives outside the clone, so a second run is quick).
 # The Kubernetes binaries are built by scripts/build-tools.sh (make tools).
@@ -9,12 +10,30 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  log "installing Debian package redis-server"
+# Debian packages, each installed only when missing (dpkg's own record, so a second run
+# costs nothing): redis-server for the pipeline; the real node's runtime (containerd,
+# runc, CNI plugins, static busybox for its test image, gcc + libc6-dev for the static
+# pause binary); buildah and debootstrap build the images from docker/.
+packages=(redis-server containerd runc containernetworking-plugins busybox-static gcc
+          libc6-dev buildah debootstrap)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-  # Debian starts a system redis on 6379 after install; kgroup runs its own on other ports.
+  # policy-rc.d 101: no package starts its service (a system redis on 6379, a system
+  # containerd on /run/containerd): kgroup runs its own, on its own ports and sockets.
+  # An existing policy-rc.d (container images ship one) is left as it is.
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ "$own_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
   (service redis-server stop || true) >/dev/null 2>&1
 fi
 

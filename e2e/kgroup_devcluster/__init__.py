@@ -2,7 +2,8 @@
 
 Rule: nothing in this package talks to anything but 127.0.0.1. The control plane is
 real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler built from their Go
-modules) and kwok plays the kubelet of three fake nodes.
+modules), kwok plays the kubelet of three fake nodes, and one real node (containerd +
+a kubelet, node.py) runs the pods that select it.
 
     python -m kgroup_devcluster up|down|status|env
 

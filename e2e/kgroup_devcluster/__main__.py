@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from .cluster import STATE_DIR, ClusterError, ensure_up, load, running, stop
+from .images import ImageError
+from .node import NodeError
 
 
 def _export_line(kubeconfig: str) -> str:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env}
     try:
         return commands[args.command]()
-    except ClusterError as e:
+    except (ClusterError, NodeError, ImageError) as e:
         print(f"[devcluster] error: {e}", file=sys.stderr)
         return 1
 

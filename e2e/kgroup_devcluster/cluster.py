@@ -1,15 +1,17 @@
-"""The local control plane: etcd, kube-apiserver, controller manager, scheduler, kwok.
+"""The local control plane: etcd, kube-apiserver, controller manager, scheduler, kwok,
+and a real node (containerd + kubelet, see node.py).
 
 Rule: every process listens on 127.0.0.1 only, on ports picked free at the first start
 and recorded in `<state>/ports.json`, and is started detached with its log in
 `<state>/logs/<name>.log`. Everything the cluster needs lives in the state dir
 (`<repo>/.state/cluster/`): certificates, kubeconfigs, etcd's data, PIDs. `up` is
-idempotent: it starts only what is not running, in dependency order, and waits for each
-step before the next. `down` signals only the PIDs recorded there (see processes.py).
+idempotent: it starts only what is not running (or runs an older command line), in
+dependency order, and waits for each step before the next. `down` signals only the PIDs
+recorded there (see processes.py) and removes what the real node left (node.py).
 
 Why: tests need a real API server (admission, RBAC, CEL, TokenRequest, resourceVersion
-conflicts) but no container runtime; kwok plays the kubelet for fake nodes, so pods are
-scheduled, become Running and Ready, and nothing runs inside them.
+conflicts); kwok plays the kubelet for cheap fake nodes (pods become Running and Ready,
+nothing runs in them), and the real node runs the pods that ask for it in containers.
 
 A file lock (`<repo>/.state/cluster.lock`) serialises `up`, `down` and the API server
 restarts of every process on the machine: several engineers share this working tree.
@@ -17,7 +19,6 @@ restarts of every process on the machine: several engineers share this working t
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import json
@@ -35,17 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import processes
-from .pki import FRONT_PROXY_CLIENT, Pki, ensure_pki
+from . import node, processes
+from .pki import FRONT_PROXY_CLIENT, Pki, ensure_pki, kubeconfig_text
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("KGROUP_STATE_ROOT", REPO / ".state"))
 STATE_DIR = STATE_ROOT / "cluster"
 LOCK_FILE = STATE_ROOT / "cluster.lock"
 
-# Start order; stop goes the other way.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok")
+# Start order; stop goes the other way. The real node (node.py) comes last.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+              *node.COMPONENTS)
+PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok",
+         *node.PORTS)
 
 FAKE_NODES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -102,23 +105,6 @@ def build_tools() -> Path:
     if not lines:
         raise ClusterError(f"{script} printed no bin dir")
     return Path(lines[-1])
-
-
-def _kubeconfig_text(*, server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
-    def b64(p: Path) -> str:
-        return base64.b64encode(p.read_bytes()).decode()
-
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "kgroup-dev", "cluster": {
-            "server": server, "certificate-authority-data": b64(ca)}}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
-        "contexts": [{"name": "kgroup-dev", "context": {"cluster": "kgroup-dev", "user": user}}],
-        "current-context": "kgroup-dev",
-    }
-    return json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
 
 
 @dataclass
@@ -234,6 +220,8 @@ class Cluster:
 
     def argv(self, name: str) -> list[str]:
         """The command line of a component (deterministic for a given state dir)."""
+        if name in node.COMPONENTS:
+            return node.argv(self, name)
         p, s, pki = self.ports, self.state_dir, self.pki
         exe = str(self.bin_dir / name)
         if name == "etcd":
@@ -273,6 +261,12 @@ class Cluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
                 f"--proxy-client-key-file={pki.front_proxy_client_key}",
+                # The real node: dialled at its InternalIP (127.0.0.1), certificate checked.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki.client_cert('apiserver-kubelet-client')}",
+                f"--kubelet-client-key={pki.client_key('apiserver-kubelet-client')}",
+                f"--kubelet-certificate-authority={pki.ca_cert}",
+                "--enable-admission-plugins=NodeRestriction",
             ]
         if name in ("kube-controller-manager", "kube-scheduler"):
             stem = "controller-manager" if name == "kube-controller-manager" else "scheduler"
@@ -334,6 +328,8 @@ class Cluster:
     def _healthy(self, name: str) -> bool:
         """The component's own health endpoint answers 200 (certificate not checked:
         the controller manager and scheduler serve a self-signed one on loopback)."""
+        if name in node.COMPONENTS:
+            return node.healthy(self, name)
         if name == "etcd":
             url = f"http://127.0.0.1:{self.ports['etcd_client']}/health"
             ctx = None
@@ -358,11 +354,13 @@ class Cluster:
         """Start one component (the caller holds the state lock) and wait until healthy."""
         ensure_pki(self.pki.dir)  # a state dir from an older version may lack a file
         argv = self.argv(name)
+        node.prepare(self, name)  # the real node's configs, cgroups, ... (else nothing)
         rec = processes.start(name, argv, log=self.log(name), cwd=self.state_dir)
         records = self.records()
         records[name] = rec
         processes.save_records(self.pids_file, records)
         self._wait(f"{name} to be healthy", lambda: self._healthy(name), name=name)
+        node.started(self, name)
         _say(f"{name} running (pid {rec.pid}, log {self.log(name)})")
         return rec
 
@@ -396,13 +394,13 @@ class Cluster:
     def ensure_nodes(self) -> None:
         """Create the fake nodes kwok manages (existing ones are kept)."""
         resources = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
-        for node in FAKE_NODES:
+        for name in FAKE_NODES:
             manifest = {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {
-                    "name": node,
+                    "name": name,
                     "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {"type": "kwok", "kubernetes.io/hostname": node,
+                    "labels": {"type": "kwok", "kubernetes.io/hostname": name,
                                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
                 },
                 "spec": {},
@@ -414,7 +412,7 @@ class Cluster:
             }
             status, body = self.request("POST", "/api/v1/nodes", manifest)
             if status not in (201, 409):
-                raise ClusterError(f"creating node {node}: HTTP {status}: {body[:300]!r}")
+                raise ClusterError(f"creating node {name}: HTTP {status}: {body[:300]!r}")
 
     def _get_json(self, path: str) -> dict[str, Any] | None:
         try:
@@ -498,13 +496,13 @@ def _prepare(state_dir: Path, bin_dir: Path, who: str) -> Cluster:
     state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o700)
     ports_file = state_dir / "ports.json"
+    ports: dict[str, int] = {}
     if ports_file.exists():
         ports = {k: int(v) for k, v in json.loads(ports_file.read_text()).items()}
-    else:
-        ports = {}
-        while len(set(ports.values())) < len(PORTS):
-            ports = {name: _free_port() for name in PORTS}
-        ports_file.write_text(json.dumps(ports, indent=2) + "\n")
+    for name in PORTS:  # a state dir from an older version may lack some
+        while name not in ports or list(ports.values()).count(ports[name]) > 1:
+            ports[name] = _free_port()
+    ports_file.write_text(json.dumps(ports, indent=2) + "\n")
     meta = {"bin_dir": str(bin_dir), "owner": who}
     _meta_file(state_dir).write_text(json.dumps(meta, indent=2) + "\n")
     cluster = Cluster(state_dir=state_dir, bin_dir=bin_dir, ports=ports)
@@ -514,7 +512,7 @@ def _prepare(state_dir: Path, bin_dir: Path, who: str) -> Cluster:
     ]:
         if not path.exists():
             path.touch(mode=0o600)
-            path.write_text(_kubeconfig_text(
+            path.write_text(kubeconfig_text(
                 server=cluster.server, ca=pki.ca_cert, cert=pki.client_cert(stem),
                 key=pki.client_key(stem), user=stem))
     return cluster
@@ -528,7 +526,8 @@ def ensure_up(*, state_dir: Path = STATE_DIR, who: str = "pytest",
     stays up after test sessions end).
     """
     bin_dir = build_tools()
-    missing = [n for n in COMPONENTS if not (bin_dir / n).exists()]
+    missing = node.missing_executables(bin_dir) + [
+        n for n in COMPONENTS if n not in node.COMPONENTS and not (bin_dir / n).exists()]
     if missing:
         raise ClusterError(f"missing binaries in {bin_dir}: {', '.join(missing)}")
     with state_lock():
@@ -542,17 +541,22 @@ def ensure_up(*, state_dir: Path = STATE_DIR, who: str = "pytest",
             who = "cli"
         cluster = _prepare(state_dir, bin_dir, who)
         status = cluster.status()
+        for name, (rec, alive) in status.items():
+            if alive and rec is not None and rec.argv != tuple(cluster.argv(name)):
+                _say(f"{name} runs with an older command line: restarting it")
+                cluster.stop_component(name)
+                status[name] = (rec, False)
         for name, (_, alive) in status.items():
-            if not alive and not _port_is_free(_port_of(cluster, name)):
-                raise ClusterError(
-                    f"port {_port_of(cluster, name)} for {name} is taken by a process this "
-                    f"tool did not start; run `python -m kgroup_devcluster down` and retry"
-                )
+            port = _port_of(cluster, name)
+            if not alive and port is not None and not _port_is_free(port):
+                raise ClusterError(f"port {port} for {name} is taken by a process this tool "
+                                   f"did not start; run `python -m kgroup_devcluster down`")
         for name, (_, alive) in status.items():
             if not alive:
                 cluster.start_component(name)
         cluster.ensure_nodes()
         cluster.wait_usable()
+        node.ensure_ready(cluster)
         _register_user(state_dir, _register)
         return cluster
 
@@ -564,10 +568,11 @@ def _register_user(state_dir: Path, user: processes.Record | None) -> None:
         processes.save_record(users / f"{user.pid}.json", user)
 
 
-def _port_of(cluster: Cluster, name: str) -> int:
+def _port_of(cluster: Cluster, name: str) -> int | None:
+    """The component's listening port; None for containerd (a Unix socket)."""
     key = {"kube-apiserver": "apiserver", "kube-controller-manager": "controller_manager",
-           "kube-scheduler": "scheduler", "kwok": "kwok", "etcd": "etcd_client"}[name]
-    return cluster.ports[key]
+           "kube-scheduler": "scheduler", "etcd": "etcd_client"}.get(name, name)
+    return cluster.ports.get(key)
 
 
 def stop(*, state_dir: Path = STATE_DIR, grace: float = 10.0) -> list[str]:
@@ -578,12 +583,15 @@ def stop(*, state_dir: Path = STATE_DIR, grace: float = 10.0) -> list[str]:
 
 def stop_locked(state_dir: Path, grace: float) -> list[str]:
     """stop() for a caller that already holds state_lock()."""
-    stopped: list[str] = []
     records = processes.load_records(state_dir / "pids.json")
+    stopped = node.stop(state_dir, records, grace=grace)  # first: its pods need nothing else
     for name in reversed(COMPONENTS):
         rec = records.get(name)
         if rec is not None and processes.stop(rec, grace=grace):
             stopped.append(name)
+    left = node.leftovers(state_dir)
+    if left:  # never rmtree over a live mount: it would delete what is mounted there
+        raise ClusterError(f"the real node left {'; '.join(left)}; {state_dir} is kept")
     shutil.rmtree(state_dir, ignore_errors=True)
     return stopped
 

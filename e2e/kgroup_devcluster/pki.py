@@ -12,8 +12,10 @@ key whose public half it also uses to verify them.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,9 @@ CLIENTS = (
     ClientIdentity("controller-manager", "system:kube-controller-manager"),
     ClientIdentity("scheduler", "system:kube-scheduler"),
     ClientIdentity("kwok", "kgroup-kwok", ("system:masters",)),
+    # The API server's identity towards the kubelet (logs, exec, port-forward).
+    ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                   ("system:masters",)),
 )
 
 
@@ -101,11 +106,37 @@ class Pki:
     def sa_pub(self) -> Path:
         return self.dir / "sa.pub"
 
+    @property
+    def kubelet_serving_cert(self) -> Path:
+        return self.dir / "kubelet-serving.crt"
+
+    @property
+    def kubelet_serving_key(self) -> Path:
+        return self.dir / "kubelet-serving.key"
+
     def client_cert(self, stem: str) -> Path:
         return self.dir / f"{stem}.crt"
 
     def client_key(self, stem: str) -> Path:
         return self.dir / f"{stem}.key"
+
+
+def kubeconfig_text(*, server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
+    """A kubeconfig for `server` with a client certificate (JSON, which is valid YAML)."""
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kgroup-dev", "cluster": {
+            "server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {
+            "client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "contexts": [{"name": "kgroup-dev", "context": {"cluster": "kgroup-dev", "user": user}}],
+        "current-context": "kgroup-dev",
+    }
+    return json.dumps(config, indent=2) + "\n"  # JSON is valid YAML
 
 
 def _new_key() -> rsa.RSAPrivateKey:
@@ -265,4 +296,30 @@ def ensure_pki(directory: Path) -> Pki:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
+    return pki
+
+
+def ensure_kubelet_pki(directory: Path, node_name: str) -> Pki:
+    """The real node's certificates (made once, like the rest): its client certificate
+    (`system:node:<name>` in `system:nodes`, so the Node authorizer and NodeRestriction
+    apply to it, stem `kubelet`) and its serving certificate for 127.0.0.1, which the
+    API server verifies with the cluster CA."""
+    pki = ensure_pki(directory)
+    ca = _ensure_ca(pki.ca_cert, pki.ca_key, "kgroup-devcluster-ca")
+    _leaf(
+        ca=ca,
+        cert_path=pki.client_cert("kubelet"),
+        key_path=pki.client_key("kubelet"),
+        subject=_name(f"system:node:{node_name}", ("system:nodes",)),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    _leaf(
+        ca=ca,
+        cert_path=pki.kubelet_serving_cert,
+        key_path=pki.kubelet_serving_key,
+        subject=_name(f"system:node:{node_name}", ("system:nodes",)),
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        sans=x509.SubjectAlternativeName(
+            [x509.DNSName(node_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+    )
     return pki
