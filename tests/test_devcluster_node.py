@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kgroup_devcluster import hostclean, images, node
+from kgroup_devcluster import hostclean, node, node_images
 from kgroup_devcluster.cluster import PORTS, Cluster
 
 STATE = Path("/srv/kgroup-test/.state/cluster")
@@ -36,7 +36,7 @@ def test_containerd_keeps_to_its_state_dir_and_loopback() -> None:
 
     assert cri["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE on this VM
     assert cri["stream_server_address"] == "127.0.0.1"
-    assert cri["sandbox_image"] == images.PAUSE_IMAGE
+    assert cri["sandbox_image"] == node_images.PAUSE_IMAGE
     assert runc["options"]["SystemdCgroup"] is False
     assert runc["options"]["BinaryName"] == node.RUNC
     paths = [config["root"], config["state"], config["grpc"]["address"],
@@ -129,11 +129,13 @@ def _members(path: Path) -> dict[str, bytes]:
 def test_an_image_archive_is_deterministic_and_tagged(tmp_path: Path) -> None:
     binary = tmp_path / "tool"
     binary.write_bytes(b"\x7fELF not really")
-    entries = [images.Entry("bin/tool", source=binary),
-               images.Entry("bin/sh", link="tool", mode=0o777)]
+    entries = [node_images.Entry("bin/tool", source=binary),
+               node_images.Entry("bin/sh", link="tool", mode=0o777)]
     a, b = tmp_path / "a.tar", tmp_path / "b.tar"
-    images.write_archive(a, name="localhost/kgroup/t:1", entries=entries, entrypoint=["/bin/sh"])
-    images.write_archive(b, name="localhost/kgroup/t:1", entries=entries, entrypoint=["/bin/sh"])
+    node_images.write_archive(a, name="localhost/kgroup/t:1", entries=entries,
+                              entrypoint=["/bin/sh"])
+    node_images.write_archive(b, name="localhost/kgroup/t:1", entries=entries,
+                              entrypoint=["/bin/sh"])
 
     assert a.read_bytes() == b.read_bytes()
     members = _members(a)

@@ -9,7 +9,7 @@ keeps every socket on 127.0.0.1). Everything else still goes to the kwok nodes.
 How it is kept on loopback and apart from the rest of the machine:
 - containerd has its own config, root, state, socket (`containerd_address()`) and runc
   root; its CRI stream server binds 127.0.0.1 on a random port; CNI has one loopback-only
-  conflist; its sandbox image is a local `pause` (images.py: no registry here).
+  conflist; its sandbox image is a local `pause` (node_images.py: no registry here).
 - the kubelet serves on 127.0.0.1 (TLS, x509 client CA + webhook authn/authz, no
   read-only port), its cgroups live under a cgroupRoot named after the state dir
   (`cgroup_root()`), and its pod logs under the state dir.
@@ -45,7 +45,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import hostclean, images, processes
+from . import hostclean, node_images, processes
 from .pki import ensure_kubelet_pki, kubeconfig_text
 
 if TYPE_CHECKING:
@@ -102,12 +102,12 @@ def containerd_address(state_dir: Path | None = None) -> Path:
 def import_image(archive: Path, state_dir: Path | None = None) -> None:
     """Load an image archive (docker-archive or OCI tar) into the node's containerd, where
     the kubelet finds it (pods use `imagePullPolicy: Never` or `IfNotPresent`)."""
-    images.import_image(archive, containerd_address(state_dir))
+    node_images.import_image(archive, containerd_address(state_dir))
 
 
 def image_names(state_dir: Path | None = None) -> set[str]:
     """The images the node's containerd holds for the kubelet (to skip an import)."""
-    return images.image_names(containerd_address(state_dir))
+    return node_images.image_names(containerd_address(state_dir))
 
 
 def cgroup_root(state_dir: Path) -> str:
@@ -151,7 +151,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt",
   address = "{containerd_address(state_dir)}"
 
 [{cri}]
-  sandbox_image = "{images.PAUSE_IMAGE}"
+  sandbox_image = "{node_images.PAUSE_IMAGE}"
   # This VM lacks CAP_SYS_RESOURCE: without it runc fails every sandbox ("can't get
   # final child's PID from pipe: EOF") when asked for an OOM score below containerd's.
   restrict_oom_score_adj = true
@@ -240,7 +240,7 @@ def argv(cluster: Cluster, name: str) -> list[str]:
 
 def missing_executables(bin_dir: Path) -> list[str]:
     """The node's executables that are not installed (scripts/setup.sh installs them)."""
-    needed = [CONTAINERD, RUNC, images.CTR, f"{CNI_BIN_DIR}/loopback",
+    needed = [CONTAINERD, RUNC, node_images.CTR, f"{CNI_BIN_DIR}/loopback",
               "/usr/bin/containerd-shim-runc-v2", str(bin_dir / "kubelet")]
     return [x for x in needed if not os.access(x, os.X_OK)]
 
@@ -277,7 +277,7 @@ def prepare(cluster: Cluster, name: str) -> None:
 def started(cluster: Cluster, name: str) -> None:
     """After `name` is healthy: containerd gets the node's own images (else nothing)."""
     if name == "containerd":
-        images.ensure_base_images(containerd_address(cluster.state_dir))
+        node_images.ensure_base_images(containerd_address(cluster.state_dir))
 
 
 def healthy(cluster: Cluster, name: str) -> bool:
@@ -343,8 +343,8 @@ def ensure_ready(cluster: Cluster, *, timeout: float = READY_TIMEOUT) -> dict[st
 
 
 def _ctr(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([images.CTR, "--address", str(containerd_address(state_dir)),
-                           "--namespace", images.NAMESPACE, *args],
+    return subprocess.run([node_images.CTR, "--address", str(containerd_address(state_dir)),
+                           "--namespace", node_images.NAMESPACE, *args],
                           capture_output=True, text=True, check=False, timeout=60.0)
 
 

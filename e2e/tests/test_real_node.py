@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kgroup_devcluster import Cluster, hostclean, images, node
+from kgroup_devcluster import Cluster, hostclean, node, node_images
 from kgroup_devcluster.cluster import ensure_up, stop
 from kgroup_devcluster.pytest_plugin import wait_for
 
@@ -44,7 +44,7 @@ def real_pod(name: str, *, finalizers: list[str] | None = None) -> dict[str, Any
             "securityContext": {"runAsUser": UID, "runAsGroup": UID, "runAsNonRoot": True,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "main", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "name": "main", "image": node_images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", SCRIPT],
                 "securityContext": {"readOnlyRootFilesystem": True,
                                     "allowPrivilegeEscalation": False,
@@ -78,8 +78,8 @@ def _start(kube: client.ApiClient, namespace: str, name: str, **kw: Any) -> Any:
 def _task_pid(cluster: Cluster, container_id: str) -> int:
     """The host PID of a container's first process, asked of the node's containerd."""
     cid = container_id.removeprefix("containerd://")
-    out = subprocess.run([images.CTR, "--address", str(node.containerd_address(
-        cluster.state_dir)), "--namespace", images.NAMESPACE, "tasks", "list"],
+    out = subprocess.run([node_images.CTR, "--address", str(node.containerd_address(
+        cluster.state_dir)), "--namespace", node_images.NAMESPACE, "tasks", "list"],
         capture_output=True, text=True, check=True).stdout
     for line in out.splitlines()[1:]:
         task, pid, status = line.split()

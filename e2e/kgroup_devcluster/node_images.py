@@ -89,7 +89,7 @@ def write_archive(path: Path, *, name: str, entries: list[Entry],
         "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": ["PATH=/bin"],
                    "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "kgroup_devcluster.images"}],
+        "history": [{"created_by": "kgroup_devcluster.node_images"}],
     }, sort_keys=True).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
