@@ -1,7 +1,8 @@
 """The local pod runner: plays the container runtime for pods that kwok marks Running.
 
 kwok makes pods Running without running anything, so on the local control plane this
-runner starts, as local processes, the containers of every pod it is told to watch:
+runner starts, as local processes, the containers of every pod it is told to watch
+(except the pods on the real node, whose kubelet runs them in real containers):
 
 - it runs a container's ``command`` + ``args`` (the image is ignored; executables resolve
   against the project's virtualenv first), native sidecars (init containers with
@@ -47,6 +48,8 @@ from typing import Any, Protocol
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+
+from .node import NODE_NAME as REAL_NODE
 
 log = logging.getLogger("kgroup.runner")
 
@@ -136,8 +139,9 @@ class LocalRunner:
                 if running is not None:
                     self._terminate(running)
                 return
-            if running is None and pod.status is not None and pod.status.phase == "Running":
-                self._start(pod)
+            if running is None and pod.status is not None and pod.status.phase == "Running" \
+                    and pod.spec.node_name != REAL_NODE:
+                self._start(pod)  # the real node's kubelet runs its pods' containers itself
 
     def _start(self, pod: Any) -> None:
         ns, name = pod.metadata.namespace, pod.metadata.name
