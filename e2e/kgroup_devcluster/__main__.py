@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from .cluster import STATE_DIR, ClusterError, ensure_up, load, running, stop
-from .images import ImageError
+from .node_images import ImageError
 from .node import NodeError
 
 
