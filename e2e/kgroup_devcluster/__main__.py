@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from .cluster import STATE_DIR, ClusterError, ensure_up, load, running, stop
-from .node_images import ImageError
 from .node import NodeError
+from .node_images import ImageError
 
 
 def _export_line(kubeconfig: str) -> str:

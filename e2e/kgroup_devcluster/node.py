@@ -110,6 +110,19 @@ def image_names(state_dir: Path | None = None) -> set[str]:
     return node_images.image_names(containerd_address(state_dir))
 
 
+def task_pid(container_id: str, state_dir: Path | None = None) -> int | None:
+    """The host PID of a running container's first process (`containerd://<id>` or <id>)."""
+    cid = container_id.removeprefix("containerd://")
+    out = subprocess.run([node_images.CTR, "--address", str(containerd_address(state_dir)),
+                          "--namespace", node_images.NAMESPACE, "tasks", "list"],
+                         capture_output=True, text=True, check=False, timeout=60.0)
+    for line in out.stdout.splitlines()[1:]:
+        task, pid, status = line.split()
+        if task == cid and status == "RUNNING":
+            return int(pid)
+    return None
+
+
 def cgroup_root(state_dir: Path) -> str:
     """The kubelet's cgroupRoot: one per state dir, so two clusters never share one."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]

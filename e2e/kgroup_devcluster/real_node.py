@@ -21,13 +21,29 @@ from .cluster import REPO
 
 Obj = dict[str, Any]
 EXAMPLE = REPO / "examples" / "worker-deployment.yaml"
+GROUP_EXAMPLE = REPO / "examples" / "consumergroup.yaml"
 NODE_LABEL = "kgroup.dev/node"
 NODE_VALUE = "real"
 
 
+# The local node has 2 cores for every pod of a test: the example's requests (a worker
+# asks for half a core and 1 GiB, as a production worker would) would leave a 4-worker
+# group plus a surge pod Pending. Tests and the demo ask for little; limits stay.
+SMALL_REQUESTS = {"cpu": "50m", "memory": "256Mi"}
+
+
 def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
-                    replicas: int | None = None, path: Path = EXAMPLE) -> list[Obj]:
-    """The example's ConfigMap and Deployment, placed on the real node."""
+                    replicas: int | None = None, path: Path = EXAMPLE,
+                    command: list[str] | None = None, small_requests: bool = False,
+                    audit_dir: Path | None = None,
+                    sidecar_env: dict[str, str] | None = None) -> list[Obj]:
+    """The example's ConfigMap and Deployment, placed on the real node.
+
+    The keyword arguments are what a test or the demo changes beyond placement: the app's
+    command (the PySpark job instead of the light worker), small resource requests, an
+    ownership audit file per sidecar in a hostPath directory (`audit_dir`, a test's
+    instrument, not a deployment's) and extra sidecar settings.
+    """
     docs: list[Obj] = [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         if doc["kind"] == "ConfigMap":
@@ -45,7 +61,38 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
                                    "value": NODE_VALUE, "effect": "NoSchedule"}]
             for c in pod.get("initContainers", []) + pod["containers"]:
                 c["imagePullPolicy"] = "Never"
+                if small_requests:
+                    c.setdefault("resources", {})["requests"] = dict(SMALL_REQUESTS)
                 if c["name"] == "kgroup-sidecar":
                     c["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                  {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]
+                    c["env"] += [{"name": k, "value": v}
+                                 for k, v in (sidecar_env or {}).items()]
+                    if audit_dir is not None:
+                        _add_audit(pod, c, audit_dir)
+                elif command is not None:
+                    c["command"] = list(command)
     return docs
+
+
+def _add_audit(pod: Obj, sidecar: Obj, audit_dir: Path) -> None:
+    """Each sidecar appends its ownership audit to <audit_dir>/<pod>.jsonl on the node."""
+    audit_dir.mkdir(parents=True, exist_ok=True)
+    audit_dir.chmod(0o1777)  # the sidecar runs as uid 10001
+    pod["volumes"].append({"name": "kgroup-audit",
+                           "hostPath": {"path": str(audit_dir), "type": "Directory"}})
+    sidecar.setdefault("volumeMounts", []).append(
+        {"name": "kgroup-audit", "mountPath": "/var/run/kgroup-audit"})
+    sidecar["env"].append({"name": "KGROUP_AUDIT_FILE",
+                           "value": "/var/run/kgroup-audit/$(KGROUP_POD_NAME).jsonl"})
+
+
+def example_group(*, redis_url: str, stream: str, partitions: int | None = None,
+                  path: Path = GROUP_EXAMPLE, **spec: Any) -> Obj:
+    """examples/consumergroup.yaml with where its stream is and any spec field changed."""
+    group: Obj = copy.deepcopy(yaml.safe_load(path.read_text()))
+    group["spec"]["source"] = {"stream": stream, "redisUrl": redis_url}
+    if partitions is not None:
+        group["spec"]["partitions"] = partitions
+    group["spec"].update(spec)
+    return group

@@ -21,16 +21,33 @@ import yaml
 from kubernetes import client
 
 from .cluster import REPO, Cluster
+from .runner import free_port
 
 CHART = REPO / "charts" / "kgroup"
+REAL_NODE_VALUES = REPO / "e2e" / "values-real-node.yaml"
 
 # The chart's operator listens on fixed ports (its metrics on the pod IP for the Service). On
 # the local runner every pod shares the host's loopback, so those listeners are turned off.
 RUNNER_ENV = ["KGROUP_METRICS_HOST=127.0.0.1", "KGROUP_METRICS_PORT=0", "KGROUP_LIVENESS_PORT=0"]
 
 
-def helm_install(cluster: Cluster, *, release: str, namespace: str) -> None:
-    """Install the chart with its operator watching `namespace` and the worker RBAC there."""
+def helm_install(cluster: Cluster, *, release: str, namespace: str,
+                 real_node: bool = False) -> None:
+    """Install the chart with its operator watching `namespace` and the worker RBAC there.
+
+    `real_node`: the operator runs in a real container on the real node, from the image
+    `make images` loaded, with e2e/values-real-node.yaml (hostNetwork, the API server on
+    loopback) and free node ports for its metrics and health endpoints. Otherwise its pod
+    lands on a kwok node and the local runner runs its command.
+    """
+    if real_node:
+        where = ["-f", str(REAL_NODE_VALUES),
+                 "--set", f"kubernetesApi.port={cluster.ports['apiserver']}",
+                 "--set", f"operator.metricsPort={free_port()}",
+                 "--set", f"operator.healthPort={free_port()}"]
+    else:
+        where = ["--set", "operator.image.repository=kgroup-operator",
+                 "--set", "operator.image.tag=dev"]
     out = cluster.helm(
         "upgrade", "--install", release, str(CHART), "--namespace", namespace,
         "--take-ownership",
@@ -38,8 +55,7 @@ def helm_install(cluster: Cluster, *, release: str, namespace: str) -> None:
         "--set", f"operator.leaderElection.leaseName={release}-leader",
         "--set", f"workerRbac.namespaces={{{namespace}}}",
         "--set", f"admissionPolicy.namespaces={{{namespace}}}",
-        "--set", "operator.image.repository=kgroup-operator", "--set", "operator.image.tag=dev",
-        check=False)
+        *where, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"helm install failed: {out.stderr.strip()}")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +76,9 @@ def _start(kube: client.ApiClient, namespace: str, name: str, **kw: Any) -> Any:
 
 def _task_pid(cluster: Cluster, container_id: str) -> int:
     """The host PID of a container's first process, asked of the node's containerd."""
-    cid = container_id.removeprefix("containerd://")
-    out = subprocess.run([node_images.CTR, "--address", str(node.containerd_address(
-        cluster.state_dir)), "--namespace", node_images.NAMESPACE, "tasks", "list"],
-        capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines()[1:]:
-        task, pid, status = line.split()
-        if task == cid and status == "RUNNING":
-            return int(pid)
-    raise AssertionError(f"no running task {cid} in:\n{out}")
+    pid = node.task_pid(container_id, cluster.state_dir)
+    assert pid is not None, f"no running task {container_id}"
+    return pid
 
 
 def _runs(pid: int) -> bool:
