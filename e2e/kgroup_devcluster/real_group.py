@@ -1,0 +1,156 @@
+"""A kgroup release and a worker group on the real node, driven as a user drives them.
+
+Shared by the real-node end-to-end test, its benchmark and `make demo`: `helm install`
+the chart with e2e/values-real-node.yaml, `kubectl apply` the examples (adapted by
+real_node.py), read the group's status and the Deployment's readiness, and do to the pods
+what a failure would (SIGKILL of a container's process on the host, found through the
+node's containerd). Nothing here starts a process of kgroup: the kubelet runs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from kgroup.constants import LABEL_GROUP, LABEL_PARTITION, LABEL_ROLE
+
+from . import node, stack
+from .cluster import Cluster
+from .real_node import example_group, example_workers
+
+Obj = dict[str, Any]
+APP = "orders-worker"  # the example's names
+GROUP = "orders"
+OPERATOR = "app.kubernetes.io/component=operator"
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+@dataclass
+class RealGroup:
+    """One namespace: the chart's release, a ConsumerGroup and its worker Deployment."""
+
+    cluster: Cluster
+    api: client.ApiClient
+    namespace: str
+    release: str
+    redis_url: str
+    audit: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.coord = client.CoordinationV1Api(self.api)
+        self.watcher = stack.GroupWatcher(self.api, self.namespace, GROUP)
+
+    # -- installing ---------------------------------------------------------------------
+    def install(self) -> None:
+        """Create the namespace if needed and `helm install` the chart for it."""
+        if not self.core.list_namespace(
+                field_selector=f"metadata.name={self.namespace}").items:
+            self.core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=self.namespace)))
+        stack.helm_install(self.cluster, release=self.release, namespace=self.namespace,
+                           real_node=True)
+
+    def apply(self, *, partitions: int, replicas: int, command: list[str],
+              stream: str, sidecar_env: dict[str, str] | None = None,
+              **group_spec: Any) -> None:
+        """`kubectl apply` the example ConsumerGroup and worker Deployment."""
+        docs = [example_group(redis_url=self.redis_url, stream=stream, partitions=partitions,
+                              **group_spec)]
+        docs += example_workers(api_port=self.cluster.ports["apiserver"],
+                                redis_url=self.redis_url, stream=stream, replicas=replicas,
+                                command=command, small_requests=True, audit_dir=self.audit,
+                                sidecar_env=sidecar_env)
+        for d in docs:
+            d["metadata"]["namespace"] = self.namespace
+        stack.apply(self.cluster, docs)
+
+    def uninstall(self) -> None:
+        self.cluster.helm("uninstall", self.release, "--namespace", self.namespace,
+                          check=False)
+
+    # -- reading --------------------------------------------------------------------------
+    def pods(self, selector: str = f"app={APP}") -> list[Any]:
+        """The live (not deleting) pods of `selector`, by name."""
+        listing: Any = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+        return sorted((p for p in listing.items if p.metadata.deletion_timestamp is None),
+                      key=lambda p: p.metadata.name)
+
+    def operator_ready(self, *, other_than: tuple[str, ...] = ()) -> list[Any]:
+        return [p for p in self.pods(OPERATOR) if p.metadata.name not in other_than
+                and p.spec.node_name == node.NODE_NAME and _ready(p)]
+
+    def settled(self, members: int) -> Obj | None:
+        """The group's status once Stable with `members` members owning their targets, the
+        Deployment rolled out with every pod Ready (readiness = ownership), all on the real
+        node; else None."""
+        status = self.watcher.stable_with(members)
+        if status is None:
+            return None
+        dep: Any = self.apps.read_namespaced_deployment(APP, self.namespace)
+        s = dep.status
+        if not (s.ready_replicas == s.replicas == s.updated_replicas == members
+                and (s.observed_generation or 0) >= dep.metadata.generation):
+            return None
+        pods = self.pods()
+        if sorted(p.metadata.name for p in pods) != sorted(status["assignment"]):
+            return None
+        misplaced = [p.metadata.name for p in pods if p.spec.node_name != node.NODE_NAME]
+        if misplaced:
+            raise AssertionError(f"worker pods off the real node: {misplaced}")
+        return status
+
+    def holders(self) -> dict[int, str | None]:
+        """Every partition lock's holder (one list of the group's partition Leases)."""
+        raw: Any = self.coord.list_namespaced_lease(
+            self.namespace, label_selector=f"{LABEL_GROUP}={GROUP},{LABEL_ROLE}=partition",
+            _preload_content=False)
+        return {int(o["metadata"]["labels"][LABEL_PARTITION]):
+                (o.get("spec") or {}).get("holderIdentity")
+                for o in json.loads(raw.data)["items"]}
+
+    def container(self, pod: str, name: str) -> Any:
+        p: Any = self.core.read_namespaced_pod(pod, self.namespace)
+        statuses = ((p.status.container_statuses or [])
+                    + (p.status.init_container_statuses or []))
+        return next(c for c in statuses if c.name == name)
+
+    # -- doing -----------------------------------------------------------------------------
+    def kill_container(self, pod: str, name: str) -> int:
+        """SIGKILL the container's first process on the host, as a crash or the OOM killer
+        would; returns the container's restart count before."""
+        status = self.container(pod, name)
+        pid = node.task_pid(status.container_id, self.cluster.state_dir)
+        if pid is None:
+            raise AssertionError(f"{pod}/{name} has no running task")
+        os.kill(pid, signal.SIGKILL)
+        return int(status.restart_count)
+
+    def kubectl(self, *args: str, timeout: float = 120.0) -> str:
+        out = self.cluster.kubectl("-n", self.namespace, *args, check=False, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+        return str(out.stdout)
+
+    def wait_settled(self, members: int, *, timeout: float = 180.0) -> Obj:
+        result: Obj = stack.wait(f"Stable with {members} Ready members on the real node",
+                                 lambda: self.settled(members), timeout=timeout)
+        return result
+
+    def delete_namespace(self, *, timeout: float = 180.0) -> None:
+        self.core.delete_namespace(self.namespace)
+        deadline = time.monotonic() + timeout
+        while self.core.list_namespaced_pod(self.namespace).items \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
