@@ -10,6 +10,7 @@ intervals overlap, and tokens strictly increase.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -287,6 +288,31 @@ def safety_violations(records: Sequence[Obj], *, ended_at: Mapping[str, float] |
             if latest is None or b.end > latest.end:
                 latest = b
     return problems
+
+
+def handoff_figures(intervals: list[Interval], partitions: int, t0: float,
+                    t1: float) -> dict[str, float]:
+    """Moves, most unowned at once and the longest pause in [t0, t1] (e.g. a rollout).
+
+    A move is a partition's next owner being another member; a pause is the gap between
+    one owner's end and the next owner's start; unowned is counted at every instant an
+    owner starts or ends (the only instants the count changes)."""
+    by_p: dict[int, list[Interval]] = {p: [] for p in range(partitions)}
+    for iv in intervals:
+        if iv.end > t0 and iv.start < t1:
+            by_p[iv.partition].append(iv)
+    moves, longest = 0, 0.0
+    for ivs in by_p.values():
+        ivs.sort(key=lambda iv: iv.start)
+        for a, b in itertools.pairwise(ivs):
+            moves += a.member != b.member
+            longest = max(longest, b.start - a.end)
+    instants = sorted({t0} | {t for ivs in by_p.values() for iv in ivs
+                              for t in (iv.start, iv.end) if t0 <= t < t1})
+    most = max(sum(1 for ivs in by_p.values() if not any(iv.start <= t < iv.end for iv in ivs))
+               for t in instants)
+    return {"moves": moves, "moves_per_partition": moves / partitions,
+            "max_unowned": most, "longest_pause_s": longest}
 
 
 def wait_until(what: str, condition: Callable[[], Any], *, timeout: float = 60.0,

@@ -1,0 +1,273 @@
+"""kgroup's figures on the real node: real containers under a real kubelet, events flowing.
+
+For each size (16 and 64 partitions, 4 light workers from examples/ on the real node, the
+chart's operator in its own container, the example ConsumerGroup's default settings):
+
+- rollout: `kubectl rollout restart` of the worker Deployment (maxSurge 1, maxUnavailable
+  0, readiness = ownership), from the sidecars' ownership audit: partition moves per
+  partition, the most partitions unowned at any instant, the longest pause of any
+  partition, and the rollout's duration (restart -> `rollout status` done);
+- container crash: SIGKILL of a worker's app container or of its sidecar on the host ->
+  every partition it owned has a newer commit in the fenced sink (processed again);
+- pod deleted (the SIGTERM path) -> every partition it owned held by another member;
+- operator and sidecar CPU and memory while stable, as the kubelet's cgroups account them
+  (the kubelet's /stats/summary through the API server);
+
+then the verifier (nothing lost, nothing duplicated) and the audit's safety check.
+
+    .venv/bin/python bench/bench_real_node.py [--partitions 16,64] [--rounds 3]
+        [--rollouts 2] [--out docs/bench/real_node.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stage import machine, pct
+
+from kgroup_devcluster import node
+from kgroup_devcluster.cluster import Cluster, ensure_up
+from kgroup_devcluster.images import ensure_on_node
+from kgroup_devcluster.real_group import APP, RealGroup
+from kgroup_devcluster.tokens import admin_api_client
+from kgroup_pipeline.keys import StreamKeys
+from kgroup_pipeline.redis_server import RedisServer
+from kgroup_pipeline.verify import render, verify
+from kgroup_sidecar.testing import (
+    handoff_figures,
+    ownership_intervals,
+    read_audit,
+    safety_violations,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+Obj = dict[str, Any]
+STREAM = "orders"
+WORKERS = 4
+RATE = 400  # events/s in all, while every measurement runs
+LIGHT_WORKER = ["python3", "-m", "kgroup_pipeline.light_worker", "--drain-timeout", "20"]
+
+
+class Producer:
+    """Keeps producing events at RATE/s in the background until stopped."""
+
+    def __init__(self, redis_url: str, partitions: int) -> None:
+        self.redis_url, self.partitions = redis_url, partitions
+        self.running = threading.Event()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while self.running.is_set():
+            done = subprocess.run(
+                [sys.executable, "-m", "kgroup_pipeline.producer", "--redis", self.redis_url,
+                 "--stream", STREAM, "--partitions", str(self.partitions), "--rate",
+                 str(RATE), "--count", str(RATE), "--keys", "500"],
+                capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                self.errors.append(done.stderr[-500:])
+
+    def __enter__(self) -> Producer:
+        self.running.set()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.running.clear()
+        self.thread.join(timeout=60)
+
+
+# ---- the kubelet's accounting --------------------------------------------------------------
+
+
+def kubelet_stats(cluster: Cluster) -> list[Obj]:
+    status, body = cluster.request(
+        "GET", f"/api/v1/nodes/{node.NODE_NAME}/proxy/stats/summary", timeout=30.0)
+    if status != 200:
+        raise RuntimeError(f"stats/summary: HTTP {status}: {body[:200]!r}")
+    pods: list[Obj] = json.loads(body).get("pods", [])
+    return pods
+
+
+def resources(cluster: Cluster, namespace: str, seconds: float = 30.0) -> Obj:
+    """CPU (cores, averaged over `seconds`) and memory of each container kind, stable."""
+    def snapshot() -> dict[tuple[str, str], Obj]:
+        return {(p["podRef"]["name"], c["name"]): c for p in kubelet_stats(cluster)
+                if p["podRef"]["namespace"] == namespace for c in p.get("containers", [])}
+
+    t0, a = time.monotonic(), snapshot()
+    time.sleep(seconds)
+    t1, b = time.monotonic(), snapshot()
+    rows: dict[str, list[Obj]] = {}
+    for key, c in b.items():
+        if key not in a:
+            continue
+        used = (c["cpu"]["usageCoreNanoSeconds"] - a[key]["cpu"]["usageCoreNanoSeconds"])
+        rows.setdefault(c["name"], []).append({
+            "cpu_cores": used / 1e9 / (t1 - t0),
+            "rss_mb": (c.get("memory", {}).get("rssBytes") or 0) / 1e6,
+            "working_set_mb": (c.get("memory", {}).get("workingSetBytes") or 0) / 1e6})
+    return {name: {k: max(r[k] for r in rs) for k in rs[0]} | {"containers": len(rs)}
+            for name, rs in rows.items()}
+
+
+# ---- one size ----------------------------------------------------------------------------
+
+
+@contextmanager
+def group_on_node(cluster: Cluster, partitions: int) -> Iterator[tuple[RealGroup, Producer]]:
+    namespace = f"bench-real-{partitions}-{secrets.token_hex(2)}"
+    with RedisServer() as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        g = RealGroup(cluster, admin_api_client(cluster), namespace,
+                      release=f"kgroup-{secrets.token_hex(2)}", redis_url=url,
+                      audit=REPO / ".state" / "bench" / namespace / "audit")
+        g.install()
+        try:
+            g.apply(partitions=partitions, replicas=WORKERS, command=LIGHT_WORKER,
+                    stream=STREAM)
+            with Producer(url, partitions) as producer:
+                g.wait_settled(WORKERS, timeout=300)
+                yield g, producer
+        finally:
+            g.uninstall()
+            g.delete_namespace()
+
+
+def owned_by(g: RealGroup, pod: str) -> list[int]:
+    return sorted(p for p, h in g.holders().items() if h == pod)
+
+
+def sink_offsets(r: redis.Redis, parts: list[int]) -> dict[int, str | None]:
+    k = StreamKeys(STREAM)
+    return {p: r.hget(k.sink_partition(p), "offset") for p in parts}  # type: ignore[misc]
+
+
+def measure(cluster: Cluster, partitions: int, rounds: int, rollouts: int) -> Obj:
+    out: Obj = {"partitions": partitions, "workers": WORKERS, "rate": RATE}
+    with group_on_node(cluster, partitions) as (g, producer):
+        r = redis.Redis.from_url(g.redis_url, decode_responses=True)
+        assert g.audit is not None
+        # rollouts first: the audit's intervals are cut by nothing but handoffs then
+        rolls = []
+        for _ in range(rollouts):
+            t0 = time.monotonic()
+            g.kubectl("rollout", "restart", f"deployment/{APP}")
+            g.kubectl("rollout", "status", f"deployment/{APP}", "--timeout=600s",
+                      timeout=620)
+            t_done = time.monotonic()
+            g.wait_settled(WORKERS, timeout=300)
+            t1 = time.monotonic()
+            intervals = ownership_intervals(read_audit(sorted(g.audit.glob("*.jsonl"))),
+                                            now=t1)
+            fig = handoff_figures(intervals, partitions, t0, t1)
+            fig["duration_s"] = t_done - t0
+            rolls.append(fig)
+            print(f"[real-node] {partitions} partitions: rollout {fig}", flush=True)
+        out["rollout"] = rolls
+        out["resources"] = resources(cluster, g.namespace)
+        print(f"[real-node] resources {out['resources']}", flush=True)
+        killed_at: dict[str, float] = {}
+        for container in ("worker", "kgroup-sidecar"):
+            times = []
+            for i in range(rounds):
+                victim = g.pods()[i % WORKERS].metadata.name
+                parts = owned_by(g, victim)
+                before = sink_offsets(r, parts)
+                t0 = time.monotonic()
+                g.kill_container(victim, container)
+                if container == "kgroup-sidecar":
+                    killed_at[victim] = t0
+                deadline = t0 + 120
+                while time.monotonic() < deadline:
+                    now = sink_offsets(r, parts)
+                    if all(now[p] != before[p] for p in parts):
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise RuntimeError(f"{victim}'s partitions not processed again")
+                times.append(time.monotonic() - t0)
+                g.wait_settled(WORKERS, timeout=300)
+            out[f"crash_{container}"] = times
+            print(f"[real-node] SIGKILL {container}: {times}", flush=True)
+        times = []
+        for i in range(rounds):
+            victim = g.pods()[i % WORKERS].metadata.name
+            parts = owned_by(g, victim)
+            t0 = time.monotonic()
+            g.core.delete_namespaced_pod(victim, g.namespace)
+            deadline = t0 + 120
+            while time.monotonic() < deadline:
+                h = g.holders()
+                if all(h.get(p) not in (None, victim) for p in parts):
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"{victim}'s partitions not taken over")
+            times.append(time.monotonic() - t0)
+            g.wait_settled(WORKERS, timeout=300)
+        out["pod_delete"] = times
+        print(f"[real-node] pod delete: {times}", flush=True)
+        producer.__exit__()
+        deadline = time.monotonic() + 180
+        while not (report := verify(r, STREAM)).caught_up and time.monotonic() < deadline:
+            time.sleep(0.5)
+        out["verifier"] = {"caught_up": report.caught_up, "clean": report.clean,
+                           "produced": report.total("produced"),
+                           "lost": report.total("lost"),
+                           "duplicated": report.total("duplicated")}
+        out["violations"] = safety_violations(read_audit(sorted(g.audit.glob("*.jsonl"))),
+                                              ended_at=killed_at)
+        out["producer_errors"] = producer.errors[:3]
+        print(render(report), flush=True)
+    return out
+
+
+def summary(res: Obj) -> Obj:
+    def stats(xs: list[float]) -> Obj:
+        return {"n": len(xs), "p50": pct(xs, 50), "p95": pct(xs, 95), "max": max(xs)}
+    s: Obj = {k: stats(res[k]) for k in ("crash_worker", "crash_kgroup-sidecar", "pod_delete")}
+    for k in ("moves_per_partition", "max_unowned", "longest_pause_s", "duration_s"):
+        s[f"rollout_{k}"] = stats([float(x[k]) for x in res["rollout"]])
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else "")
+    ap.add_argument("--partitions", default="16,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rollouts", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "real_node.json")
+    args = ap.parse_args(argv)
+    cluster = ensure_up(who="bench")
+    ensure_on_node(cluster.state_dir)
+    results: Obj = {"machine": machine(cluster), "command": " ".join(
+        ["bench/bench_real_node.py", *(argv if argv is not None else sys.argv[1:])]),
+        "sizes": []}
+    ok = True
+    for p in (int(x) for x in args.partitions.split(",")):
+        res = measure(cluster, p, args.rounds, args.rollouts)
+        res["summary"] = summary(res)
+        results["sizes"].append(res)
+        ok &= res["verifier"]["clean"] and not res["violations"]
+        print(json.dumps(res["summary"], indent=1), flush=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"[real-node] wrote {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
