@@ -18,9 +18,9 @@ COPY operator ./operator
 # pinned by constraints.txt; the source tree is removed afterwards.
 RUN pip install --constraint constraints.txt ".[operator]" && rm -rf /src
 
+WORKDIR /
 RUN groupadd --system --gid 10001 kgroup \
  && useradd --system --uid 10001 --gid kgroup --home-dir /nonexistent --shell /usr/sbin/nologin kgroup
 USER 10001:10001
-WORKDIR /
 
 ENTRYPOINT ["kgroup-operator"]

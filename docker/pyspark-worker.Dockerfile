@@ -30,10 +30,10 @@ COPY kgroup ./kgroup
 COPY pipeline ./pipeline
 RUN pip install --constraint constraints.txt ".[pipeline]" && rm -rf /src
 
+WORKDIR /tmp
 RUN groupadd --system --gid 10001 kgroup \
  && useradd --system --uid 10001 --gid kgroup --home-dir /nonexistent --shell /usr/sbin/nologin kgroup
 USER 10001:10001
-WORKDIR /tmp
 
 # No entrypoint: the Deployment names the worker module to run (see examples/).
 CMD ["python3"]

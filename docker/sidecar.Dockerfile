@@ -16,10 +16,10 @@ COPY kgroup ./kgroup
 COPY worker_sidecar ./worker_sidecar
 RUN pip install --constraint constraints.txt ".[sidecar]" && rm -rf /src
 
+WORKDIR /
 RUN groupadd --system --gid 10001 kgroup \
  && useradd --system --uid 10001 --gid kgroup --home-dir /nonexistent --shell /usr/sbin/nologin kgroup
 USER 10001:10001
-WORKDIR /
 
 EXPOSE 8470
 ENTRYPOINT ["kgroup-sidecar"]
