@@ -49,7 +49,7 @@ CACHE = Path(os.environ.get("KGROUP_CACHE", Path.home() / ".cache" / "kgroup")) 
 # trusts. Only the file: the JRE's postinst writes /etc/ssl/certs/java/cacerts, so the
 # directory must stay the image's own (mounting all of /etc/ssl/certs read-only broke it).
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-KEEP_ARCHIVES = 2  # per image: the newest archives kept in the cache (by last use)
+KEEP_ARCHIVES = 3  # per image: the newest archives kept (by last use; worktrees share them)
 
 
 @dataclass(frozen=True)
