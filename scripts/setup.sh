@@ -19,11 +19,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   (service redis-server stop || true) >/dev/null 2>&1
 fi
 
-# `make images` (e2e/kgroup_devcluster/images.py) builds the images with buildah and makes
-# their base image with debootstrap.
+# `make images` (e2e/kgroup_devcluster/images.py) builds the images with buildah, makes
+# their base image with debootstrap and loads them with containerd's ctr (its test runs
+# them in a containerd of its own, with runc).
 missing=()
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v containerd >/dev/null 2>&1 || missing+=(containerd)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
