@@ -300,18 +300,20 @@ def _run(argv: Sequence[str], *, quiet: bool = False) -> str:
     return proc.stdout or ""
 
 
-def buildah(*args: str, quiet: bool = True) -> str:
+def buildah_argv(*args: str) -> list[str]:
     """buildah on kgroup's own storage (vfs, under the cache): never /var/lib/containers."""
-    return _run(["buildah", "--root", str(CACHE / "storage"), "--runroot",
-                 str(CACHE / "run"), "--storage-driver", "vfs", *args], quiet=quiet)
+    return ["buildah", "--root", str(CACHE / "storage"), "--runroot", str(CACHE / "run"),
+            "--storage-driver", "vfs", *args]
 
 
-def _image_labels(ref: str) -> dict[str, str] | None:
+def buildah(*args: str, quiet: bool = True) -> str:
+    return _run(buildah_argv(*args), quiet=quiet)
+
+
+def image_labels(ref: str) -> dict[str, str] | None:
     """The labels of an image in the storage, or None when there is no such image."""
-    proc = subprocess.run(
-        ["buildah", "--root", str(CACHE / "storage"), "--runroot", str(CACHE / "run"),
-         "--storage-driver", "vfs", "inspect", "--type", "image", ref],
-        text=True, capture_output=True, check=False)
+    proc = subprocess.run(buildah_argv("inspect", "--type", "image", ref),
+                          text=True, capture_output=True, check=False)
     if proc.returncode != 0:
         return None
     labels: dict[str, str] | None = json.loads(proc.stdout)["OCIv1"]["config"].get("Labels")
@@ -394,10 +396,11 @@ def ensure_base(recipe: BaseRecipe = BASE) -> str:
     """The base image in buildah's storage under the official name; returns its rootfs
     digest (what the images' keys hash)."""
     tarball, digest = base_rootfs(recipe)
-    labels = _image_labels(recipe.ref)
+    labels = image_labels(recipe.ref)
     if labels is not None and labels.get("dev.kgroup.base-digest") == digest:
         return digest
     _say(f"importing the base image as {recipe.ref}")
+    started = time.monotonic()
     container = buildah("from", "--pull=never", "scratch").strip()
     try:
         buildah("add", container, str(tarball), "/")
@@ -406,10 +409,9 @@ def ensure_base(recipe: BaseRecipe = BASE) -> str:
                 "--cmd", "python3", "--label", f"dev.kgroup.base-digest={digest}",
                 "--label", f"dev.kgroup.base-recipe={recipe.key()}", container)
         buildah("commit", "--rm", container, recipe.ref)
+        _say(f"base image imported in {time.monotonic() - started:.0f} s")
     except BaseException:
-        subprocess.run(["buildah", "--root", str(CACHE / "storage"), "--runroot",
-                        str(CACHE / "run"), "--storage-driver", "vfs", "rm", container],
-                       capture_output=True, check=False)
+        subprocess.run(buildah_argv("rm", container), capture_output=True, check=False)
         raise
     return digest
 
@@ -484,9 +486,7 @@ def build(image: Image, base_digest: str, *, root: Path = REPO) -> Built:
     meta_file.write_text(json.dumps({"tag": tag, "key": key, "image_id": image_id,
                                      "build_seconds": round(seconds, 1)}) + "\n")
     # Untagged leftovers of earlier builds of this tag take gigabytes in vfs storage.
-    subprocess.run(["buildah", "--root", str(CACHE / "storage"), "--runroot",
-                    str(CACHE / "run"), "--storage-driver", "vfs", "rmi", "--prune"],
-                   capture_output=True, check=False)
+    subprocess.run(buildah_argv("rmi", "--prune"), capture_output=True, check=False)
     _prune_archives(image)
     _say(f"built {tag} in {seconds:.0f} s: {archive.stat().st_size / 1e6:.0f} MB")
     return Built(image, tag, key, archive, image_id, archive.stat().st_size, True, seconds)

@@ -124,7 +124,7 @@ def test_each_image_is_built_with_its_tag_into_the_cache(built: dict[str, Built]
     for b in built.values():
         assert b.archive.is_file() and b.archive.is_relative_to(images.CACHE)
         assert b.image_id.startswith("sha256:")
-        labels = images._image_labels(b.tag)
+        labels = images.image_labels(b.tag)
         assert labels is not None and labels["dev.kgroup.image-key"] == b.key
 
 
