@@ -4,7 +4,7 @@ PY := .venv/bin/python
 VENV_STAMP := .venv/.kgroup-installed
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: help setup tools cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench chaos crd spark-up spark-down
+.PHONY: help setup tools images cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench chaos crd spark-up spark-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -15,6 +15,9 @@ $(VENV_STAMP): pyproject.toml constraints.txt scripts/setup.sh
 
 tools: ## build the control plane's binaries from Go modules into ~/.cache/kgroup (cached)
 	@scripts/build-tools.sh >/dev/null
+
+images: setup ## build the operator, sidecar, worker images (buildah, cached by content); then load them into a node's containerd
+	@$(PY) -m kgroup_devcluster.images load
 
 cluster-up: setup tools ## start the local control plane (etcd, apiserver, ..., kwok); prints export KUBECONFIG=...
 	@$(PY) -m kgroup_devcluster up

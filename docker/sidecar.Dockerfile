@@ -1,6 +1,8 @@
 # The kgroup sidecar (one per worker pod; its API listens on 127.0.0.1 only).
 #   docker build -f docker/sidecar.Dockerfile -t ghcr.io/kgroup/kgroup-sidecar:0.1.0 .
 # The chart's probes run `python3 -c ...` inside this image against loopback.
+# Holds the core (kgroup/) and the sidecar only, with the `sidecar` extra's packages
+# (kubernetes, aiohttp, pydantic): no kopf, operator, pipeline or dev-cluster code.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -11,16 +13,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY kgroup ./kgroup
-COPY operator ./operator
 COPY worker_sidecar ./worker_sidecar
-COPY pipeline ./pipeline
-COPY e2e/kgroup_devcluster ./e2e/kgroup_devcluster
-RUN pip install --constraint constraints.txt . && rm -rf /src
+RUN pip install --constraint constraints.txt ".[sidecar]" && rm -rf /src
 
+WORKDIR /
 RUN groupadd --system --gid 10001 kgroup \
  && useradd --system --uid 10001 --gid kgroup --home-dir /nonexistent --shell /usr/sbin/nologin kgroup
 USER 10001:10001
-WORKDIR /
 
 EXPOSE 8470
 ENTRYPOINT ["kgroup-sidecar"]

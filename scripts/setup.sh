@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install everything kgroup needs from the project's own files:
 #   - Debian packages when missing (redis-server; containerd, runc and friends for the
-#     real node; buildah and debootstrap for the images),
-#   - the virtualenv at .venv/ with the package and its dev + pipeline extras, pinned by
-#     constraints.txt (pip's cache lives outside the clone, so a second run is quick).
+#     real node; buildah and debootstrap for `make images`),
+#   - the virtualenv at .venv/ with the package and all its extras (dev, operator, sidecar,
+#     pipeline), pinned by constraints.txt (pip's cache lives outside the clone, so a second
+#     run is quick).
 # The Kubernetes binaries are built by scripts/build-tools.sh (make tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,8 +42,8 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-log "pip install -e .[dev,pipeline] (constraints.txt)"
+log "pip install -e .[dev,operator,sidecar,pipeline] (constraints.txt)"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,pipeline]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,operator,sidecar,pipeline]'
 touch .venv/.kgroup-installed
 log "ready: .venv"
