@@ -16,7 +16,7 @@ $(VENV_STAMP): pyproject.toml constraints.txt scripts/setup.sh
 tools: ## build the control plane's binaries from Go modules into ~/.cache/kgroup (cached)
 	@scripts/build-tools.sh >/dev/null
 
-images: setup ## build the operator, sidecar, worker images (buildah, cached by content); then load them into a node's containerd
+images: setup ## build the operator, sidecar, worker images from docker/ (buildah, cached by content); load them into the real node when it is up
 	@$(PY) -m kgroup_devcluster.images load
 
 cluster-up: setup tools ## start the local control plane (etcd, apiserver, ..., kwok); prints export KUBECONFIG=...

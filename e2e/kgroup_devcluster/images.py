@@ -532,6 +532,27 @@ def load(built: Built, address: str, namespace: str = "k8s.io") -> bool:
     return True
 
 
+def ensure_on_node(state_dir: Path | None = None) -> list[Built]:
+    """Build what changed and load every image into the real node's containerd (the
+    cluster of `state_dir`, default this checkout's): what the real-node tests, the demo
+    and the benchmark call before they install the chart."""
+    from .node import containerd_address  # the node module is the socket's one owner
+
+    address = str(containerd_address(state_dir))
+    rows = build_all()
+    for b in rows:
+        load(b, address)
+    return rows
+
+
+def _node_address() -> str | None:
+    """The running real node's containerd socket, if this checkout's cluster has one."""
+    from .node import containerd_address
+
+    sock = containerd_address()
+    return str(sock) if sock.is_socket() else None
+
+
 # --- CLI ------------------------------------------------------------------------------------
 
 def _table(rows: Sequence[Built], loaded: Mapping[str, bool] | None = None) -> None:
@@ -553,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     p_load = sub.add_parser("load", help="build, then import into a containerd")
     p_load.add_argument("names", nargs="*")
     p_load.add_argument("--address", default=os.environ.get("KGROUP_CONTAINERD_ADDRESS"),
-                        help="containerd socket (default: $KGROUP_CONTAINERD_ADDRESS)")
+                        help="containerd socket (default: $KGROUP_CONTAINERD_ADDRESS, else "
+                        "the real node of this checkout's cluster when it is up)")
     p_load.add_argument("--namespace", default="k8s.io")
     args = parser.parse_args(argv)
     try:
@@ -561,11 +583,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             _table(rows)
             return 0
-        if not args.address:
+        address = args.address or _node_address()
+        if not address:
             _table(rows)
-            _say("no containerd address (--address or KGROUP_CONTAINERD_ADDRESS): built only")
+            _say("no real node up (make cluster-up) and no --address: built only")
             return 0
-        loaded = {b.image.name: load(b, args.address, args.namespace) for b in rows}
+        loaded = {b.image.name: load(b, address, args.namespace) for b in rows}
         _table(rows, loaded)
         return 0
     except ImageError as exc:
