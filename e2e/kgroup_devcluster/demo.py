@@ -1,11 +1,13 @@
 """`make demo`: the whole of kgroup on this machine, as a newcomer would want to see it.
 
-Starts the local control plane and a Redis server, `helm install`s the chart, creates a
-ConsumerGroup of 16 partitions and a Deployment of 3 PySpark workers (each pod: the
-kgroup-sidecar + the Structured Streaming job, run as processes by the local runner with
-pod-bound tokens), produces events, scales to 4 workers while events flow, prints
-`kubectl get cg` before and after, and the verifier's result. Everything it started keeps
-running so the person can look around; `make demo-down` stops it.
+Starts the local control plane with its real node and a Redis server, builds and loads the
+images (`make images`), `helm install`s the chart (the operator in its own container),
+applies examples/consumergroup.yaml (16 partitions) and examples/worker-deployment.yaml
+with 3 PySpark workers (each pod: the kgroup-sidecar + the Structured Streaming job, real
+containers under the kubelet, pod-bound tokens), produces events, scales to 4 workers while
+events flow, prints `kubectl get cg` before and after, and the verifier's result.
+Everything it started keeps running so the person can look around; `make demo-down`
+stops it.
 
     python -m kgroup_devcluster.demo [up|down] [--events N] [--rate R]
 """
@@ -21,17 +23,20 @@ import threading
 import time
 
 import redis
-from kubernetes import client
+
+from kgroup_pipeline.verify import verify
 
 from . import processes, stack
 from .cluster import STATE_DIR, ensure_up, running
+from .images import ensure_on_node
+from .real_group import APP, GROUP, RealGroup
 from .tokens import admin_api_client
 
 NAMESPACE = "kgroup-demo"
 RELEASE = "kgroup"
-GROUP = "orders"
-APP = "orders-worker"
 STREAM = "orders"
+WORKER = ["python3", "-m", "kgroup_pipeline.worker", "--master", "local[1]",
+          "--drain-timeout", "20"]
 PARTITIONS = 16
 DEMO_DIR = STATE_DIR.parent / "demo"
 PIDS = DEMO_DIR / "pids.json"
@@ -60,12 +65,14 @@ def up(*, events: int, rate: int) -> int:
     DEMO_DIR.mkdir(parents=True, exist_ok=True)
     if running() is None:
         say("starting the local control plane (etcd, kube-apiserver, controller-manager, "
-            "scheduler, kwok)")
+            "scheduler, kwok) and the real node (containerd + kubelet)")
     cluster = ensure_up(who="cli")
     env_line = (f"export KUBECONFIG={cluster.kubeconfig}\n"
                 f"  export PATH={cluster.bin_dir}:$PATH   # kubectl and helm built for it")
-    api = admin_api_client(cluster)
-    core = client.CoreV1Api(api)
+    say("make images: operator, sidecar and PySpark worker images from docker/ "
+        "(cached by content), loaded into the real node's containerd")
+    for b in ensure_on_node(cluster.state_dir):
+        say(f"  {b.tag}  {b.size / 1e6:.0f} MB  {'built' if b.built else 'cached'}")
 
     redis_port = REDIS_PORT
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
@@ -80,25 +87,20 @@ def up(*, events: int, rate: int) -> int:
                          "--save", "", "--appendonly", "no", "--dir", str(DEMO_DIR / "redis")])
         stack.wait("Redis", r.ping, timeout=20)
 
-    if not core.list_namespace(field_selector=f"metadata.name={NAMESPACE}").items:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-    say(f"helm install {RELEASE} charts/kgroup --namespace {NAMESPACE}")
-    stack.helm_install(cluster, release=RELEASE, namespace=NAMESPACE)
-    say("starting the local pod runner (plays the container runtime for kwok's pods)")
-    _start("runner", stack.runner_argv(namespace=NAMESPACE, state_dir=DEMO_DIR))
-
-    say(f"kubectl apply: ConsumerGroup {GROUP} ({PARTITIONS} partitions) + "
-        f"Deployment {APP} (3 PySpark workers, each with the kgroup-sidecar)")
-    spec = stack.GroupSpec(
-        name=GROUP, app_label=APP, partitions=PARTITIONS, replicas=3,
-        app_command=["python", "-m", "kgroup_pipeline.worker", "--master", "local[1]",
-                     "--drain-timeout", "20"],
-        stream=STREAM, redis_url=redis_url, stabilization_window=2, lease_duration=10,
-        renew_interval=2, drain_timeout=30, termination_grace=45)
-    stack.apply(cluster, stack.manifests(spec, NAMESPACE))
-    watcher = stack.GroupWatcher(api, NAMESPACE, GROUP)
-    stack.wait("the group to be Stable with 3 members", lambda: watcher.stable_with(3),
-               timeout=300)
+    group = RealGroup(cluster, admin_api_client(cluster), NAMESPACE, release=RELEASE,
+                      redis_url=redis_url)
+    say(f"helm install {RELEASE} charts/kgroup --namespace {NAMESPACE} "
+        "-f e2e/values-real-node.yaml (the operator in its own container on the real node)")
+    group.install()
+    say(f"kubectl apply: examples/consumergroup.yaml ({PARTITIONS} partitions) + "
+        f"examples/worker-deployment.yaml with 3 PySpark workers (each pod: the "
+        "kgroup-sidecar + the Structured Streaming job, real containers)")
+    group.apply(partitions=PARTITIONS, replicas=3, stream=STREAM, command=WORKER,
+                stabilizationWindowSeconds=2, lease={"durationSeconds": 10,
+                                                     "renewIntervalSeconds": 2})
+    group.wait_settled(3, timeout=600)
+    show("kubectl get pods -o wide (real containers on the real node)",
+         group.kubectl("get", "pods", "-o", "wide"))
 
     producing = threading.Event()
     producing.set()
@@ -116,13 +118,13 @@ def up(*, events: int, rate: int) -> int:
     say(f"producing events at {rate}/s")
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
-    time.sleep(10)
+    stack.wait("the first events to be committed", lambda: _committed(r) > 0, timeout=300)
     show("kubectl get cg (3 workers, events flowing)",
-         cluster.kubectl("-n", NAMESPACE, "get", "cg", "-o", "wide").stdout)
-    say(f"kubectl scale deployment {APP} --replicas=4 (while events flow)")
-    cluster.kubectl("-n", NAMESPACE, "scale", "deployment", APP, "--replicas=4")
-    after = stack.wait("the group to be Stable with 4 members", lambda: watcher.stable_with(4),
-                       timeout=300)
+         group.kubectl("get", "cg", "-o", "wide"))
+    say(f"kubectl scale deployment {APP} --replicas=4 (while events flow; the rollout waits "
+        "for the new pod's readiness = it owns its partitions)")
+    group.kubectl("scale", "deployment", APP, "--replicas=4")
+    after = group.wait_settled(4, timeout=600)
     rebalance = after.get("lastRebalance") or {}
     say(f"rebalanced to epoch {after.get('epoch')}: {rebalance.get('moved')} partitions moved "
         f"({rebalance.get('reason')})")
@@ -130,10 +132,9 @@ def up(*, events: int, rate: int) -> int:
         time.sleep(1)
     producing.clear()
     producer.join(timeout=60)
-    show("kubectl get cg (4 workers)",
-         cluster.kubectl("-n", NAMESPACE, "get", "cg", "-o", "wide").stdout)
+    show("kubectl get cg (4 workers)", group.kubectl("get", "cg", "-o", "wide"))
     show("kubectl describe cg (status)",
-         cluster.kubectl("-n", NAMESPACE, "describe", "cg", GROUP).stdout.split("Events:")[0])
+         group.kubectl("describe", "cg", GROUP).split("Events:")[0])
 
     say("waiting for the workers to commit everything, then running the verifier")
     verifier = [sys.executable, "-m", "kgroup_pipeline.verify", "--redis", redis_url,
@@ -148,13 +149,19 @@ Look around:
   {env_line}
   kubectl -n {NAMESPACE} get cg,pods,leases
   kubectl -n {NAMESPACE} describe cg {GROUP}
+  kubectl -n {NAMESPACE} logs deploy/{APP} -c worker        (or -c kgroup-sidecar)
+  kubectl -n {NAMESPACE} rollout restart deployment/{APP}
   kubectl -n {NAMESPACE} scale deployment {APP} --replicas=2
-  logs of every pod's processes: {DEMO_DIR}/pods/<namespace>_<pod>/<container>.log
   produce more: {sys.executable} -m kgroup_pipeline.producer --redis {redis_url} \\
       --stream {STREAM} --partitions {PARTITIONS} --rate 1000 --duration 30
   verify:       {" ".join(verifier[:-2])}
-Tear down:  make demo-down   (and make cluster-down for the control plane)""")
+Tear down:  make demo-down   (and make cluster-down for the control plane and the node)""")
     return result.returncode
+
+
+def _committed(r: redis.Redis) -> int:
+    """Events the workers' fenced sink has committed so far."""
+    return int(verify(r, STREAM).total("committed"))
 
 
 def down() -> int:
@@ -162,9 +169,6 @@ def down() -> int:
     if cluster is not None:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, check=False)
-    records = processes.load_records(PIDS)
-    if "runner" in records and processes.stop(records["runner"], grace=60):
-        say(f"stopped the pod runner and its pods' processes (pid {records['runner'].pid})")
     # redis-server rewrites its process title, so it is stopped through its own port
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(host="127.0.0.1", port=REDIS_PORT).shutdown(nosave=True)
