@@ -17,7 +17,8 @@ import pytest
 
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import request_timeout
-from kgroup.core.sidecar_logic import (
+from kgroup.core.sidecar_logic import SidecarLogic
+from kgroup.core.sidecar_requests import (
     Answer,
     Chain,
     CreateLease,
@@ -29,7 +30,6 @@ from kgroup.core.sidecar_logic import (
     Refused,
     ReplaceLease,
     Request,
-    SidecarLogic,
 )
 from kgroup.sim.variants import (
     AcquireTimeoutFails,

@@ -9,13 +9,13 @@ from kgroup.api import ConsumerGroupSpec
 from kgroup.core.member import Member
 from kgroup.sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main, run_many
+from kgroup.sim.run import World
 from kgroup.sim.variants import (
     NoAdoptionMember,
     NoFencingMember,
     NoTargetRevokesMember,
     SameTokenMember,
 )
-from kgroup.sim.world import World
 
 CI_SEEDS = 1000
 """Seeds of the bulk test, every fault kind, run in 2 processes. Measured here (2 cores

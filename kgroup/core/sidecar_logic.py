@@ -32,9 +32,8 @@ Every decision point is a method, so the simulation's regressions
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -64,25 +63,27 @@ from kgroup.core.member import (
     request_timeout,
 )
 from kgroup.core.ranges import parse_ranges
+from kgroup.core.sidecar_requests import (
+    Answer,
+    Chain,
+    CreateLease,
+    DeleteLease,
+    GetLease,
+    Journal,
+    NoAnswer,
+    Ok,
+    Pause,
+    Refused,
+    ReplaceLease,
+    Request,
+    Scope,
+    Tick,
+    Unknown,
+    describe,
+    found,
+)
 
-__all__ = [
-    "MIN_WAIT",
-    "REREAD_RETRY_SECONDS",
-    "Answer",
-    "Chain",
-    "CreateLease",
-    "DeleteLease",
-    "GetLease",
-    "Journal",
-    "NoAnswer",
-    "Ok",
-    "Pause",
-    "Refused",
-    "ReplaceLease",
-    "Request",
-    "SidecarLogic",
-    "Tick",
-]
+__all__ = ["CONFLICT_RETRY_SECONDS", "MIN_WAIT", "REREAD_RETRY_SECONDS", "SidecarLogic"]
 
 MIN_WAIT = 0.02
 """Floor of a wake-up already due: never spin."""
@@ -95,103 +96,11 @@ SHUTDOWN_DRAIN_FRACTION = 0.6
 """While shutting down, a revocation waits at most this share of the grace period."""
 WATCHES = frozenset({"group", "member", "partition"})
 """The three watches; each must have listed once before the member takes a step."""
-Scope = frozenset[int] | None
-
-
-# ---- requests and answers ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GetLease:
-    """Read a Lease (a quorum read). ``session``: on the member Lease's own lane."""
-
-    name: str
-    timeout: float
-    session: bool = False
-
-
-@dataclass(frozen=True)
-class CreateLease:
-    body: Obj
-    timeout: float
-
-
-@dataclass(frozen=True)
-class ReplaceLease:
-    """A conditional update: ``body.metadata.resourceVersion`` is the precondition."""
-
-    body: Obj
-    timeout: float
-
-
-@dataclass(frozen=True)
-class DeleteLease:
-    name: str
-    timeout: float
-    session: bool = False
-
-
-@dataclass(frozen=True)
-class Pause:
-    """Wait this long before the chain's next request (a retry back-off)."""
-
-    seconds: float
-
-
-Request = GetLease | CreateLease | ReplaceLease | DeleteLease | Pause
-
-
-@dataclass(frozen=True)
-class Ok:
-    """The request succeeded: the object written or read (None: read found nothing)."""
-
-    obj: Obj | None = None
-
-
-@dataclass(frozen=True)
-class Refused:
-    """The API server answered with an error status (404, 409, 422, 500, ...)."""
-
-    status: int
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class NoAnswer:
-    """No answer (timeout, broken connection): the request may or may not have happened."""
-
-    why: str = ""
-
-
-Answer = Ok | Refused | NoAnswer
-Chain = Generator[Request, Answer, None]
-
-
-def describe(answer: Answer) -> str:
-    if isinstance(answer, Refused):
-        return f"HTTP {answer.status}" + (f" {answer.why}" if answer.why else "")
-    if isinstance(answer, NoAnswer):
-        return f"no answer {answer.why}".strip()
-    return "ok"
-
-
-class Journal(Protocol):
-    """Where the logic reports what happened (audit file, metrics, logs, app waiters)."""
-
-    def record(self, event: str, **fields: Any) -> None: ...
 
 
 class _Silent:
     def record(self, event: str, **fields: Any) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Tick:
-    chains: list[Chain]
-    scope: Scope  # the partition watch's scope now (None: every partition Lease)
-    wake_in: float | None  # seconds until the next tick is due without news (None: never)
-    exit: str | None = None  # None: keep running; else why the sidecar stops
 
 
 # ---- the logic --------------------------------------------------------------------------
@@ -505,8 +414,8 @@ class SidecarLogic:
         session = self.new_session()
         name = self.my_lease_name
         answer = yield GetLease(name, self.request_timeout(), session=True)
-        existing = _found(answer)
-        if isinstance(existing, _Unknown):
+        existing = found(answer)
+        if isinstance(existing, Unknown):
             self.journal.record("session-start-failed", why=describe(answer))
             self.member.session_start_failed(now=self.clock())
             return
@@ -560,8 +469,8 @@ class SidecarLogic:
         if action.verify_holder is not None:
             answer = yield GetLease(member_lease_name(self.group_name, action.verify_holder),
                                     self.request_timeout())
-            fresh = _found(answer)
-            if isinstance(fresh, _Unknown) or not self.holder_expired(action, fresh):
+            fresh = found(answer)
+            if isinstance(fresh, Unknown) or not self.holder_expired(action, fresh):
                 self._acquire_failed(action, answer)
                 return
         last = self.partition_leases.get(p)
@@ -603,8 +512,8 @@ class SidecarLogic:
         Retried while the session that wrote it lasts."""
         while self.member.session == action.session:
             answer = yield GetLease(name, self.request_timeout())
-            fresh = _found(answer)
-            if isinstance(fresh, _Unknown):
+            fresh = found(answer)
+            if isinstance(fresh, Unknown):
                 yield Pause(REREAD_RETRY_SECONDS)
                 continue
             if fresh is None:
@@ -635,8 +544,8 @@ class SidecarLogic:
         if self.cache_behind(lock, action):
             answer = yield GetLease(partition_lease_name(self.group_name, p),
                                     self.request_timeout())
-            fresh = _found(answer)
-            if isinstance(fresh, _Unknown):
+            fresh = found(answer)
+            if isinstance(fresh, Unknown):
                 self.journal.record("release-failed", partition=p,
                                     why=f"re-read: {describe(answer)}")
                 self.member.release_failed(p, action.session, now=self.clock(), still_ours=True)
@@ -684,19 +593,3 @@ class SidecarLogic:
 def _session_of(member_lease: Obj) -> str | None:
     parsed = codec.parse_member_lease(member_lease).value
     return parsed.session if parsed is not None else None
-
-
-class _Unknown:
-    """A read without a usable answer: whether the object exists is unknown."""
-
-
-UNKNOWN = _Unknown()
-
-
-def _found(answer: Answer) -> Obj | _Unknown | None:
-    """A read's result: the object, None when it does not exist, UNKNOWN when unknown."""
-    if isinstance(answer, Ok):
-        return answer.obj
-    if isinstance(answer, Refused) and answer.status == 404:
-        return None
-    return UNKNOWN

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
+from kgroup.sim.run import Result, SimConfig, run_seed
 from kgroup.sim.variants import (
     REGRESSIONS,
     NoAdoptionMember,
@@ -24,7 +25,6 @@ from kgroup.sim.variants import (
     NoTargetRevokesMember,
     SameTokenMember,
 )
-from kgroup.sim.world import Result, SimConfig, run_seed
 
 VARIANTS = {
     "real": Member,

@@ -33,7 +33,7 @@ from kgroup.sim.kernel import TIMEOUT, Process
 from kgroup.sim.store import Obj, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup.sim.world import World
+    from kgroup.sim.run import World
 
 __all__ = ["GROUP_KEY", "SimOperator"]
 

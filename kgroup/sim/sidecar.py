@@ -20,7 +20,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from kgroup.core.member import Member
-from kgroup.core.sidecar_logic import (
+from kgroup.core.sidecar_logic import SidecarLogic
+from kgroup.core.sidecar_requests import (
     Answer,
     Chain,
     CreateLease,
@@ -32,13 +33,12 @@ from kgroup.core.sidecar_logic import (
     Refused,
     ReplaceLease,
     Request,
-    SidecarLogic,
 )
 from kgroup.sim.kernel import TIMEOUT, Process
 from kgroup.sim.store import Obj, Store, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup.sim.world import World
+    from kgroup.sim.run import World
 
 __all__ = ["GROUP", "NAMESPACE", "SimSidecar", "answer_of", "perform"]
 

@@ -21,7 +21,8 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import Acquire, Action, Lock, Member, Release, Snapshot
-from kgroup.core.sidecar_logic import Scope, SidecarLogic
+from kgroup.core.sidecar_logic import SidecarLogic
+from kgroup.core.sidecar_requests import Scope
 
 __all__ = [
     "REGRESSIONS",

@@ -2,7 +2,7 @@
 :func:`kgroup.core.operator_logic.decide`.
 
 Rules of this module: it decides nothing. It gathers the observation from the
-:class:`~kgroup_operator.world.World` cache, performs the plan (create partition Leases,
+:class:`~kgroup_operator.cache.Cache`, performs the plan (create partition Leases,
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,10 +36,10 @@ from kgroup.core.operator_logic import (
     written,
 )
 
+from .cache import Cache, GroupKey
 from .kube import Conflict, Kube
 from .metrics import Metrics
 from .settings import OperatorSettings
-from .world import GroupKey, World
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +51,21 @@ class GroupController:
         self,
         key: GroupKey,
         *,
-        world: World,
+        cache: Cache,
         kube: Kube,
         metrics: Metrics,
         settings: OperatorSettings,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key = key
-        self.world = world
+        self.clock = clock
+        self.cache = cache
         self.kube = kube
         self.metrics = metrics
         self.settings = settings
         self.body: dict[str, Any] | None = None
         self.poked = asyncio.Event()
-        self.memory = Memory(started_at=time.monotonic())
+        self.memory = Memory(started_at=clock())
         self.task: asyncio.Task[None] | None = None
         self.selector: LabelSelector | None = None
 
@@ -115,10 +118,10 @@ class GroupController:
         """One pass; returns seconds until the next deadline (None: none)."""
         namespace, name = self.key
         obs = Observation(
-            body=self.body, leases=self.world.group(self.key),
-            pods=list(self.world.pods.get(namespace, {}).values()), synced=self.world.synced,
+            body=self.body, leases=self.cache.group(self.key),
+            pods=list(self.cache.pods.get(namespace, {}).values()), synced=self.cache.synced,
         )
-        plan = decide(obs, self.memory, time.monotonic(), wall=datetime.now(UTC),
+        plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
                       status_min_interval=self.settings.status_min_interval)
         body = self.body
         if body is None:
@@ -143,7 +146,7 @@ class GroupController:
             return 0.0
         self.metrics.status_written(self.key)
         self.body = stored
-        events = written(self.memory, plan, stored, time.monotonic())
+        events = written(self.memory, plan, stored, self.clock())
         decision = plan.decision
         if decision is not None and decision.target is not None:
             log.info("%s/%s: epoch %d: %s (%d moved)", namespace, name, decision.epoch,

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kgroup.core.member import Member
-from kgroup.core.sidecar_logic import (
+from kgroup.core.sidecar_logic import SidecarLogic
+from kgroup.core.sidecar_requests import (
     Answer,
     Chain,
     CreateLease,
@@ -33,7 +34,6 @@ from kgroup.core.sidecar_logic import (
     Refused,
     ReplaceLease,
     Request,
-    SidecarLogic,
 )
 from kgroup_sidecar.audit import AuditLog
 from kgroup_sidecar.kube import KubeAdapter, status_of

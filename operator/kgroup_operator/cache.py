@@ -18,11 +18,11 @@ from kgroup.core.group_cache import GroupLeases, pod_observation
 
 GroupKey = tuple[str, str]  # (namespace, group name)
 
-__all__ = ["GroupKey", "GroupLeases", "World", "pod_observation"]
+__all__ = ["Cache", "GroupKey", "GroupLeases", "pod_observation"]
 
 
 @dataclass
-class World:
+class Cache:
     """The whole cache: pods by namespace, Leases by group."""
 
     pods: dict[str, dict[str, PodObservation]] = field(default_factory=dict)
