@@ -21,7 +21,6 @@ from kgroup.core.group import PodObservation
 from kgroup.core.group_cache import GroupLeases, pod_observation
 from kgroup.core.operator_logic import (
     API_RETRY_SECONDS,
-    FAILED_PASS_RETRY_SECONDS,
     IDLE_RECHECK,
     Memory,
     Observation,
@@ -29,7 +28,7 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
-from kgroup.sim.kernel import TIMEOUT, Process
+from kgroup.sim.kernel import Process
 from kgroup.sim.store import Obj, WriteError, lease_key
 
 if TYPE_CHECKING:
@@ -173,11 +172,9 @@ class SimOperator:
                     self.world.trace("operator", event)
                 self._after(plan.wait)
                 return
-            if result is TIMEOUT:
-                self._after(API_RETRY_SECONDS)  # the controller: "API unavailable"
-                return
             if not (isinstance(result, WriteError) and result.status == 409):
-                self._after(FAILED_PASS_RETRY_SECONDS)
+                # no answer, or refused otherwise: the controller's "API unavailable"
+                self._after(API_RETRY_SECONDS)
                 return
 
             def fresh(obj: Any) -> None:
