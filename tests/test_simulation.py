@@ -19,7 +19,8 @@ from kgroup.sim.variants import (
 
 CI_SEEDS = 1000
 """Seeds of the bulk test, every fault kind, run in 2 processes. Measured here (2 cores
-shared with other work): 1,000 seeds in 123.5 s busy, ~55 s idle (8-18 seeds/s)."""
+shared with other work): 69 s in pytest, 47.5 s with the CLI (21 seeds/s); 123.5 s
+under heavy load. 500 seeds in one process took 60-75 s before."""
 CI_JOBS = 2
 
 SMALL = SimConfig(members=4, partitions=16, fault_time=30)
