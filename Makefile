@@ -38,9 +38,10 @@ crd: setup ## regenerate crds/ from the pydantic models
 	$(PY) -m kgroup.crdgen --write
 	cp crds/kgroup.dev_consumergroups.yaml charts/kgroup/files/crds/
 
-lint: setup ## ruff and mypy
+lint: setup ## ruff, mypy and the import contracts (pyproject.toml [tool.importlinter])
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	.venv/bin/lint-imports
 
 unit: setup ## the tests that need no cluster
 	$(PY) -m pytest tests

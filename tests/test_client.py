@@ -62,22 +62,22 @@ class Scripted:
 
     def set(self, *, target: list[int], epoch: int, partitions: int = 4) -> None:
         async def apply() -> None:
-            sc = self.sc
-            sc.timing, sc.drain_timeout = LeaseTiming(duration=3, renew_interval=1), 30.0
-            sc.synced = {"group", "member", "partition"}
-            sc.target = Target(epoch, frozenset(target))
-            sc.in_target = True
+            sc, logic = self.sc, self.sc.logic
+            logic.timing, logic.drain_timeout = LeaseTiming(duration=3, renew_interval=1), 30.0
+            logic.synced = {"group", "member", "partition"}
+            logic.target = Target(epoch, frozenset(target))
+            logic.in_target = True
             for p in range(partitions):
-                sc.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
+                logic.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
             sc.dirty.set()
 
         self.call(apply())
 
     async def drive(self) -> None:
-        sc, m = self.sc, self.sc.member
+        sc, m, logic = self.sc, self.sc.member, self.sc.logic
         while True:
             sc.dirty.clear()
-            snap = sc.snapshot()
+            snap = logic.snapshot()
             for a in m.step(snap):
                 now = sc.clock()
                 if isinstance(a, StartSession) and self.renewals_fail:
@@ -87,15 +87,16 @@ class Scripted:
                 elif isinstance(a, Renew) and not self.renewals_fail:
                     m.renewed(a.session, sent_at=now, timing=a.timing, epoch=a.epoch, now=now)
                 elif isinstance(a, Acquire):
-                    sc.locks[a.partition] = Lock(a.partition, POD, a.session, a.token, "rv")
+                    logic.locks[a.partition] = Lock(a.partition, POD, a.session, a.token, "rv")
                     m.acquired(a.partition, a.session, token=a.token, resource_version="rv")
                 elif isinstance(a, Release):
-                    sc.locks[a.partition] = Lock(a.partition, None, None, a.token, "rv", a.position)
+                    logic.locks[a.partition] = Lock(a.partition, None, None, a.token, "rv",
+                                                    a.position)
                     self.released[a.partition] = a.position
                     m.released(a.partition, a.session)
-                    sc._resolve(a.partition, a.token, True)
+                    logic._resolve(a.partition, a.token, True)
                 elif isinstance(a, Fence):
-                    sc._fenced(a)
+                    logic.execute(a)
                 elif isinstance(a, EndSession):
                     m.session_ended()
             sc.publish()

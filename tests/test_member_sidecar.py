@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgroup_sidecar import objects
+from kgroup.core import lease_codec as objects
 from kgroup_sidecar.main import main
 from kgroup_sidecar.settings import SettingsError, load_settings
 from kgroup_sidecar.testing import ownership_intervals, safety_violations

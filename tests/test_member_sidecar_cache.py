@@ -1,17 +1,17 @@
-"""The sidecar's lock cache never goes back in time (kgroup_sidecar.objects.supersedes,
-runtime.on_list / on_event): a replayed watch event or a re-list read before our own
-write is older than what we know and is dropped. Observations are fed to a real
-``Sidecar`` object directly; nothing here talks to an API server."""
+"""The sidecar's lock cache never goes back in time (kgroup.core.lease_codec.supersedes,
+SidecarLogic.on_list / on_event): a replayed watch event or a re-list read before our own
+write is older than what we know and is dropped. Observations are fed to the shipped
+``SidecarLogic`` directly; nothing here talks to an API server."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from kgroup_sidecar import objects
-from kgroup_sidecar.runtime import Sidecar
-from kgroup_sidecar.settings import Settings
+from kgroup.core import lease_codec as objects
+from kgroup.core.sidecar_logic import SidecarLogic as Sidecar
 
 ME = "pod-a"
 
@@ -31,7 +31,8 @@ def lease(p: int, *, token: int, rv: str, holder: str | None = None,
 
 @pytest.fixture
 def sidecar() -> Sidecar:
-    return Sidecar(Settings(group="g", namespace="ns", pod_name=ME))
+    return Sidecar(pod=ME, group="g", namespace="ns", clock=lambda: 0.0,
+                   wall=lambda: datetime(2026, 1, 1, tzinfo=UTC), new_session=lambda: "S")
 
 
 def test_a_relist_read_before_our_acquisition_does_not_replace_it(sidecar: Sidecar) -> None:

@@ -58,10 +58,9 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-from kgroup.core.member import AppRelease, Revoke, next_watch_scope
+from kgroup.core.lease_codec import parse_partition_lease
 from kgroup_sidecar.kube import KubeAdapter, Scope, make_configuration
 from kgroup_sidecar.metrics import Metrics
-from kgroup_sidecar.objects import parse_partition_lease
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
 
@@ -160,12 +159,11 @@ class Hub:
         if "partition" in self.listed:
             self._relist(name, sidecar)
 
-    def set_interest(self, name: str, interest: frozenset[int]) -> None:
-        """The member's ``set_partition_interest``: a new scope re-lists it to the member."""
+    def set_scope(self, name: str, scope: Scope) -> None:
+        """The member's ``set_partition_scope``: a new scope re-lists it to the member."""
         if name not in self.members:
             return
         current = self.scopes.get(name, frozenset())
-        scope = next_watch_scope(current, interest)
         if scope == current:
             return
         self.flush()
@@ -211,8 +209,8 @@ class SwarmAdapter(KubeAdapter):
     def start(self) -> None:
         self._hub.register(self.settings.pod_name, self._sidecar)
 
-    def set_partition_interest(self, interest: frozenset[int]) -> None:
-        self._hub.set_interest(self.settings.pod_name, interest)
+    def set_partition_scope(self, scope: Scope) -> None:
+        self._hub.set_scope(self.settings.pod_name, scope)
 
     def stop(self) -> None:
         self._hub.unregister(self.settings.pod_name)
@@ -222,10 +220,10 @@ class SwarmAdapter(KubeAdapter):
 class AckingSidecar(Sidecar):
     """A sidecar whose app acknowledges every revocation at once (position unchanged)."""
 
-    def execute(self, action: Any) -> None:
-        super().execute(action)
-        if isinstance(action, Revoke):
-            self.app_releases[action.partition] = AppRelease(token=action.token, position=None)
+    def record(self, event: str, **fields: Any) -> None:
+        super().record(event, **fields)
+        if event == "revoke":
+            self.logic.app_release(fields["partition"], fields["token"], None)
             self.dirty.set()
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "live_holders",
     "normalize_target",
     "rebalance_reason",
+    "window_end",
 ]
 
 Target = dict[str, list[int]]
@@ -226,10 +227,7 @@ class GroupPlanner:
         if membership_pending:
             if self._pending_since is None:
                 self._pending_since = now
-            due = min(
-                self._changed_at + spec.stabilization_window_seconds,
-                self._pending_since + spec.stabilization_max_delay_seconds,
-            )
+            due = window_end(spec, changed_at=self._changed_at, pending_since=self._pending_since)
             if now < due:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
@@ -279,6 +277,18 @@ class GroupPlanner:
         graced = {m for m, t in self._departed.items() if grace > 0 and now < t + grace}
         deadline = min((self._departed[m] + grace for m in graced), default=None)
         return members | graced, deadline
+
+
+def window_end(spec: ConsumerGroupSpec, *, changed_at: float, pending_since: float) -> float:
+    """The stabilisation window: when (caller's clock) a pending membership change may
+    become a new target. ``changed_at``: the membership last changed; ``pending_since``:
+    the membership first differed from the target's members. The window restarts with
+    every change (``stabilizationWindowSeconds``) but never delays a pending change more
+    than ``stabilizationMaxDelaySeconds``. The one place that says so."""
+    return min(
+        changed_at + spec.stabilization_window_seconds,
+        pending_since + spec.stabilization_max_delay_seconds,
+    )
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

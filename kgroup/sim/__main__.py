@@ -4,8 +4,8 @@ Examples::
 
     python -m kgroup.sim --seeds 2000              # seeds 0..1999
     python -m kgroup.sim --seed 1234 --verbose     # replay one seed's trace
-    python -m kgroup.sim --seed 127 --members 4 --partitions 16 --fault-time 30 \
-        --regression holder-marker-compare --whole-watch   # an old runtime bug, caught again
+    python -m kgroup.sim --seed 10 --members 4 --partitions 16 --fault-time 30 \
+        --variant no-adoption --regression acquire-timeout-fails  # old bugs, put back
 """
 
 from __future__ import annotations
@@ -17,11 +17,18 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
-from kgroup.sim.variants import NoFencingMember, NoTargetRevokesMember, SameTokenMember
-from kgroup.sim.world import REGRESSIONS, Result, SimConfig, run_seed
+from kgroup.sim.run import Result, SimConfig, run_seed
+from kgroup.sim.variants import (
+    REGRESSIONS,
+    NoAdoptionMember,
+    NoFencingMember,
+    NoTargetRevokesMember,
+    SameTokenMember,
+)
 
 VARIANTS = {
     "real": Member,
+    "no-adoption": NoAdoptionMember,
     "no-fencing": NoFencingMember,
     "no-target-revokes": NoTargetRevokesMember,
     "same-token": SameTokenMember,
@@ -73,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
                     help="member state machine: the real core or a deliberately broken one")
     ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
-                    help="bring back this old bug of the sidecar runtime (repeatable); "
-                         "default: the adapter as kgroup_sidecar runs today")
+                    help="bring back this old bug of the sidecar's decision code (a subclass "
+                         "of the shipped SidecarLogic, kgroup.sim.variants; repeatable)")
     ap.add_argument("--whole-watch", action="store_true",
                     help="sidecars watch every Lease of the group (not their scope)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -105,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{v.detail}")
             print(f"  reproduce: {repro(args, result.seed)}")
     wall = time.perf_counter() - started
-    adapter = adapter_flags(args).strip() or "runtime adapter"
+    adapter = adapter_flags(args).strip() or "the shipped decision code"
     print(f"seeds run: {len(seeds)} (variant {args.variant}, {adapter}, "
           f"{args.members} members, "
           f"{args.partitions} partitions, {args.fault_time:g}s of faults)")

@@ -1,82 +1,45 @@
-"""A simulated API store: a few object kinds, resourceVersions, conditional updates.
+"""A simulated API store: wire-form objects (dicts), resourceVersions, conditional writes.
 
 Rule of this module: it behaves like the Kubernetes API server where kgroup relies on
-it, and no further. Every committed write gets a new, globally increasing
-``resourceVersion``; an update carrying another ``resourceVersion`` than the stored one is
-refused (409 Conflict), never merged; a create of an existing object is refused (409
-AlreadyExists); an update or delete of a missing object is refused (404). Nothing here
-knows time, delays or faults: the simulation decides *when* a request reaches the store
-and whether its answer ever reaches the caller. Every commit is reported to one hook, from
-which the simulation fans out watch events and runs its store-level checks.
+it, and no further. Objects are the same JSON dicts the real API server serves (Leases
+read and written by ``kgroup.core.lease_codec``), keyed ``<resource>/<name>`` with
+resource ``leases``, ``consumergroups`` or ``pods``. Every committed write gets a new,
+globally increasing ``metadata.resourceVersion`` (a decimal string) and keeps the
+object's ``uid`` (a create gets a new one); an update carrying another resourceVersion
+than the stored one is refused (409 Conflict), never merged; a create of an existing
+object is refused (409 AlreadyExists); an update or delete of a missing object is refused
+(404). Nothing here knows time, delays or faults: the simulation decides *when* a request
+reaches the store and whether its answer ever reaches the caller. Every commit is
+reported to one hook, from which the simulation fans out watch events and runs its
+store-level checks. Stored dicts are never mutated: a write stores a new dict.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "GroupObj",
-    "MemberLeaseObj",
-    "PartitionLeaseObj",
-    "PodObj",
-    "Store",
-    "Stored",
-    "WriteError",
-    "stream_of",
-]
+from kgroup.core.lease_codec import is_member
+
+__all__ = ["Obj", "Store", "WriteError", "lease_key", "streams_of"]
+
+Obj = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class GroupObj:
-    """The ConsumerGroup; the spec is fixed per run, only the status (wire form) changes."""
-
-    rv: int
-    status: dict[str, Any]
+def lease_key(name: str) -> str:
+    return f"leases/{name}"
 
 
-@dataclass(frozen=True)
-class MemberLeaseObj:
-    """A member Lease (the session). Its renewal marker is its resourceVersion."""
-
-    rv: int
-    member: str
-    session: str
-    duration: float
-    epoch: int | None  # the kgroup.dev/epoch annotation
-
-
-@dataclass(frozen=True)
-class PartitionLeaseObj:
-    """A partition Lease (the lock); ``token`` is ``spec.leaseTransitions``."""
-
-    rv: int
-    partition: int
-    holder: str | None
-    session: str | None
-    token: int
-    position: str | None
-    position_token: int | None
-
-
-@dataclass(frozen=True)
-class PodObj:
-    """What the operator needs of a member pod."""
-
-    rv: int
-    name: str
-    ready: bool
-
-
-Stored = GroupObj | MemberLeaseObj | PartitionLeaseObj | PodObj
-
-
-def stream_of(key: str) -> str:
-    """The watch stream an object belongs to: one per resource type, as in Kubernetes."""
-    kind = key.split("/", 1)[0]
-    return "lease" if kind in ("member", "partition") else kind
+def streams_of(key: str, obj: Obj) -> tuple[str, ...]:
+    """The watch streams an object belongs to: ``group``, ``pod``, and for a Lease both
+    ``lease`` (every kgroup Lease, as the operator watches them) and ``member`` or
+    ``partition`` (the sidecar's two Lease watches)."""
+    resource = key.split("/", 1)[0]
+    if resource == "consumergroups":
+        return ("group",)
+    if resource == "pods":
+        return ("pod",)
+    return ("lease", "member" if is_member(obj) else "partition")
 
 
 class WriteError(Exception):
@@ -87,25 +50,25 @@ class WriteError(Exception):
         self.status = status
 
 
-CommitHook = Callable[[str, "Stored | None", "Stored | None"], None]
+CommitHook = Callable[[str, "Obj | None", "Obj | None"], None]
 
 
 class Store:
-    """Objects by key (``group``, ``member/<pod>``, ``partition/<n>``, ``pod/<pod>``)."""
-
     def __init__(self, on_commit: CommitHook) -> None:
-        self.objects: dict[str, Stored] = {}
+        self.objects: dict[str, Obj] = {}
         self.rv = 0
+        self.uids = 0
         self.writes = 0
         self._on_commit = on_commit
 
-    def get(self, key: str) -> Stored | None:
+    def get(self, key: str) -> Obj | None:
         return self.objects.get(key)
 
-    def list(self, stream: str) -> list[tuple[str, Stored]]:
-        return [(k, o) for k, o in self.objects.items() if stream_of(k) == stream]
+    def list(self, resource: str) -> list[tuple[str, Obj]]:
+        prefix = resource + "/"
+        return [(k, o) for k, o in self.objects.items() if k.startswith(prefix)]
 
-    def _commit(self, key: str, obj: Stored | None) -> Stored | None:
+    def _commit(self, key: str, obj: Obj | None, uid: str = "") -> Obj | None:
         old = self.objects.get(key)
         self.writes += 1
         if obj is None:
@@ -113,25 +76,31 @@ class Store:
             self._on_commit(key, old, None)
             return None
         self.rv += 1
-        new = dataclasses.replace(obj, rv=self.rv)
+        md = dict(obj.get("metadata") or {})
+        md["resourceVersion"] = str(self.rv)
+        md["uid"] = uid or (old or {}).get("metadata", {}).get("uid", "")
+        new = {**obj, "metadata": md}
         self.objects[key] = new
         self._on_commit(key, old, new)
         return new
 
-    def create(self, key: str, obj: Stored) -> Stored:
+    def create(self, key: str, obj: Obj) -> Obj:
         if key in self.objects:
             raise WriteError(409, f"{key} already exists")
-        new = self._commit(key, obj)
+        self.uids += 1
+        new = self._commit(key, obj, uid=f"uid-{self.uids}")
         assert new is not None
         return new
 
-    def update(self, key: str, obj: Stored, *, expected_rv: int) -> Stored:
-        """Replace ``key`` if its resourceVersion is still ``expected_rv``."""
+    def update(self, key: str, obj: Obj) -> Obj:
+        """Replace ``key`` if its resourceVersion is still the one ``obj`` carries."""
         old = self.objects.get(key)
         if old is None:
             raise WriteError(404, f"{key} not found")
-        if old.rv != expected_rv:
-            raise WriteError(409, f"{key}: resourceVersion {expected_rv} is not {old.rv}")
+        expected = (obj.get("metadata") or {}).get("resourceVersion")
+        stored = old["metadata"]["resourceVersion"]
+        if expected is not None and expected != stored:
+            raise WriteError(409, f"{key}: resourceVersion {expected} is not {stored}")
         new = self._commit(key, obj)
         assert new is not None
         return new

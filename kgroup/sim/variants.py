@@ -1,16 +1,45 @@
-"""Deliberately broken member variants, to prove the checker can fail.
+"""Deliberately broken variants of the SHIPPED decision code, to prove the checker fails.
 
-Rule of this module: each variant breaks exactly one rule of ``kgroup.core.member`` and
-says which. A checker that never fails proves nothing.
+Rule of this module: each variant is a subclass of the code that ships
+(:class:`kgroup.core.member.Member` or :class:`kgroup.core.sidecar_logic.SidecarLogic`)
+that overrides exactly one decision and says which. Nothing here restates a driver: the
+simulation runs the shipped logic with one decision swapped. A checker that never fails
+proves nothing; tests/test_simulation.py shows each variant failing where the shipped
+code passes.
+
+Member variants (``SimConfig.member_factory``): broken rules of the member state machine.
+Sidecar-logic regressions (``SimConfig.regressions``, by name): bugs the simulation once
+found in the sidecar's runtime, fixed since, brought back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
-from kgroup.core.member import Acquire, Action, Member, Snapshot
+from kgroup.core import lease_codec as codec
+from kgroup.core.lease_codec import Obj
+from kgroup.core.locks import LeaseTiming
+from kgroup.core.member import Acquire, Action, Lock, Member, Release, Snapshot
+from kgroup.core.sidecar_logic import SidecarLogic
+from kgroup.core.sidecar_requests import Scope
 
-__all__ = ["NoAdoptionMember", "NoFencingMember", "NoTargetRevokesMember", "SameTokenMember"]
+__all__ = [
+    "REGRESSIONS",
+    "AcquireTimeoutFails",
+    "FixedRequestTimeout",
+    "HolderMarkerCompare",
+    "NoAdoptionMember",
+    "NoFencingMember",
+    "NoTargetRevokesMember",
+    "SameTokenMember",
+    "StaleRelist",
+    "TokenOnlyCache",
+    "logic_with",
+]
+
+
+# ---- the member state machine -----------------------------------------------------------
 
 
 class NoFencingMember(Member):
@@ -51,3 +80,88 @@ class NoAdoptionMember(Member):
 
     def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
         return []
+
+
+# ---- the sidecar's decisions above the member ---------------------------------------------
+
+
+class HolderMarkerCompare(SidecarLogic):
+    """BROKEN (``holder-marker-compare``): the quorum re-read of a holder before a
+    takeover compares the fresh marker with the tracker's *current* one (which a
+    concurrent verification or a watch event may have moved on already) instead of
+    feeding the read to the tracker and asking it whether the session is live."""
+
+    def holder_expired(self, action: Acquire, fresh: Obj | None) -> bool:
+        holder = action.verify_holder
+        assert holder is not None
+        lease = codec.parse_member_lease(fresh).value if fresh is not None else None
+        if lease is not None and lease.session == action.verify_session \
+                and lease.marker != self.tracker.marker_of(holder):
+            self._apply_lease("MODIFIED", fresh or {})
+            return False
+        return True
+
+
+class AcquireTimeoutFails(SidecarLogic):
+    """BROKEN (``acquire-timeout-fails``): an acquisition without answer is reported
+    failed, though the server may have applied it."""
+
+    def reread_unanswered_acquisition(self) -> bool:
+        return False
+
+
+class StaleRelist(SidecarLogic):
+    """BROKEN (``stale-relist``): a partition re-list replaces the cache wholesale (a list
+    read before our own acquisition, delivered after it, wins), and a release trusts that
+    cache, giving the lock up unwritten."""
+
+    def on_list(self, kind: str, items: list[Obj], scope: Scope = None) -> None:
+        if kind == "partition":
+            self.partition_leases.clear()
+            self.locks.clear()
+        super().on_list(kind, items, scope)
+
+    def cache_behind(self, lock: Lock | None, action: Release) -> bool:
+        return False
+
+
+class TokenOnlyCache(SidecarLogic):
+    """BROKEN (``token-only-cache``): the lock cache compares tokens only, so a replayed
+    older version with the same token overwrites a newer one."""
+
+    def supersedes(self, new: Obj, cached: Obj) -> bool:
+        a = codec.parse_partition_lease(new).value
+        b = codec.parse_partition_lease(cached).value
+        return a is None or b is None or a.token >= b.token
+
+
+class FixedRequestTimeout(SidecarLogic):
+    """BROKEN (``fixed-request-timeout``): requests time out after 0.4 x the lease
+    duration and a failed renewal is retried after min(1 s, renew / 2), so one lost
+    renewal answer fences a member with the default 15 s / 5 s lease."""
+
+    def request_timeout(self) -> float:
+        duration = self.timing.duration if self.timing is not None else 15.0
+        return max(0.5, 0.4 * duration)
+
+    def renew_retry(self, timing: LeaseTiming) -> float:
+        return min(1.0, timing.renew_interval / 2)
+
+
+REGRESSIONS: dict[str, type[SidecarLogic]] = {
+    "acquire-timeout-fails": AcquireTimeoutFails,
+    "fixed-request-timeout": FixedRequestTimeout,
+    "holder-marker-compare": HolderMarkerCompare,
+    "stale-relist": StaleRelist,
+    "token-only-cache": TokenOnlyCache,
+}
+
+
+def logic_with(names: Iterable[str]) -> type[SidecarLogic]:
+    """The shipped logic with the named regressions brought back (none: the shipped one)."""
+    chosen = tuple(REGRESSIONS[n] for n in sorted(set(names)))
+    if not chosen:
+        return SidecarLogic
+    if len(chosen) == 1:
+        return chosen[0]
+    return type("+".join(c.__name__ for c in chosen), chosen, {})

@@ -1,5 +1,5 @@
 """Every kopf decorator of the operator, and nothing else: each handler only feeds the
-in-memory :class:`~kgroup_operator.world.World` and pokes the group loops that care.
+in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that care.
 
 Watched: ConsumerGroups, pods (in the operator's namespace scope) and Leases labelled
 ``kgroup.dev/group``. No handler lists or polls; the only listing is the initial one at
@@ -18,13 +18,13 @@ import kopf
 
 from kgroup import constants as C
 
-from .runtime import Runtime
+from .groups import GroupLoops
 
 log = logging.getLogger(__name__)
 
 
-def _rt(memo: Any) -> Runtime:
-    rt: Runtime = memo.runtime
+def _rt(memo: Any) -> GroupLoops:
+    rt: GroupLoops = memo.groups
     return rt
 
 
@@ -66,10 +66,10 @@ async def pod_event(
     if namespace is None:
         return
     if type == "DELETED":
-        old = rt.world.drop_pod(namespace, name)
+        old = rt.cache.drop_pod(namespace, name)
         rt.poke_pod(namespace, old, None)
     else:
-        old, new = rt.world.put_pod(namespace, body)
+        old, new = rt.cache.put_pod(namespace, body)
         if old != new:
             rt.poke_pod(namespace, old, new)
 
@@ -82,8 +82,8 @@ async def lease_event(
     if namespace is None:
         return
     if type == "DELETED":
-        key = rt.world.drop_lease(namespace, body)
+        key = rt.cache.drop_lease(namespace, body)
     else:
-        key = rt.world.put_lease(namespace, body, time.monotonic())
+        key = rt.cache.put_lease(namespace, body, time.monotonic())
     if key is not None:
         rt.poke(key)

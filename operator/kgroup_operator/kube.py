@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kgroup import constants as C
+from kgroup.core import lease_codec
 
 log = logging.getLogger(__name__)
 
@@ -83,34 +84,11 @@ class Kube:
         return await asyncio.to_thread(call)
 
     async def create_partition_lease(
-        self, *, namespace: str, group: str, uid: str, partition: int, duration: int
+        self, *, namespace: str, group: dict[str, Any], partition: int, duration: int
     ) -> None:
         """Create a free lock for `partition` (no holder, leaseTransitions 0); exists → ok."""
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": C.partition_lease_name(group, partition),
-                "namespace": namespace,
-                "labels": {
-                    C.LABEL_GROUP: group,
-                    C.LABEL_ROLE: C.ROLE_PARTITION,
-                    C.LABEL_PARTITION: str(partition),
-                    C.MANAGED_BY: "kgroup-operator",
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}",
-                        "kind": C.KIND,
-                        "name": group,
-                        "uid": uid,
-                        "controller": True,
-                        "blockOwnerDeletion": False,
-                    }
-                ],
-            },
-            "spec": {"leaseTransitions": 0, "leaseDurationSeconds": duration},
-        }
+        body = lease_codec.new_partition_lease(namespace=namespace, group=group,
+                                               partition=partition, duration=duration)
 
         def call() -> None:
             try:

@@ -21,9 +21,9 @@ import kopf
 from aiohttp import web
 from kubernetes import client, config
 
+from .groups import GroupLoops
 from .kube import Kube
 from .leader import LeaseElector
-from .runtime import Runtime
 from .settings import OperatorSettings
 
 log = logging.getLogger("kgroup_operator")
@@ -145,8 +145,8 @@ async def run(settings: OperatorSettings) -> int:
             return 0
         stopping.cancel()
         hold = asyncio.create_task(elector.hold(stop))
-    runtime = Runtime(kube=Kube(api, identity=settings.identity), settings=settings)
-    memo = kopf.Memo(runtime=runtime)
+    groups = GroupLoops(kube=Kube(api, identity=settings.identity), settings=settings)
+    memo = kopf.Memo(groups=groups)
     lost = False
     try:
         await kopf.operator(

@@ -13,20 +13,20 @@ a short backoff. The three watches:
   holds, what it is acquiring), by a set-based label selector
   (``kgroup.dev/partition in (...)``). Watching every partition Lease of the group made
   each sidecar receive every other member's lock writes: O(members x partitions) watch
-  events per rebalance, the measured scale limit (docs/design.md). The scope follows the
-  runtime's ``set_partition_interest``: it widens at once when the interest gains a
-  partition (a new target), and narrows only when it holds more than twice the interest
-  (``kgroup.core.member.next_watch_scope``), so steady state never restarts the watch.
+  events per rebalance, the measured scale limit (docs/design.md). The scope is decided
+  by ``kgroup.core.sidecar_logic`` (``next_watch_scope``: widen at once when the interest
+  gains a partition, narrow only when the scope holds more than twice the interest) and
+  handed over with ``set_partition_scope``; steady state never restarts the watch.
   A scope change re-lists under the new selector (the list is authoritative only inside
   that scope, which ``on_list`` receives) and shuts the old stream's socket so a quiet
   stream does not linger; an interest beyond ``MAX_SELECTED_PARTITIONS`` watches the
   group's partition Leases whole.
 
-Writes go through worker threads with a request timeout derived from the lease timing (set
-by the runtime from ``kgroup.core.member.request_timeout``: short enough that a renewal
-whose answer is lost is retried before the fencing deadline), and return the raw JSON of
-the object written, so the caller learns the new resourceVersion. Writes of the member
-Lease (session start, renewal, end) have a thread of their own: a member taking hundreds
+Writes go through worker threads with the request timeout each request carries (the
+logic's ``request_timeout``: short enough that a renewal whose answer is lost is retried
+before the fencing deadline), and return the raw JSON of the object written, so the
+caller learns the new resourceVersion. Writes of the member Lease (session start,
+renewal, end) have a thread of their own: a member taking hundreds
 of partitions at once queues those acquisitions in the shared pool, and a renewal queued
 behind them would miss its deadline and fence the member.
 """
@@ -54,7 +54,6 @@ from kgroup.constants import (
     ROLE_MEMBER,
     ROLE_PARTITION,
 )
-from kgroup.core.member import next_watch_scope
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
@@ -119,7 +118,6 @@ class KubeAdapter:
         self._leases: Any = client.CoordinationV1Api(self._writer)
         self._stop = threading.Event()
         self._watches: list[Any] = []
-        self.write_timeout: tuple[float, float] = (2.0, 4.0)
         self._session_writes = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="session-write")
         # The partition watch's scope: guarded by _scope_changed's lock; a new generation
@@ -166,13 +164,12 @@ class KubeAdapter:
             w.stop()
         self._session_writes.shutdown(wait=False, cancel_futures=True)
 
-    def set_partition_interest(self, interest: frozenset[int]) -> None:
-        """The partitions this member needs to see (called from the loop after each step);
-        restarts the partition watch when ``next_watch_scope`` says so."""
+    def set_partition_scope(self, scope: Scope) -> None:
+        """The partition Leases to watch (the logic's scope, handed over after each tick);
+        a new scope restarts the partition watch with a re-list."""
         if self._whole:
             return
         with self._scope_changed:
-            scope = next_watch_scope(self._scope, interest)
             if scope == self._scope:
                 return
             self._scope = scope
@@ -287,12 +284,12 @@ class KubeAdapter:
             return await loop.run_in_executor(self._session_writes, call)
         return await asyncio.to_thread(call)
 
-    async def get_lease(self, name: str, *, session: bool = False) -> Obj | None:
+    async def get_lease(self, name: str, *, timeout: float, session: bool = False) -> Obj | None:
         def call() -> Obj | None:
             try:
                 raw = self._leases.read_namespaced_lease(
                     name, self.namespace, _preload_content=False,
-                    _request_timeout=self.write_timeout,
+                    _request_timeout=_limits(timeout),
                 )
             except ApiException as exc:
                 if exc.status == 404:
@@ -303,10 +300,10 @@ class KubeAdapter:
 
         return await self._call(call, session=session)
 
-    async def create_lease(self, body: Obj) -> Obj:
+    async def create_lease(self, body: Obj, *, timeout: float) -> Obj:
         def call() -> Obj:
             raw = self._leases.create_namespaced_lease(
-                self.namespace, body, _preload_content=False, _request_timeout=self.write_timeout
+                self.namespace, body, _preload_content=False, _request_timeout=_limits(timeout)
             )
             result: Obj = json.loads(raw.data)
             return result
@@ -314,14 +311,14 @@ class KubeAdapter:
         self._metrics.api_writes["create"] += 1
         return await self._call(call, session=_is_member_lease(body))
 
-    async def replace_lease(self, body: Obj) -> Obj:
+    async def replace_lease(self, body: Obj, *, timeout: float) -> Obj:
         """PUT with ``metadata.resourceVersion`` in the body: a conditional update."""
         name = body["metadata"]["name"]
 
         def call() -> Obj:
             raw = self._leases.replace_namespaced_lease(
                 name, self.namespace, body, _preload_content=False,
-                _request_timeout=self.write_timeout,
+                _request_timeout=_limits(timeout),
             )
             result: Obj = json.loads(raw.data)
             return result
@@ -329,8 +326,8 @@ class KubeAdapter:
         self._metrics.api_writes["update"] += 1
         return await self._call(call, session=_is_member_lease(body))
 
-    async def delete_lease(self, name: str, *, resource_version: str | None = None,
-                           session: bool = False) -> None:
+    async def delete_lease(self, name: str, *, timeout: float,
+                           resource_version: str | None = None, session: bool = False) -> None:
         def call() -> None:
             options = client.V1DeleteOptions(
                 preconditions=client.V1Preconditions(resource_version=resource_version)
@@ -339,7 +336,7 @@ class KubeAdapter:
             )
             try:
                 self._leases.delete_namespaced_lease(
-                    name, self.namespace, body=options, _request_timeout=self.write_timeout
+                    name, self.namespace, body=options, _request_timeout=_limits(timeout)
                 )
             except ApiException as exc:
                 if exc.status != 404:
@@ -347,6 +344,11 @@ class KubeAdapter:
 
         self._metrics.api_writes["delete"] += 1
         await self._call(call, session=session)
+
+
+def _limits(timeout: float) -> tuple[float, float]:
+    """(connect, total) limits of a request that may wait ``timeout`` seconds in all."""
+    return (min(2.0, timeout), timeout)
 
 
 def _is_member_lease(body: Obj) -> bool:

@@ -1,6 +1,6 @@
-"""The operator's live state: the cache, the group loops, the metrics server.
+"""The operator's live state: the cache, one reconcile loop per group, the metrics server.
 
-One :class:`Runtime` per process, handed to kopf handlers through kopf's ``memo``.
+One :class:`GroupLoops` per process, handed to kopf handlers through kopf's ``memo``.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from aiohttp import web
 
 from kgroup.core.group import PodObservation
 
+from .cache import Cache, GroupKey
 from .controller import GroupController
 from .kube import Kube
 from .metrics import Metrics, serve
 from .settings import OperatorSettings
-from .world import GroupKey, World
 
 log = logging.getLogger(__name__)
 
 
-class Runtime:
+class GroupLoops:
     def __init__(self, *, kube: Kube, settings: OperatorSettings) -> None:
         self.kube = kube
         self.settings = settings
-        self.world = World()
+        self.cache = Cache()
         self.metrics = Metrics()
         self.controllers: dict[GroupKey, GroupController] = {}
         self._metrics_runner: web.AppRunner | None = None
@@ -36,12 +36,12 @@ class Runtime:
         scopes: list[str | None] = list(self.settings.namespaces) or [None]
         for ns in scopes:
             for pod in await self.kube.list_pods(ns):
-                self.world.put_pod(pod["metadata"]["namespace"], pod)
+                self.cache.put_pod(pod["metadata"]["namespace"], pod)
             now = time.monotonic()
             for lease in await self.kube.list_group_leases(ns):
-                self.world.put_lease(lease["metadata"]["namespace"], lease, now)
-        self.world.synced = True
-        log.info("caches synced: %d namespaces with pods", len(self.world.pods))
+                self.cache.put_lease(lease["metadata"]["namespace"], lease, now)
+        self.cache.synced = True
+        log.info("caches synced: %d namespaces with pods", len(self.cache.pods))
         if self.settings.metrics_port:
             self._metrics_runner = await serve(
                 self.metrics, self.settings.metrics_host, self.settings.metrics_port
@@ -60,7 +60,7 @@ class Runtime:
         if c is None:
             c = GroupController(
                 key,
-                world=self.world,
+                cache=self.cache,
                 kube=self.kube,
                 metrics=self.metrics,
                 settings=self.settings,
@@ -73,7 +73,7 @@ class Runtime:
         c = self.controllers.pop(key, None)
         if c is not None:
             await c.stop()
-        self.world.groups.pop(key, None)
+        self.cache.groups.pop(key, None)
         self.metrics.forget(key)
 
     def poke(self, key: GroupKey) -> None:

@@ -22,21 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.member import Member, next_watch_scope
+from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
+from kgroup.core import lease_codec as codec
+from kgroup.core.member import Lock, Member
 from kgroup.core.ranges import parse_ranges
 from kgroup.sim.checks import Checker, Violation
-from kgroup.sim.control import SimOperator
+from kgroup.sim.control import GROUP_KEY, SimOperator
 from kgroup.sim.kernel import Kernel, Process
-from kgroup.sim.sidecar import REGRESSIONS, MemberFactory, SimSidecar
-from kgroup.sim.store import (
-    GroupObj,
-    MemberLeaseObj,
-    PartitionLeaseObj,
-    PodObj,
-    Store,
-    Stored,
-    stream_of,
-)
+from kgroup.sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
+from kgroup.sim.store import Obj, Store, lease_key, streams_of
+from kgroup.sim.variants import REGRESSIONS, logic_with
 
 __all__ = ["FAULT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
@@ -45,9 +40,10 @@ __all__ = ["FAULT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World"
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
 requests or answers, slow messages) are drawn per message during the fault phase.
-Scripted only: ``lose-answer`` (the member's next answer from the API server is lost)
-and ``status-reset`` (the group's status is emptied, as by a restore from a backup
-without status, and the operator restarts ``seconds`` later)."""
+Scripted only: ``lose-answer`` (the member's next answer from the API server is lost),
+``status-reset`` (the group's status is emptied, as by a restore from a backup
+without status, and the operator restarts ``seconds`` later) and ``spec-change`` (the
+spec is edited: ``member`` more partitions, a new generation)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,8 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
-    regressions: frozenset[str] = frozenset()  # old runtime bugs brought back (REGRESSIONS)
+    # old bugs of the sidecar's decisions brought back (kgroup.sim.variants.REGRESSIONS)
+    regressions: frozenset[str] = frozenset()
     # Sidecars watch only the partition Leases of their interest (the runtime's scoped
     # partition watch); False: every Lease of the group, as the runtime does beyond
     # MAX_SELECTED_PARTITIONS (and as every sidecar did when the pinned seeds were found).
@@ -124,23 +121,31 @@ def draw_spec(rng: Any, cfg: SimConfig) -> ConsumerGroupSpec:
     })
 
 
+Event = tuple[str, Obj]  # (event type, object)
+
+
 @dataclass
 class _Watch:
     proc: Process
     target: Any  # SimSidecar | SimOperator: on_event / on_list
     streams: tuple[str, ...]
     last: dict[str, float] = field(default_factory=dict)
-    recent: dict[str, list[tuple[str, Stored | None]]] = field(default_factory=dict)
+    recent: dict[str, list[Event]] = field(default_factory=dict)
     broken: set[str] = field(default_factory=set)
-    # A sidecar's Lease watch sees the partition Leases of its scope only (runtime's
-    # scoped partition watch; None: all of them). The operator's is not scoped.
+    # A sidecar's partition watch sees the partition Leases of its scope only (the
+    # scope its logic decides; None: all of them). The operator's is not scoped.
     scoped: bool = False
     scope: frozenset[int] | None = frozenset()
 
-    def sees(self, key: str) -> bool:
-        kind, _, name = key.partition("/")
-        return not self.scoped or kind != "partition" or self.scope is None or (
-            int(name) in self.scope)
+    def sees(self, stream: str, obj: Obj) -> bool:
+        if not self.scoped or stream != "partition" or self.scope is None:
+            return True
+        lock = codec.parse_partition_lease(obj).value
+        return lock is not None and lock.partition in self.scope
+
+
+def _resource_of(stream: str) -> str:
+    return {"group": "consumergroups", "pod": "pods"}.get(stream, "leases")
 
 
 class World:
@@ -165,6 +170,7 @@ class World:
         self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
+        self.logic = logic_with(cfg.regressions)
 
     # ---- services for the simulated processes ---------------------------------------
 
@@ -224,25 +230,31 @@ class World:
 
     # ---- the store's commits: checks and watch fan-out -------------------------------
 
-    def _committed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+    def _committed(self, key: str, old: Obj | None, new: Obj | None) -> None:
         self.checker.step = self.kernel.events
-        if isinstance(new, PartitionLeaseObj) and new.holder is not None and (
-            not isinstance(old, PartitionLeaseObj)
-            or (old.holder, old.session) != (new.holder, new.session)
-        ):
-            before = old.token if isinstance(old, PartitionLeaseObj) else -1
-            self.checker.store_acquired(new.partition, before, new.token, new.holder,
-                                        self.kernel.now)
-        if isinstance(new, GroupObj) and new.status.get("epoch") != (
-            old.status.get("epoch") if isinstance(old, GroupObj) else None
-        ):
-            self.epochs.append((self.kernel.now, new.status.get("epoch"),
-                                dict(new.status.get("assignment") or {})))
+        obj = new if new is not None else old
+        assert obj is not None
+        streams = streams_of(key, obj)
+        if "partition" in streams and new is not None:
+            lock = codec.parse_partition_lease(new).value
+            was = codec.parse_partition_lease(old).value if old is not None else None
+            if lock is not None and lock.holder is not None and (
+                was is None or (was.holder, was.session) != (lock.holder, lock.session)
+            ):
+                self.checker.store_acquired(lock.partition, was.token if was else -1,
+                                            lock.token, lock.holder, self.kernel.now)
+        if "group" in streams and new is not None:
+            epoch = (new.get("status") or {}).get("epoch")
+            if old is None or epoch != (old.get("status") or {}).get("epoch"):
+                self.epochs.append((self.kernel.now, epoch,
+                                    dict((new.get("status") or {}).get("assignment") or {})))
         if self.cfg.verbose:
             self.trace("store", f"{key} = {new}")
-        stream = stream_of(key)
+        event: Event = ("ADDED" if old is None else "DELETED" if new is None else "MODIFIED",
+                        obj)
         for w in self.watches:
-            if stream not in w.streams or not w.proc.alive:
+            stream = next((s for s in streams if s in w.streams), None)
+            if stream is None or not w.proc.alive:
                 continue
             if w.proc.cut:
                 w.broken.add(stream)
@@ -250,47 +262,43 @@ class World:
             if self.faulty and self.rng.random() < self.cfg.event_loss:
                 self.count("lost-event")
                 continue
-            self._send(w, stream, [(key, new)])
+            self._send(w, stream, [event])
             recent = w.recent.setdefault(stream, [])
-            recent.append((key, new))
+            recent.append(event)
             del recent[:-4]
             if self.faulty and self.rng.random() < self.cfg.event_replay:
                 self.count("replayed-events")
                 self._send(w, stream, recent[-self.rng.randint(1, len(recent)):])
 
-    def _send(self, w: _Watch, stream: str, events: list[tuple[str, Stored | None]]) -> None:
-        for key, obj in events:
-            if not w.sees(key):
+    def _send(self, w: _Watch, stream: str, events: list[Event]) -> None:
+        for event_type, obj in events:
+            if not w.sees(stream, obj):
                 continue
             t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
             w.last[stream] = t
-            self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, key, obj)
+            self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, event_type, obj)
 
     def _relist(self, w: _Watch, stream: str) -> None:
         if not w.proc.alive:
             return
-        items = [(k, o) for k, o in self.store.list(stream) if w.sees(k)]
+        items = [o for k, o in self.store.list(_resource_of(stream))
+                 if stream in streams_of(k, o) and w.sees(stream, o)]
         t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
         w.last[stream] = t
-        if w.scoped and stream == "lease":
-            self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items, w.scope)
-        else:
-            self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items)
+        scope = w.scope if w.scoped and stream == "partition" else None
+        self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items, scope)
 
-    def set_scope(self, sc: SimSidecar, interest: frozenset[int]) -> None:
-        """The runtime's ``set_partition_interest``: a new scope re-lists the Leases."""
+    def set_scope(self, sc: SimSidecar, scope: frozenset[int] | None) -> None:
+        """The sidecar's partition watch follows its logic's scope: a new one re-lists."""
         w = self._scoped_watch.get(id(sc))
-        if w is None:
-            return
-        scope = next_watch_scope(w.scope, interest)
-        if scope == w.scope:
+        if w is None or scope == w.scope:
             return
         w.scope = scope
         self.count("scope-change")
         if w.proc.cut:
-            w.broken.add("lease")  # re-listed when the cut heals, as any broken stream
+            w.broken.add("partition")  # re-listed when the cut heals, as any broken stream
         else:
-            self._relist(w, "lease")
+            self._relist(w, "partition")
 
     def _periodic_relist(self, w: _Watch) -> None:
         if not w.proc.alive:
@@ -318,6 +326,8 @@ class World:
                        rate=self.rng.uniform(0.99, 1.01))
 
     def start_operator(self) -> None:
+        if self.operator_proc is not None and self.operator_proc.alive:
+            return  # one active operator (leader election): a second restart's start
         self.operator_proc = proc = self._process("operator")
         self.operator = SimOperator(self, proc)
         self.watch(proc, self.operator, ("group", "lease", "pod"))
@@ -328,26 +338,30 @@ class World:
             name = f"m{self.names:02d}"
         proc = self._process(name)
         self.incarnations += 1
-        sc = SimSidecar(self, proc, factory=self.cfg.member_factory)
+        sc = SimSidecar(self, proc, logic=self.logic, factory=self.cfg.member_factory)
         sc.key = self.incarnations
         self._by_proc[id(proc)] = sc
         self.sidecars[name] = sc
         self._put_pod(name, ready=True)
-        self.watch(proc, sc, ("group", "lease"), scoped=self.cfg.scoped_watch)
+        self.watch(proc, sc, ("group", "member", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
 
     def _put_pod(self, name: str, *, ready: bool) -> None:
-        key = f"pod/{name}"
-        old = self.store.get(key)
-        if old is None:
-            self.store.create(key, PodObj(0, name, ready))
+        key = f"pods/{name}"
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": NAMESPACE,
+                            "labels": dict(self.spec.selector.match_labels)},
+               "status": {"phase": "Running", "conditions": [
+                   {"type": "Ready", "status": "True" if ready else "False"}]}}
+        if self.store.get(key) is None:
+            self.store.create(key, pod)
         else:
-            self.store.update(key, PodObj(0, name, ready), expected_rv=old.rv)
+            self.store.update(key, pod)
 
     def _delete_pod(self, name: str) -> None:
-        if self.store.get(f"pod/{name}") is not None:
-            self.store.delete(f"pod/{name}")
+        if self.store.get(f"pods/{name}") is not None:
+            self.store.delete(f"pods/{name}")
 
     def sidecar_exited(self, sc: SimSidecar) -> None:
         self._gone(sc)
@@ -357,7 +371,7 @@ class World:
 
     def _live_names(self) -> list[str]:
         return sorted(n for n, sc in self.sidecars.items()
-                      if sc.proc.alive and sc.shutdown_deadline is None)
+                      if sc.proc.alive and sc.logic.shutdown_deadline is None)
 
     # ---- faults ----------------------------------------------------------------------
 
@@ -394,11 +408,21 @@ class World:
             assert self.operator_proc is not None
             self.count(fault.kind)
             self.trace("fault", fault)
-            group = self.store.get("group")
+            group = self.store.get(GROUP_KEY)
             assert group is not None
-            self.store.update("group", GroupObj(0, {}), expected_rv=group.rv)
+            self.store.update(GROUP_KEY, {**group, "status": {}})
             self.operator_proc.crash()
             self.kernel.after(fault.seconds, self.start_operator)
+            return
+        if fault.kind == "spec-change":
+            self.count(fault.kind)
+            self.trace("fault", fault)
+            group = self.store.get(GROUP_KEY)
+            assert group is not None
+            self.spec = self.spec.model_copy(
+                update={"partitions": self.spec.partitions + fault.member})
+            md = {**group["metadata"], "generation": group["metadata"]["generation"] + 1}
+            self.store.update(GROUP_KEY, {**group, "metadata": md, "spec": self.spec.to_wire()})
             return
         if fault.kind == "join":
             if len(names) < self.cfg.members + 2:
@@ -478,13 +502,22 @@ class World:
                 + 3 * s.lease.duration_seconds + s.restart_grace_seconds
                 + self.cfg.relist[1] + 5.0)
 
+    def lock(self, partition: int) -> Lock | None:
+        """The stored lock of ``partition`` (ground truth), or None."""
+        obj = self.store.get(lease_key(partition_lease_name(GROUP, partition)))
+        return codec.parse_partition_lease(obj).value if obj is not None else None
+
+    def status(self) -> dict[str, Any]:
+        group = self.store.get(GROUP_KEY)
+        assert group is not None
+        status: dict[str, Any] = group.get("status") or {}
+        return status
+
     def not_converged(self) -> str | None:
         """Why the group has not converged (ground truth in the store), or None."""
-        group = self.store.get("group")
-        assert isinstance(group, GroupObj)
-        epoch = group.status.get("epoch")
-        assignment = {m: parse_ranges(r) for m, r in
-                      (group.status.get("assignment") or {}).items()}
+        status = self.status()
+        epoch = status.get("epoch")
+        assignment = {m: parse_ranges(r) for m, r in (status.get("assignment") or {}).items()}
         live = self._live_names()
         if sorted(assignment) != live:
             return f"target members {sorted(assignment)} != live members {live}"
@@ -492,16 +525,15 @@ class World:
         if sorted(owner) != list(range(self.spec.partitions)):
             return f"target covers {len(owner)} of {self.spec.partitions} partitions"
         for p in range(self.spec.partitions):
-            lock = self.store.get(f"partition/{p}")
+            lock = self.lock(p)
             sc = self.sidecars[owner[p]]
-            if not isinstance(lock, PartitionLeaseObj) or lock.holder != owner[p] or (
-                lock.session != sc.member.session
-            ):
+            if lock is None or lock.holder != owner[p] or lock.session != sc.member.session:
                 return f"partition {p} lock {lock} is not with {owner[p]}/{sc.member.session}"
         for m in live:
-            lease = self.store.get(f"member/{m}")
+            body = self.store.get(lease_key(member_lease_name(GROUP, m)))
+            lease = codec.parse_member_lease(body).value if body is not None else None
             sc = self.sidecars[m]
-            if not isinstance(lease, MemberLeaseObj) or lease.epoch != epoch:
+            if lease is None or lease.epoch != epoch:
                 return f"member {m} acknowledged {getattr(lease, 'epoch', None)}, not {epoch}"
             view = sc.member.view(sc.proc.clock())
             active = [pv.partition for pv in view.partitions if pv.state == "active"]
@@ -510,19 +542,18 @@ class World:
         return None
 
     def _fingerprint(self) -> tuple[Any, ...]:
-        group = self.store.get("group")
-        assert isinstance(group, GroupObj)
-        locks = tuple(
-            (o.holder, o.session, o.token) for k, o in sorted(self.store.objects.items())
-            if isinstance(o, PartitionLeaseObj)
-        )
-        return group.status.get("epoch"), locks
+        locks = tuple((lock.holder, lock.session, lock.token) if lock else None
+                      for lock in map(self.lock, range(self.spec.partitions)))
+        return self.status().get("epoch"), locks
 
     # ---- the run ---------------------------------------------------------------------
 
     def run(self) -> Result:
         cfg = self.cfg
-        self.store.create("group", GroupObj(0, {}))
+        self.store.create(GROUP_KEY, {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND,
+            "metadata": {"name": GROUP, "namespace": NAMESPACE, "generation": 1},
+            "spec": self.spec.to_wire(), "status": {}})
         self.start_operator()
         for _ in range(cfg.members):
             self.start_member()

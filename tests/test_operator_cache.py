@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from kgroup import constants as C
-from kgroup_operator.world import World, lease_view, newer, pod_observation
+from kgroup.core.lease_codec import not_older, parse_member_lease
+from kgroup_operator.cache import Cache as World
+from kgroup_operator.cache import pod_observation
 
 
 def member_lease(
@@ -42,9 +44,14 @@ def lock(n: int, holder: str | None, session: str | None, rv: str = "20") -> dic
     }
 
 
+def _rv(rv: str | None) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv}}
+
+
 def test_an_older_resource_version_is_not_newer() -> None:
-    assert not newer("9", "10")
-    assert newer("10", "10") and newer("11", "10") and newer(None, "10")
+    assert not not_older(_rv("9"), _rv("10"))
+    assert not_older(_rv("10"), _rv("10")) and not_older(_rv("11"), _rv("10"))
+    assert not_older(_rv(None), _rv("10"))
 
 
 def test_a_pod_is_ready_only_with_a_true_ready_condition() -> None:
@@ -83,9 +90,8 @@ def test_a_pod_with_a_deletion_timestamp_is_terminating() -> None:
 
 
 def test_a_member_lease_is_read_with_its_session_and_epoch() -> None:
-    view = lease_view(member_lease("w-0"))
-    assert (view.role, view.member, view.session, view.epoch_annotation, view.duration) == (
-        C.ROLE_MEMBER,
+    view = parse_member_lease(member_lease("w-0")).value
+    assert (view.member, view.session, view.epoch_annotation, view.duration) == (
         "w-0",
         "s1",
         "3",

@@ -1,0 +1,130 @@
+"""The operator's kopf-side driver (kgroup_operator.controller) on the real API server: for
+each decision case, the exact sequence of Kubernetes calls one reconcile pass makes, on a
+fake clock.
+
+The decisions are tested pass by pass in tests/test_operator_logic.py; this checks the
+driver's half: each plan becomes the right calls, in order (partition Leases, status
+write with the read resourceVersion, Events), and a real 409 is answered by a re-read.
+The calls go through a recording ``Kube`` to the real server; the cache is fed by the
+test (the pods and member Leases it would have watched), so no watch runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kgroup import constants as C
+from kgroup_devcluster.cluster import Cluster
+from kgroup_operator.cache import Cache
+from kgroup_operator.controller import GroupController
+from kgroup_operator.kube import Conflict, Kube
+from kgroup_operator.metrics import Metrics
+from kgroup_operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.cluster
+GROUP = "drv"
+Obj = dict[str, Any]
+
+
+class Recording(Kube):
+    """The real Kube, with every call written down as (verb, what)."""
+
+    calls: list[tuple[str, str]]
+
+    async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
+                                     duration: int) -> None:
+        self.calls.append(("create-lease", str(partition)))
+        await super().create_partition_lease(namespace=namespace, group=group,
+                                             partition=partition, duration=duration)
+
+    async def replace_status(self, body: Obj, status: Obj) -> Obj:
+        self.calls.append(("replace-status", str(status.get("epoch"))))
+        try:
+            return await super().replace_status(body, status)
+        except Conflict:
+            self.calls.append(("409", ""))
+            raise
+
+    async def get_group(self, namespace: str, name: str) -> Obj | None:
+        self.calls.append(("get-group", name))
+        return await super().get_group(namespace, name)
+
+    async def post_event(self, body: Obj, *, type_: str, reason: str, message: str) -> None:
+        self.calls.append(("event", reason))
+        await super().post_event(body, type_=type_, reason=reason, message=message)
+
+
+def pod(name: str) -> Obj:
+    return {"metadata": {"name": name, "labels": {"app": "drv"}, "resourceVersion": "1"},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def member_lease(member: str, rv: str) -> Obj:
+    return {"metadata": {"name": f"{GROUP}-member-{member}", "resourceVersion": rv,
+                         "annotations": {C.ANNOTATION_SESSION: f"s-{member}"},
+                         "labels": {C.LABEL_GROUP: GROUP, C.LABEL_ROLE: C.ROLE_MEMBER,
+                                    C.LABEL_MEMBER: member}},
+            "spec": {"holderIdentity": member, "leaseDurationSeconds": 15}}
+
+
+def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
+    cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
+) -> None:
+    custom: Any = client.CustomObjectsApi(kube)
+    body = custom.create_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
+                                                  C.PLURAL, {
+        "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}", "kind": C.KIND,
+        "metadata": {"name": GROUP},
+        "spec": {"partitions": 4, "selector": {"matchLabels": {"app": "drv"}},
+                 "stabilizationWindowSeconds": 0,
+                 "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5}}})
+    now = [100.0]
+    cache = Cache(synced=True)
+    for name in ("a", "b"):
+        cache.put_pod(namespace, pod(name))
+        cache.put_lease(namespace, member_lease(name, "1" + name.encode().hex()), now[0])
+
+    async def scenario() -> None:
+        rec = Recording(kube, identity="e2e-driver")
+        rec.calls = []
+        ctl = GroupController((namespace, GROUP), cache=cache, kube=rec, metrics=Metrics(),
+                              settings=OperatorSettings(), clock=lambda: now[0])
+        ctl.update(body)
+
+        async def reconcile() -> tuple[list[tuple[str, str]], float | None]:
+            rec.calls = []
+            wait = await ctl.reconcile()
+            return rec.calls, wait
+
+        # first pass: every lock, then the first target, then its Event
+        calls, _ = await reconcile()
+        assert calls == [("create-lease", "0"), ("create-lease", "1"), ("create-lease", "2"),
+                         ("create-lease", "3"), ("replace-status", "1"),
+                         ("event", "RebalanceStarted")]
+        leases: Any = client.CoordinationV1Api(kube).list_namespaced_lease(
+            namespace, label_selector=f"{C.LABEL_ROLE}={C.ROLE_PARTITION}")
+        assert len(leases.items) == 4
+        stored = custom.get_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
+                                                     C.PLURAL, GROUP)
+        assert stored["status"]["assignment"] == {"a": "0-1", "b": "2-3"}
+        # quiet: nothing changed, nothing called
+        assert (await reconcile())[0] == []
+        # the group changes behind the controller's back (a label: a new version, same
+        # status); a member joins: the write is refused (409), the group is read again,
+        # and the next pass writes the new target on the fresh version
+        custom.patch_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace, C.PLURAL,
+                                              GROUP, {"metadata": {"labels": {"x": "y"}}})
+        cache.put_pod(namespace, pod("c"))
+        cache.put_lease(namespace, member_lease("c", "300"), now[0])
+        now[0] += 2.0
+        calls, wait = await reconcile()
+        assert calls == [("replace-status", "2"), ("409", ""), ("get-group", GROUP)]
+        assert wait == 0.0
+        calls, _ = await reconcile()
+        assert calls == [("replace-status", "2"), ("event", "RebalanceStarted")]
+
+    asyncio.run(scenario())

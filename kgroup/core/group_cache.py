@@ -1,0 +1,137 @@
+"""What the operator knows of one group's Leases and of pods, fed by watch events.
+
+Shared by the kopf operator (``kgroup_operator.cache``) and the simulated operator
+(``kgroup.sim.control``). Pure: the caller passes ``now`` (its own monotonic clock).
+Each object keeps the newest ``resourceVersion`` seen (``lease_codec.not_older``), so a
+late, stale event never overwrites a fresher read. Session liveness is judged by
+:class:`~kgroup.core.locks.SessionTracker` on the observer's clock: a member Lease's
+marker is its resourceVersion (every write changes it), never a time to compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgroup import constants as C
+from kgroup.core import lease_codec as codec
+from kgroup.core.group import LockObservation, PodObservation
+from kgroup.core.lease_codec import MemberLease, Obj
+from kgroup.core.locks import SessionTracker
+from kgroup.core.member import Lock
+from kgroup.core.status import MemberLeaseObservation
+
+__all__ = ["GroupLeases", "pod_observation"]
+
+
+def pod_observation(body: Mapping[str, Any]) -> PodObservation:
+    """``ready`` means the *app's* containers are ready, not the pod's Ready condition:
+    the kgroup sidecar's readiness probe answers Ready only once the pod holds its target
+    (``kgroup.core.readiness``), which needs the pod to be a member first; waiting for the
+    pod's Ready condition would never admit a new pod. The sidecar (a native sidecar lives
+    in ``initContainerStatuses``; a plain one is named ``kgroup-sidecar``) is left out.
+    A pod with no container statuses yet falls back to its Ready condition."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    apps = [c for c in status.get("containerStatuses") or []
+            if c.get("name") != C.SIDECAR_CONTAINER]
+    if apps:
+        ready = all(bool(c.get("ready")) for c in apps)
+    else:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+    return PodObservation(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        running=status.get("phase") == "Running",
+        ready=ready,
+        terminating=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass
+class GroupLeases:
+    """Every kgroup Lease of one group, and the sessions seen on its member Leases."""
+
+    members: dict[str, MemberLease] = field(default_factory=dict)  # by member id
+    partitions: dict[int, Lock] = field(default_factory=dict)  # by partition
+    bodies: dict[str, Obj] = field(default_factory=dict)  # by Lease name: version order
+    tracker: SessionTracker = field(default_factory=SessionTracker)
+
+    def put(self, body: Obj, now: float) -> None:
+        """A Lease from a watch event or a list (ignored when older than the cached one)."""
+        name = str(codec.meta(body).get("name", ""))
+        old = self.bodies.get(name)
+        if old is not None and not codec.not_older(body, old):
+            return
+        if codec.is_member(body):
+            ml = codec.parse_member_lease(body).value
+            if ml is None:
+                return
+            self.bodies[name] = body
+            self.members[ml.member] = ml
+            if ml.session:
+                self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, now)
+        elif codec.is_partition(body):
+            lock = codec.parse_partition_lease(body).value
+            if lock is None:
+                return
+            self.bodies[name] = body
+            self.partitions[lock.partition] = lock
+
+    def drop(self, body: Obj) -> None:
+        """A Lease's DELETED event."""
+        name = str(codec.meta(body).get("name", ""))
+        self.bodies.pop(name, None)
+        if codec.is_member(body):
+            ml = codec.parse_member_lease(body).value
+            if ml is not None and (current := self.members.get(ml.member)) is not None \
+                    and current.name == ml.name:
+                del self.members[ml.member]
+                self.tracker.forget(ml.member)
+        elif codec.is_partition(body):
+            lock = codec.parse_partition_lease(body).value
+            if lock is not None:
+                self.partitions.pop(lock.partition, None)
+
+    def relist(self, bodies: Iterable[Obj], now: float) -> None:
+        """A re-list of the group's Leases: authoritative on which exist."""
+        listed = list(bodies)
+        names = {str(codec.meta(b).get("name", "")) for b in listed}
+        for gone in [b for n, b in self.bodies.items() if n not in names]:
+            self.drop(gone)
+        for body in listed:
+            self.put(body, now)
+        for member in self.tracker.members():
+            if member not in self.members:
+                self.tracker.forget(member)
+
+    def live_sessions(self, now: float) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for member, lease in self.members.items():
+            if lease.session and self.tracker.is_live(member, lease.session, now):
+                out[member] = lease.session
+        return out
+
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest future moment a live session would expire unrenewed."""
+        times = [
+            t
+            for member, lease in self.members.items()
+            if lease.session
+            and (t := self.tracker.expires_at(member, lease.session)) is not None
+            and t > now
+        ]
+        return min(times, default=None)
+
+    def locks(self) -> list[LockObservation]:
+        return [LockObservation(p, v.holder, v.session) for p, v in self.partitions.items()]
+
+    def member_observations(self) -> dict[str, MemberLeaseObservation]:
+        return {
+            m: MemberLeaseObservation(m, v.session, v.epoch_annotation)
+            for m, v in self.members.items()
+        }

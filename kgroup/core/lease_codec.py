@@ -1,0 +1,341 @@
+"""The one reader and writer of kgroup's Lease objects (raw JSON dicts, camelCase as on
+the wire), shared by the sidecar, the operator and the simulation.
+
+Names, labels, annotations, tokens and the order of resourceVersions live here and
+nowhere else. Reading is forgiving: a malformed annotation or label is treated as absent
+and named in ``Parsed.problems`` (the caller logs it once). Writing always starts from the
+last body read (or written), so the ``resourceVersion`` in it makes every update
+conditional. Pure: no clock is read; writers that stamp a time take it as ``now``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kgroup.constants import (
+    ANNOTATION_EPOCH,
+    ANNOTATION_POSITION,
+    ANNOTATION_POSITION_TOKEN,
+    ANNOTATION_SESSION,
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    LABEL_GROUP,
+    LABEL_MEMBER,
+    LABEL_PARTITION,
+    LABEL_ROLE,
+    MANAGED_BY,
+    ROLE_MEMBER,
+    ROLE_PARTITION,
+    partition_lease_name,
+)
+from kgroup.core.member import Lock
+
+Obj = dict[str, Any]
+DEFAULT_DURATION = 15
+"""A member Lease without ``leaseDurationSeconds`` is read with this duration."""
+
+__all__ = [
+    "MemberLease",
+    "Obj",
+    "Parsed",
+    "acquired_partition_lease",
+    "annotations_of",
+    "group_of",
+    "is_member",
+    "is_partition",
+    "labels_of",
+    "meta",
+    "micro_time",
+    "new_member_lease",
+    "new_partition_lease",
+    "not_older",
+    "parse_member_lease",
+    "parse_partition_lease",
+    "released_partition_lease",
+    "renewed_member_lease",
+    "resource_version_number",
+    "supersedes",
+]
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+
+def micro_time(when: datetime) -> str:
+    """A metav1.MicroTime string."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def meta(obj: Obj) -> Obj:
+    result: Obj = obj.get("metadata") or {}
+    return result
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    result: dict[str, str] = meta(obj).get("annotations") or {}
+    return result
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    result: dict[str, str] = meta(obj).get("labels") or {}
+    return result
+
+
+def group_of(obj: Obj) -> str | None:
+    """The ConsumerGroup a kgroup Lease belongs to (its group label), or None."""
+    return labels_of(obj).get(LABEL_GROUP) or None
+
+
+def is_partition(obj: Obj) -> bool:
+    return labels_of(obj).get(LABEL_ROLE) == ROLE_PARTITION
+
+
+def is_member(obj: Obj) -> bool:
+    return labels_of(obj).get(LABEL_ROLE) == ROLE_MEMBER
+
+
+@dataclass(frozen=True)
+class Parsed:
+    value: Any
+    problems: tuple[str, ...] = ()
+
+
+def parse_partition_lease(obj: Obj) -> Parsed:
+    """-> Parsed(Lock | None): None when the partition label is not a number."""
+    problems: list[str] = []
+    try:
+        partition = int(labels_of(obj).get(LABEL_PARTITION, ""))
+    except ValueError:
+        return Parsed(None, (f"label {LABEL_PARTITION} is not a partition number",))
+    spec = obj.get("spec") or {}
+    notes = annotations_of(obj)
+    position_token: int | None = None
+    if ANNOTATION_POSITION_TOKEN in notes:
+        try:
+            position_token = int(notes[ANNOTATION_POSITION_TOKEN])
+        except ValueError:
+            problems.append(f"annotation {ANNOTATION_POSITION_TOKEN} is not an integer")
+    lock = Lock(
+        partition=partition,
+        holder=spec.get("holderIdentity") or None,
+        session=notes.get(ANNOTATION_SESSION) or None,
+        token=int(spec.get("leaseTransitions") or 0),
+        resource_version=str(meta(obj).get("resourceVersion", "")),
+        position=notes.get(ANNOTATION_POSITION),
+        position_token=position_token,
+    )
+    return Parsed(lock, tuple(problems))
+
+
+@dataclass(frozen=True)
+class MemberLease:
+    """A member Lease as read: ``marker`` (its resourceVersion) changes with every write,
+    so a changed marker means the session was renewed (never a time comparison)."""
+
+    member: str
+    session: str | None
+    marker: str
+    duration: float
+    epoch: int | None
+    epoch_annotation: str | None  # raw, for the status's "bad annotation" report
+    name: str = ""
+
+
+def parse_member_lease(obj: Obj) -> Parsed:
+    """-> Parsed(MemberLease | None)."""
+    problems: list[str] = []
+    spec = obj.get("spec") or {}
+    member = labels_of(obj).get(LABEL_MEMBER) or spec.get("holderIdentity")
+    if not member:
+        return Parsed(None, ("member Lease names no member",))
+    notes = annotations_of(obj)
+    raw_epoch = notes.get(ANNOTATION_EPOCH)
+    epoch: int | None = None
+    if raw_epoch is not None:
+        try:
+            epoch = int(raw_epoch)
+        except ValueError:
+            problems.append(f"annotation {ANNOTATION_EPOCH} is not an integer")
+    duration = spec.get("leaseDurationSeconds")
+    if not isinstance(duration, int) or duration <= 0:
+        problems.append("spec.leaseDurationSeconds is missing")
+        duration = DEFAULT_DURATION
+    parsed = MemberLease(
+        member=str(member),
+        session=notes.get(ANNOTATION_SESSION) or None,
+        marker=str(meta(obj).get("resourceVersion", "")),
+        duration=float(duration),
+        epoch=epoch,
+        epoch_annotation=raw_epoch,
+        name=str(meta(obj).get("name", "")),
+    )
+    return Parsed(parsed, tuple(problems))
+
+
+# ---- resourceVersion order --------------------------------------------------------------
+
+
+def resource_version_number(rv: Any) -> int | None:
+    """A resourceVersion as an integer, or None when it is not one.
+
+    Kubernetes calls resourceVersion opaque, but since v1.35 (KEP-5504, client-go's
+    ``CompareResourceVersion``) versions of objects of one resource compare as integers:
+    a positive decimal without leading zeros, larger = newer. Every etcd-backed API server
+    has always produced such numbers; anything else is treated as not comparable.
+    """
+    if not isinstance(rv, str) or not rv.isdigit() or rv.startswith("0"):
+        return None
+    return int(rv)
+
+
+def not_older(new: Obj, old: Obj) -> bool:
+    """Whether ``new`` may replace ``old`` (two reads of one object) in a cache: True
+    unless its resourceVersion is known to be lower. The operator's caches use this."""
+    new_rv = resource_version_number(meta(new).get("resourceVersion"))
+    old_rv = resource_version_number(meta(old).get("resourceVersion"))
+    return new_rv is None or old_rv is None or new_rv >= old_rv
+
+
+def supersedes(new: Obj, cached: Obj) -> bool:
+    """Whether ``new`` (a partition Lease from a watch event, a list or an answer) may
+    replace ``cached`` in a lock cache: never go back in time.
+
+    * Another object (uid differs: the Lease was deleted and created again): the newer
+      resourceVersion wins; if the versions do not compare, the newcomer does.
+    * The same object: a lower token is older, always (tokens only grow). With the same
+      token, :func:`not_older` decides (a replayed watch event, or a list read before our
+      own write and delivered after it, carries a lower resourceVersion).
+    """
+    new_uid, old_uid = meta(new).get("uid"), meta(cached).get("uid")
+    if new_uid and old_uid and new_uid != old_uid:
+        new_rv = resource_version_number(meta(new).get("resourceVersion"))
+        old_rv = resource_version_number(meta(cached).get("resourceVersion"))
+        return new_rv is None or old_rv is None or new_rv > old_rv
+    new_lock, old_lock = parse_partition_lease(new).value, parse_partition_lease(cached).value
+    if new_lock is None or old_lock is None:
+        return True
+    if new_lock.token != old_lock.token:
+        return bool(new_lock.token > old_lock.token)
+    return not_older(new, cached)
+
+
+# ---- writing ----------------------------------------------------------------------------
+
+
+def owner_reference(group: Obj, *, controller: bool = False) -> Obj:
+    ref: Obj = {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": meta(group)["name"],
+        "uid": meta(group).get("uid", ""),
+    }
+    if controller:
+        ref.update(controller=True, blockOwnerDeletion=False)
+    return ref
+
+
+def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration: int) -> Obj:
+    """A free lock for ``partition`` (no holder, ``leaseTransitions`` 0): the operator's."""
+    name = meta(group)["name"]
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": partition_lease_name(name, partition),
+            "namespace": namespace,
+            "labels": {
+                LABEL_GROUP: name,
+                LABEL_ROLE: ROLE_PARTITION,
+                LABEL_PARTITION: str(partition),
+                MANAGED_BY: "kgroup-operator",
+            },
+            "ownerReferences": [owner_reference(group, controller=True)],
+        },
+        "spec": {"leaseTransitions": 0, "leaseDurationSeconds": duration},
+    }
+
+
+def new_member_lease(
+    *, name: str, namespace: str, group: Obj, member: str, session: str, duration: float,
+    existing: Obj | None, now: datetime,
+) -> Obj:
+    """The body that starts a session: create (``existing`` None) or take over our Lease."""
+    stamp = micro_time(now)
+    body: Obj = copy.deepcopy(existing) if existing else {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    md = body.setdefault("metadata", {})
+    md["labels"] = {
+        **(md.get("labels") or {}),
+        LABEL_GROUP: meta(group)["name"],
+        LABEL_ROLE: ROLE_MEMBER,
+        LABEL_MEMBER: member,
+        MANAGED_BY: "kgroup-sidecar",
+    }
+    notes = dict(md.get("annotations") or {})
+    notes[ANNOTATION_SESSION] = session
+    notes.pop(ANNOTATION_EPOCH, None)
+    md["annotations"] = notes
+    md["ownerReferences"] = [owner_reference(group)]
+    body["spec"] = {
+        "holderIdentity": member,
+        "leaseDurationSeconds": math.ceil(duration),
+        "acquireTime": stamp,
+        "renewTime": stamp,
+    }
+    return body
+
+
+def renewed_member_lease(last: Obj, *, duration: float, epoch: int | None,
+                         now: datetime) -> Obj:
+    body = copy.deepcopy(last)
+    body.setdefault("spec", {})["renewTime"] = micro_time(now)
+    body["spec"]["leaseDurationSeconds"] = math.ceil(duration)
+    notes = dict(annotations_of(body))
+    if epoch is None:
+        notes.pop(ANNOTATION_EPOCH, None)
+    else:
+        notes[ANNOTATION_EPOCH] = str(epoch)
+    body["metadata"]["annotations"] = notes
+    return body
+
+
+def acquired_partition_lease(
+    last: Obj, *, member: str, session: str, token: int, duration: float, now: datetime
+) -> Obj:
+    stamp = micro_time(now)
+    body = copy.deepcopy(last)
+    spec = body.setdefault("spec", {})
+    spec.update(
+        holderIdentity=member,
+        leaseTransitions=token,
+        acquireTime=stamp,
+        renewTime=stamp,
+        leaseDurationSeconds=math.ceil(duration),
+    )
+    notes = dict(annotations_of(body))
+    notes[ANNOTATION_SESSION] = session
+    body["metadata"]["annotations"] = notes
+    return body
+
+
+def released_partition_lease(last: Obj, *, token: int, position: str | None) -> Obj:
+    """Holder cleared; ``position`` None keeps the previous position annotations."""
+    body = copy.deepcopy(last)
+    spec = body.setdefault("spec", {})
+    spec.pop("holderIdentity", None)
+    spec.pop("renewTime", None)
+    notes = dict(annotations_of(body))
+    notes.pop(ANNOTATION_SESSION, None)
+    if position is not None:
+        notes[ANNOTATION_POSITION] = position
+        notes[ANNOTATION_POSITION_TOKEN] = str(token)
+    body["metadata"]["annotations"] = notes
+    return body

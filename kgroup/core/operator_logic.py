@@ -1,0 +1,318 @@
+"""The operator's decisions for one group, without I/O: ``decide(observation, memory, now)``.
+
+Used by the kopf adapter (``kgroup_operator.controller``) and by the simulated operator
+(``kgroup.sim.control``); neither decides anything itself. One pass:
+
+* membership from pods and live sessions, the window and the assignor through
+  :class:`~kgroup.core.group.GroupPlanner` (the window rule itself:
+  :func:`kgroup.core.group.window_end`), a hand-edited status corrected;
+* the partition Leases to create, the aggregated status, whether to write it (only when
+  it differs from what was last written, at most once per ``status_min_interval``
+  unless the target changes: a new target is already paced by the window), the Events
+  to post, and when to look again (end of a window, a session's expiry, the rate limit).
+
+The driver performs the :class:`Plan` and reports back: :meth:`Memory.lease_created`
+after each create, :func:`written` after the status write succeeded (it returns the
+Events that belong after the write); a 409 is answered by re-reading the group and
+deciding again. Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time
+stamped into the status. The memory lives as long as the operator process: a restart
+starts from what it lists (the target is always read back from the status).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
+from kgroup.core import lease_codec as codec
+from kgroup.core.group import (
+    Decision,
+    GroupPlanner,
+    PodObservation,
+    correct_hand_edit,
+    current_members,
+    live_holders,
+)
+from kgroup.core.group_cache import GroupLeases
+from kgroup.core.lease_codec import Obj
+from kgroup.core.ranges import parse_ranges
+from kgroup.core.status import Problem, aggregate_status, format_timestamp
+
+__all__ = [
+    "API_RETRY_SECONDS",
+    "FAILED_PASS_RETRY_SECONDS",
+    "IDLE_RECHECK",
+    "Event",
+    "Memory",
+    "Observation",
+    "Plan",
+    "decide",
+    "problem_events",
+    "written",
+]
+
+IDLE_RECHECK = 300.0
+"""Upper bound on a sleep with no deadline: a cheap in-memory re-evaluation."""
+API_RETRY_SECONDS = 2.0
+"""Next pass after the API server did not answer (or refused a create)."""
+FAILED_PASS_RETRY_SECONDS = 5.0
+"""Next pass after a pass failed for any other reason."""
+NOT_SYNCED_RETRY_SECONDS = 0.5
+"""Next pass while the caches have not listed everything yet."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the operator's caches hold for one group now."""
+
+    body: Obj | None  # the ConsumerGroup as last seen (None: not seen yet)
+    leases: GroupLeases
+    pods: list[PodObservation]
+    synced: bool
+
+
+@dataclass
+class Memory:
+    """What one operator process remembers of one group between passes."""
+
+    started_at: float
+    planner: GroupPlanner = field(default_factory=GroupPlanner)
+    last_target_change: float = 0.0
+    last_write: float = -1e9
+    sent_status: dict[str, Any] | None = None  # what we computed and sent
+    written_status: dict[str, Any] | None = None  # what the server stored
+    written_rv: str | None = None
+    reported: set[tuple[str, str]] = field(default_factory=set)
+    requested_leases: set[int] = field(default_factory=set)
+    noticed_rv: str | None = None
+    planned_generation: int | None = None  # spec generation the target reflects
+    # parses of the last spec and status seen (bodies are never mutated: identity suffices)
+    _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
+    _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
+                              dict[str, Any]]] | None = None
+
+    def __post_init__(self) -> None:
+        self.last_target_change = self.started_at
+
+    def spec_of(self, raw: Any) -> ConsumerGroupSpec | ValidationError:
+        if self._spec is None or self._spec[0] is not raw:
+            try:
+                parsed: ConsumerGroupSpec | ValidationError = \
+                    ConsumerGroupSpec.model_validate(raw)
+            except ValidationError as exc:
+                parsed = exc
+            self._spec = (raw, parsed)
+        return self._spec[1]
+
+    def status_of(self, raw: dict[str, Any]) -> tuple[
+            ConsumerGroupStatus, dict[str, list[int]], Problem | None, dict[str, Any]]:
+        """(status, its target, a problem reading it, its normal wire form)."""
+        if self._status is None or self._status[0] is not raw:
+            self._status = (raw, (*_read_status(raw), _normal(raw)))
+        return self._status[1]
+
+    def lease_created(self, partition: int) -> None:
+        """A partition Lease was created (or already existed): never asked for again."""
+        self.requested_leases.add(partition)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A core/v1 Event to post about the group."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    wait: float | None  # seconds until the next pass (None: no deadline)
+    now: float = 0.0  # the pass's clock reading
+    create_partitions: list[int] = field(default_factory=list)
+    lease_duration: int = 15  # of the partition Leases to create
+    events: list[Event] = field(default_factory=list)  # post now (before any write)
+    status: dict[str, Any] | None = None  # write this status (rv precondition: the body's)
+    # for `written` and the metrics:
+    decision: Decision | None = None
+    previous: ConsumerGroupStatus | None = None
+    new_status: ConsumerGroupStatus | None = None
+    problems: list[Problem] = field(default_factory=list)
+    generation: int | None = None
+    members: int = 0
+    deadlines: list[float | None] = field(default_factory=list)
+
+
+def _normal(status: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        return ConsumerGroupStatus.model_validate(status or {}).to_wire()
+    except ValidationError:
+        return {"invalid": status}
+
+
+def _read_status(raw: dict[str, Any]) -> tuple[ConsumerGroupStatus, dict[str, list[int]],
+                                                Problem | None]:
+    """The status as written, with its target parsed; unreadable -> empty + problem."""
+    try:
+        status = ConsumerGroupStatus.model_validate(raw)
+        target = {m: parse_ranges(r) for m, r in status.assignment.items()}
+        return status, target, None
+    except (ValidationError, ValueError) as exc:
+        return (ConsumerGroupStatus(), {},
+                Problem("StatusEditedByHand", f"status is unreadable: {str(exc)[:300]}"))
+
+
+def _written_target(memory: Memory) -> tuple[dict[str, list[int]], int] | None:
+    if memory.written_status is None or "invalid" in memory.written_status:
+        return None
+    st = ConsumerGroupStatus.model_validate(memory.written_status)
+    return {m: parse_ranges(r) for m, r in st.assignment.items()}, st.epoch
+
+
+def _next(deadlines: list[float | None], now: float) -> float | None:
+    future = [d for d in deadlines if d is not None]
+    return (min(future) - now) if future else None
+
+
+def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
+    """One Warning Event per problem when it first appears."""
+    current = {(p.reason, p.message) for p in problems}
+    events = [Event("Warning", reason, message)
+              for reason, message in sorted(current - memory.reported)]
+    memory.reported = current
+    return events
+
+
+def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
+           status_min_interval: float) -> Plan:
+    """One pass over one group: what to create, write and post, and when to look again."""
+    if not obs.synced or obs.body is None:
+        return Plan(wait=NOT_SYNCED_RETRY_SECONDS)
+    body = obs.body
+    md = codec.meta(body)
+    spec = memory.spec_of(body.get("spec") or {})
+    if isinstance(spec, ValidationError):
+        return Plan(wait=None, events=problem_events(
+            memory, [Problem("InvalidSpec", str(spec)[:500])]))
+    raw_status = body.get("status") or {}
+    status, target, hand_problem, server = memory.status_of(raw_status)
+    problems: list[Problem] = []  # persistent: shown in conditions, one Event each
+    notices: list[Problem] = []  # one-off: an Event only
+
+    decision: Decision | None = None
+    rv = md.get("resourceVersion")
+    if (
+        memory.written_status is not None
+        and memory.written_rv is not None
+        and rv != memory.written_rv
+        and codec.not_older(body, {"metadata": {"resourceVersion": memory.written_rv}})
+        and server != memory.written_status
+    ):
+        notices.append(
+            Problem("StatusEditedByHand", "status was changed by someone else; corrected"))
+        written_target = _written_target(memory)
+        if written_target is not None:
+            decision = correct_hand_edit(
+                written_target=written_target[0], written_epoch=written_target[1],
+                seen_target=target, seen_epoch=status.epoch,
+            )
+    elif hand_problem is not None:
+        notices.append(hand_problem)
+
+    leases = obs.leases
+    live = leases.live_sessions(now)
+    members = current_members(selector=spec.selector, pods=obs.pods, live_sessions=live)
+    holders = live_holders(leases.locks(), live)
+    if not any(spec.selector.matches(dict(p.labels)) for p in obs.pods):
+        problems.append(Problem(
+            "SelectorMatchesNothing",
+            f"no pod in {md.get('namespace')} matches "
+            f"{spec.selector.to_label_selector_string()}",
+        ))
+
+    generation = md.get("generation")
+    if decision is None:
+        decision = memory.planner.plan(
+            spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
+            now=now,
+            spec_changed=(memory.planned_generation is not None
+                          and generation != memory.planned_generation),
+        )
+    if decision.target is None:
+        memory.planned_generation = generation
+    create = [p for p in range(spec.partitions)
+              if p not in leases.partitions and p not in memory.requested_leases]
+
+    epoch, new_target = status.epoch, target
+    last_rebalance: LastRebalance | None = None
+    if decision.target is not None:
+        epoch, new_target = decision.epoch, decision.target
+        last_rebalance = LastRebalance(epoch=epoch, reason=decision.reason,
+                                       moved=decision.moved, started_at=format_timestamp(wall))
+    last_change = max(memory.last_target_change, memory.planner.last_membership_change)
+    new_status, seen = aggregate_status(
+        spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
+        members=members, member_leases=leases.member_observations(), holders=holders,
+        last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
+        last_rebalance=last_rebalance,
+    )
+    wire = new_status.to_wire()
+    deadlines = [
+        decision.next_check,
+        leases.next_expiry(now),
+        (last_change + spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds + 0.01)
+        if new_status.unowned and new_status.phase != "Degraded" else None,
+    ]
+    plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create,
+                lease_duration=spec.lease.duration_seconds, decision=decision,
+                previous=status, new_status=new_status, problems=seen, generation=generation,
+                members=len(members), deadlines=deadlines)
+    if notices and rv != memory.noticed_rv:
+        memory.noticed_rv = rv
+        plan.events.extend(Event("Warning", n.reason, n.message) for n in notices)
+    baseline = memory.sent_status if server == memory.written_status else server
+    if wire == baseline and decision.target is None:
+        plan.events.extend(problem_events(memory, seen))
+        return plan
+    # The rate limit holds back aggregate-only writes; a new target is already paced by
+    # the stabilisation window and must not wait behind a member-count update.
+    wait = memory.last_write + status_min_interval - now
+    if wait > 0 and decision.target is None:
+        plan.wait = wait
+        return plan
+    plan.status = wire
+    return plan
+
+
+def written(memory: Memory, plan: Plan, stored: Obj, now: float) -> list[Event]:
+    """The status write of ``plan`` succeeded with ``stored``: remember it; the Events to
+    post about the stored object (a rebalance started or completed, new problems)."""
+    assert plan.status is not None and plan.decision is not None
+    memory.last_write = now
+    memory.planned_generation = plan.generation
+    memory.sent_status = plan.status
+    memory.written_status = _normal(stored.get("status"))
+    memory.written_rv = codec.meta(stored).get("resourceVersion")
+    events: list[Event] = []
+    decision = plan.decision
+    if decision.target is not None:
+        memory.last_target_change = plan.now
+        events.append(Event("Normal", "RebalanceStarted",
+                            f"epoch {decision.epoch}: {decision.reason} "
+                            f"({decision.moved} partitions move)"))
+    done = plan.new_status.last_rebalance if plan.new_status else None
+    before = plan.previous.last_rebalance if plan.previous else None
+    if (
+        done is not None
+        and done.completed_at is not None
+        and (before is None or before.epoch != done.epoch or before.completed_at is None)
+    ):
+        events.append(Event("Normal", "RebalanceCompleted",
+                            f"epoch {done.epoch} settled in {done.duration_seconds}s"))
+    events.extend(problem_events(memory, plan.problems))
+    plan.wait = _next(plan.deadlines, now)
+    return events

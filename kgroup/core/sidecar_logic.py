@@ -1,0 +1,600 @@
+"""The sidecar's decisions above :class:`~kgroup.core.member.Member`, without I/O.
+
+``Member.step`` says *what* to do (start a session, renew, acquire, release, end); this
+module decides everything around it that used to live in the sidecar's asyncio runtime:
+which observation enters the lock cache (never back in time), which partitions the watch
+selects, which Kubernetes requests each action makes and in what order, what every
+answer, refusal or missing answer means, how long a request may wait and when to retry.
+Two drivers run it: ``kgroup_sidecar.runtime`` (asyncio + the Kubernetes client) and
+``kgroup.sim.sidecar`` (the simulated API server with faults). Neither decides anything.
+
+The shape (written down in docs/design.md, "one decision code, two drivers"):
+
+* Observations go in by method (:meth:`SidecarLogic.on_list`, :meth:`~SidecarLogic.on_event`,
+  :meth:`~SidecarLogic.app_release`, :meth:`~SidecarLogic.begin_shutdown`).
+* :meth:`SidecarLogic.tick` steps the member and returns a :class:`Tick`: the request
+  chains to start, the partition watch's scope, when to tick again, whether to exit.
+* A request chain is a generator: it yields a request *value* (:class:`GetLease`,
+  :class:`CreateLease`, :class:`ReplaceLease`, :class:`DeleteLease`, :class:`Pause`), the
+  driver performs it and sends the answer back (:class:`Ok`, :class:`Refused`,
+  :class:`NoAnswer`); the chain reports its outcome to the member itself. Chains run
+  concurrently (a slow acquisition never delays a renewal); the member allows one
+  member-Lease write in flight and ignores outcomes of an older session.
+* Time comes from the injected ``clock`` (monotonic seconds) and ``wall`` (for the
+  MicroTime stamps written into Leases); session ids from ``new_session``.
+* What happened is told to the ``journal`` (audit, metrics, logs, the app's waiting
+  release requests): reports, never decisions.
+
+Every decision point is a method, so the simulation's regressions
+(``kgroup.sim.variants``) are subclasses of this very code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kgroup.api import ConsumerGroupSpec
+from kgroup.constants import member_lease_name, partition_lease_name
+from kgroup.core import lease_codec as codec
+from kgroup.core.lease_codec import Obj
+from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.member import (
+    Acquire,
+    Action,
+    Adopted,
+    AppRelease,
+    EndSession,
+    Fence,
+    Lock,
+    Lost,
+    Member,
+    Release,
+    Renew,
+    Revoke,
+    Snapshot,
+    StartSession,
+    Target,
+    next_watch_scope,
+    renew_retry_seconds,
+    request_timeout,
+)
+from kgroup.core.ranges import parse_ranges
+from kgroup.core.sidecar_requests import (
+    Answer,
+    Chain,
+    CreateLease,
+    DeleteLease,
+    GetLease,
+    Journal,
+    NoAnswer,
+    Ok,
+    Pause,
+    Refused,
+    ReplaceLease,
+    Request,
+    Scope,
+    Tick,
+    Unknown,
+    describe,
+    found,
+)
+
+__all__ = ["CONFLICT_RETRY_SECONDS", "MIN_WAIT", "REREAD_RETRY_SECONDS", "SidecarLogic"]
+
+MIN_WAIT = 0.02
+"""Floor of a wake-up already due: never spin."""
+REREAD_RETRY_SECONDS = 0.5
+"""Pause between re-reads of an unanswered acquisition while the API server is away."""
+CONFLICT_RETRY_SECONDS = 0.05
+"""Pause before retrying a renewal refused with 409 whose Lease still carries our session
+(another write of ours got there first: the re-read gave us its resourceVersion)."""
+SHUTDOWN_DRAIN_FRACTION = 0.6
+"""While shutting down, a revocation waits at most this share of the grace period."""
+WATCHES = frozenset({"group", "member", "partition"})
+"""The three watches; each must have listed once before the member takes a step."""
+
+
+class _Silent:
+    def record(self, event: str, **fields: Any) -> None:
+        pass
+
+
+# ---- the logic --------------------------------------------------------------------------
+
+
+class SidecarLogic:
+    """One sidecar's state and decisions. Single-threaded: call it from one loop."""
+
+    def __init__(
+        self,
+        *,
+        pod: str,
+        group: str,
+        namespace: str,
+        clock: Callable[[], float],
+        wall: Callable[[], datetime],
+        new_session: Callable[[], str],
+        journal: Journal | None = None,
+        termination_grace: float = 30.0,
+        member: Member | None = None,
+    ) -> None:
+        self.pod = pod
+        self.group_name = group
+        self.namespace = namespace
+        self.clock = clock
+        self.wall = wall
+        self.new_session = new_session
+        self.journal: Journal = journal or _Silent()
+        self.termination_grace = termination_grace
+        self.member = member if member is not None else Member(pod)
+        self.tracker = SessionTracker()
+        self.group: Obj | None = None
+        self.timing: LeaseTiming | None = None
+        self.drain_timeout = 30.0
+        self.target: Target | None = None
+        self.in_target = False  # this pod is a key of the target assignment (a member)
+        self.group_deleted = False
+        self.partition_leases: dict[int, Obj] = {}
+        self.locks: dict[int, Lock] = {}
+        self.my_lease: Obj | None = None
+        self.app_releases: dict[int, AppRelease] = {}
+        self.synced: set[str] = set()
+        self.scope: Scope = frozenset()
+        self.shutdown_deadline: float | None = None
+        self._spec_raw: Any = None
+        self._warned: set[str] = set()
+        self._audited_release: set[tuple[str, int, int]] = set()
+
+    # ---- decisions a variant may change -------------------------------------------------
+
+    def request_timeout(self) -> float:
+        """How long any request may wait for its answer (derived from the lease timing)."""
+        timing = self.timing or LeaseTiming(duration=15, renew_interval=5)
+        return request_timeout(timing)
+
+    def renew_retry(self, timing: LeaseTiming) -> float:
+        return renew_retry_seconds(timing)
+
+    def supersedes(self, new: Obj, cached: Obj) -> bool:
+        """Whether ``new`` may replace ``cached`` in the lock cache (never back in time)."""
+        return codec.supersedes(new, cached)
+
+    def holder_expired(self, action: Acquire, fresh: Obj | None) -> bool:
+        """After the quorum read of the holder's member Lease before a takeover (locks.py:
+        a watch may lag): the read goes through the tracker (a changed marker restarts its
+        clock), and the tracker, not a marker comparison, says whether the session is
+        still live: a renewal learnt by any path since the decision counts."""
+        holder = action.verify_holder
+        assert holder is not None
+        if fresh is None:
+            self.tracker.forget(holder)
+            return True
+        self._apply_lease("MODIFIED", fresh)
+        session = action.verify_session
+        return session is None or not self.tracker.is_live(holder, session, self.clock())
+
+    def reread_unanswered_acquisition(self) -> bool:
+        """An acquisition without answer may have been applied: ask the server (True), or
+        report it failed (False, the old runtime: adoption alone catches up)."""
+        return True
+
+    def cache_behind(self, lock: Lock | None, action: Release) -> bool:
+        """Whether the cached lock may be older than our own acquisition (a list read
+        before it, delivered after it): then a release reads the server first."""
+        return lock is None or lock.token < action.token
+
+    # ---- observations -------------------------------------------------------------------
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.journal.record("warning", message=message)
+
+    def on_list(self, kind: str, items: list[Obj], scope: Scope = None) -> None:
+        """A (re-)list of one watch. It is authoritative on which objects exist within what
+        it covers (the group; every member Lease; the partition Leases of ``scope``, all of
+        the group's when None), not on how new each is: a cached lock newer than the listed
+        one (our own write's answer) is kept."""
+        if kind == "group":
+            self._set_group(items[0] if items else None)
+        elif kind == "member":
+            seen = set()
+            for obj in items:
+                self._apply_lease("ADDED", obj)
+                parsed = codec.parse_member_lease(obj)
+                if parsed.value is not None:
+                    seen.add(parsed.value.member)
+            for gone in set(self.tracker.members()) - seen:
+                self.tracker.forget(gone)
+        else:
+            listed = {lock.partition for lock in (
+                codec.parse_partition_lease(obj).value for obj in items
+                if codec.is_partition(obj)) if lock is not None}
+            covered = set(self.locks) if scope is None else set(self.locks) & scope
+            for vanished in covered - listed:
+                self._forget_lock(vanished)
+            if scope is not None:
+                # Locks outside the new scope are no longer watched: a cached copy would
+                # only grow stale (they are read again when they come back into scope).
+                for unwatched in set(self.locks) - scope:
+                    self._forget_lock(unwatched)
+            for obj in items:
+                self._apply_lease("ADDED", obj)
+        self.synced.add(kind)
+
+    def on_event(self, kind: str, event_type: str, obj: Obj) -> None:
+        if kind == "group":
+            self._set_group(None if event_type == "DELETED" else obj)
+        else:
+            self._apply_lease(event_type, obj)
+
+    def _forget_lock(self, partition: int) -> None:
+        self.partition_leases.pop(partition, None)
+        self.locks.pop(partition, None)
+
+    def _set_group(self, obj: Obj | None) -> None:
+        if obj is None:
+            self.target = None  # keep the last timing: our own Lease goes with the group
+            self.in_target = False
+            self.group_deleted = True  # revoke everything (no target alone holds)
+            return
+        self.group = obj
+        self.group_deleted = False
+        name = codec.meta(obj).get("name", "?")
+        raw_spec = obj.get("spec") or {}
+        if raw_spec is not self._spec_raw and raw_spec != self._spec_raw:
+            self._spec_raw = raw_spec
+            try:
+                spec = ConsumerGroupSpec.model_validate(raw_spec)
+                timing = LeaseTiming(
+                    duration=spec.lease.duration_seconds,
+                    renew_interval=spec.lease.renew_interval_seconds,
+                )
+            except (ValidationError, ValueError) as exc:
+                self._warn_once(f"spec:{exc}", f"ConsumerGroup {name}: unusable spec: {exc}")
+            else:
+                self.timing = timing
+                self.drain_timeout = float(spec.handoff.drain_timeout_seconds)
+        status = obj.get("status") or {}
+        epoch = status.get("epoch")
+        if not isinstance(epoch, int):
+            self.target = None  # no target: hold what we have until the operator seeds one
+            self.in_target = False
+            return
+        assignment = status.get("assignment") or {}
+        ranges = assignment.get(self.pod, "")
+        try:
+            partitions = frozenset(parse_ranges(str(ranges)))
+        except ValueError as exc:
+            self._warn_once(f"assign:{ranges}", f"ConsumerGroup {name}: bad assignment: {exc}")
+            return  # keep the previous target
+        self.target = Target(epoch=epoch, partitions=partitions)
+        self.in_target = self.pod in assignment
+
+    def _apply_lease(self, event_type: str, obj: Obj) -> None:
+        name = codec.meta(obj).get("name", "?")
+        if codec.is_partition(obj):
+            parsed = codec.parse_partition_lease(obj)
+            for problem in parsed.problems:
+                self._warn_once(f"{name}:{problem}", f"Lease {name}: {problem} (treated as absent)")
+            lock = parsed.value
+            if lock is None:
+                self._warn_once(f"{name}:nolock", f"Lease {name}: not a partition lock")
+                return
+            cached = self.partition_leases.get(lock.partition)
+            if event_type == "DELETED":
+                if cached is not None and codec.meta(cached).get("uid") != codec.meta(
+                        obj).get("uid") and not self.supersedes(obj, cached):
+                    return  # an old incarnation's deletion, replayed
+                self._forget_lock(lock.partition)
+            elif cached is None or self.supersedes(obj, cached):
+                self.partition_leases[lock.partition] = obj
+                self.locks[lock.partition] = lock
+            # else: older than what we know (a replayed event, or our own write's answer
+            # came first)
+        elif codec.is_member(obj):
+            parsed = codec.parse_member_lease(obj)
+            for problem in parsed.problems:
+                self._warn_once(f"{name}:{problem}", f"Lease {name}: {problem} (treated as absent)")
+            ml = parsed.value
+            if ml is None:
+                return
+            if event_type == "DELETED" or ml.session is None:
+                self.tracker.forget(ml.member)
+            else:
+                self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, self.clock())
+
+    def _store_partition(self, obj: Obj) -> None:
+        """An answer (or a read) of a partition Lease enters the cache like an event."""
+        lock = codec.parse_partition_lease(obj).value
+        if lock is None:
+            return
+        cached = self.partition_leases.get(lock.partition)
+        if cached is None or self.supersedes(obj, cached):
+            self.partition_leases[lock.partition] = obj
+            self.locks[lock.partition] = lock
+
+    # ---- app requests and shutdown ------------------------------------------------------
+
+    def app_release(self, partition: int, token: int, position: str | None) -> None:
+        """The app released (or acknowledged the revocation of) a partition."""
+        self.app_releases[partition] = AppRelease(token=token, position=position)
+
+    def begin_shutdown(self) -> bool:
+        """SIGTERM: revoke everything, then end the session. False if already begun."""
+        if self.shutdown_deadline is not None:
+            return False
+        self.shutdown_deadline = self.clock() + self.termination_grace - 1
+        self.member.begin_shutdown()
+        return True
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        drain = self.drain_timeout
+        if self.shutdown_deadline is not None:
+            drain = min(drain, max(0.0, SHUTDOWN_DRAIN_FRACTION * self.termination_grace))
+        return Snapshot(
+            now=self.clock(),
+            timing=self.timing if self.synced >= WATCHES else None,
+            drain_timeout=drain,
+            target=self.target,
+            locks=dict(self.locks),
+            tracker=self.tracker,
+            app_releases=dict(self.app_releases),
+            group_deleted=self.group_deleted,
+        )
+
+    def tick(self) -> Tick:
+        """Step the member on what is known now; what to do, watch and wait for next."""
+        if self.member.done:
+            return Tick([], self.scope, None, exit="session ended")
+        snap = self.snapshot()
+        chains = [c for action in self.member.step(snap) if (c := self.execute(action))]
+        self.scope = self.next_scope(self.member.partitions_of_interest(self.target))
+        if self.member.done:
+            return Tick(chains, self.scope, None, exit="session ended")
+        now = self.clock()
+        if self.shutdown_deadline is not None and now >= self.shutdown_deadline:
+            return Tick(chains, self.scope, None, exit="grace period over")
+        wake = self.member.next_wakeup(snap) if snap.timing is not None else None
+        if self.shutdown_deadline is not None:
+            wake = self.shutdown_deadline if wake is None else min(wake, self.shutdown_deadline)
+        return Tick(chains, self.scope, None if wake is None else max(MIN_WAIT, wake - now))
+
+    def next_scope(self, interest: frozenset[int]) -> Scope:
+        return next_watch_scope(self.scope, interest)
+
+    def execute(self, action: Action) -> Chain | None:
+        """What one action of the member means: a report now, or a request chain."""
+        if isinstance(action, Fence):
+            self.journal.record("fence", session=action.session, until=action.until,
+                                partitions=[list(p) for p in action.partitions])
+            for p, token in action.partitions:
+                self._resolve(p, token, False)
+            self.app_releases.clear()
+            return None
+        if isinstance(action, Lost):
+            self.journal.record("lost", session=action.session, partition=action.partition,
+                                token=action.token)
+            self._resolve(action.partition, action.token, False)
+            return None
+        if isinstance(action, Revoke):
+            self.journal.record("revoke", partition=action.partition, token=action.token)
+            return None
+        if isinstance(action, Adopted):
+            self.journal.record("acquired", session=action.session, partition=action.partition,
+                                token=action.token, position=action.position, adopted=True)
+            return None
+        if isinstance(action, StartSession):
+            return self._start_session(action)
+        if isinstance(action, Renew):
+            return self._renew(action)
+        if isinstance(action, Acquire):
+            return self._acquire(action)
+        if isinstance(action, Release):
+            return self._release(action)
+        if isinstance(action, EndSession):
+            return self._end_session(action)
+        return None
+
+    def _resolve(self, partition: int, token: int, ok: bool) -> None:
+        self.journal.record("resolved", partition=partition, token=token, ok=ok)
+        released = self.app_releases.get(partition)
+        if released is not None and released.token == token:
+            del self.app_releases[partition]
+
+    # ---- request chains -----------------------------------------------------------------
+
+    @property
+    def my_lease_name(self) -> str:
+        return member_lease_name(self.group_name, self.pod)
+
+    def _start_session(self, action: StartSession) -> Chain:
+        assert self.group is not None
+        session = self.new_session()
+        name = self.my_lease_name
+        answer = yield GetLease(name, self.request_timeout(), session=True)
+        existing = found(answer)
+        if isinstance(existing, Unknown):
+            self.journal.record("session-start-failed", why=describe(answer))
+            self.member.session_start_failed(now=self.clock())
+            return
+        body = codec.new_member_lease(
+            name=name, namespace=self.namespace, group=self.group, member=self.pod,
+            session=session, duration=action.timing.duration, existing=existing,
+            now=self.wall(),
+        )
+        sent = self.clock()
+        if existing is None:
+            answer = yield CreateLease(body, self.request_timeout())
+        else:
+            answer = yield ReplaceLease(body, self.request_timeout())
+        if not isinstance(answer, Ok) or answer.obj is None:
+            self.journal.record("session-start-failed", why=describe(answer))
+            self.member.session_start_failed(now=self.clock())
+            return
+        self.my_lease = answer.obj
+        self.member.session_started(session, sent_at=sent, timing=action.timing, now=self.clock())
+        if self.member.session == session:
+            self.journal.record("session", session=session)
+
+    def _renew(self, action: Renew) -> Chain:
+        assert self.my_lease is not None
+        body = codec.renewed_member_lease(self.my_lease, duration=action.timing.duration,
+                                          epoch=action.epoch, now=self.wall())
+        sent = self.clock()
+        answer = yield ReplaceLease(body, self.request_timeout())
+        if isinstance(answer, Ok) and answer.obj is not None:
+            self.my_lease = answer.obj
+            self.member.renewed(action.session, sent_at=sent, timing=action.timing,
+                                epoch=action.epoch, now=self.clock())
+            return
+        lost = isinstance(answer, Refused) and answer.status == 404
+        retry = self.renew_retry(action.timing)
+        if isinstance(answer, Refused) and answer.status == 409:
+            reread = yield GetLease(self.my_lease_name, self.request_timeout(), session=True)
+            fresh = reread.obj if isinstance(reread, Ok) else None
+            mine = fresh is not None and _session_of(fresh) == action.session
+            lost = fresh is not None and not mine
+            if mine:
+                self.my_lease = fresh
+            if not lost:
+                retry = CONFLICT_RETRY_SECONDS
+        self.journal.record("renew-failed", why=describe(answer), lost=lost)
+        self.member.renew_failed(action.session, now=self.clock(), session_lost=lost,
+                                 retry_in=retry)
+
+    def _acquire(self, action: Acquire) -> Chain:
+        p = action.partition
+        if action.verify_holder is not None:
+            answer = yield GetLease(member_lease_name(self.group_name, action.verify_holder),
+                                    self.request_timeout())
+            fresh = found(answer)
+            if isinstance(fresh, Unknown) or not self.holder_expired(action, fresh):
+                self._acquire_failed(action, answer)
+                return
+        last = self.partition_leases.get(p)
+        if last is None or codec.meta(last).get("resourceVersion") != action.expected_rv:
+            self._acquire_failed(action, None)
+            return
+        assert self.timing is not None
+        body = codec.acquired_partition_lease(
+            last, member=self.pod, session=action.session, token=action.token,
+            duration=self.timing.duration, now=self.wall(),
+        )
+        answer = yield ReplaceLease(body, self.request_timeout())
+        result = answer.obj if isinstance(answer, Ok) else None
+        if result is None and isinstance(answer, NoAnswer) \
+                and self.reread_unanswered_acquisition():
+            # No answer: the write may have happened. Reporting a failure would leave a
+            # lock carrying our live session that the core waits on for ever; ask instead.
+            result = yield from self._reread_acquisition(action, codec.meta(body)["name"])
+        if result is None:
+            self._acquire_failed(action, answer)
+            return
+        self._store_partition(result)
+        lock = codec.parse_partition_lease(result).value
+        token = lock.token if lock is not None else action.token
+        self.member.acquired(p, action.session, token=token,
+                             resource_version=codec.meta(result)["resourceVersion"])
+        if self.member.session == action.session and p in self.member.owned:
+            self.journal.record("acquired", session=action.session, partition=p, token=token,
+                                position=lock.position if lock else None, adopted=False)
+
+    def _acquire_failed(self, action: Acquire, answer: Answer | None) -> None:
+        self.journal.record("acquire-failed", partition=action.partition,
+                            why="cache moved on" if answer is None else describe(answer))
+        self.member.acquire_failed(action.partition, action.session, now=self.clock())
+
+    def _reread_acquisition(self, action: Acquire, name: str) -> Generator[
+            Request, Answer, Obj | None]:
+        """After an unanswered acquisition: the Lease if it shows our write, else None.
+        Retried while the session that wrote it lasts."""
+        while self.member.session == action.session:
+            answer = yield GetLease(name, self.request_timeout())
+            fresh = found(answer)
+            if isinstance(fresh, Unknown):
+                yield Pause(REREAD_RETRY_SECONDS)
+                continue
+            if fresh is None:
+                return None
+            self._store_partition(fresh)
+            lock = codec.parse_partition_lease(fresh).value
+            if lock is not None and (lock.holder, lock.session, lock.token) == (
+                self.pod, action.session, action.token
+            ):
+                return fresh
+            return None
+        return None
+
+    def _ours(self, lock: Lock | None, action: Release) -> bool:
+        return lock is not None and (lock.holder, lock.session, lock.token) == (
+            self.pod, action.session, action.token)
+
+    def _release(self, action: Release) -> Chain:
+        p = action.partition
+        key = (action.session, p, action.token)
+        if key not in self._audited_release:  # ownership ends before the write is sent
+            self._audited_release.add(key)
+            self.journal.record("release", session=action.session, partition=p,
+                                token=action.token, position=action.position,
+                                reason=action.reason)
+        last = self.partition_leases.get(p)
+        lock = codec.parse_partition_lease(last).value if last else None
+        if self.cache_behind(lock, action):
+            answer = yield GetLease(partition_lease_name(self.group_name, p),
+                                    self.request_timeout())
+            fresh = found(answer)
+            if isinstance(fresh, Unknown):
+                self.journal.record("release-failed", partition=p,
+                                    why=f"re-read: {describe(answer)}")
+                self.member.release_failed(p, action.session, now=self.clock(), still_ours=True)
+                return
+            last = fresh
+            if last is not None:
+                self._store_partition(last)
+            lock = codec.parse_partition_lease(last).value if last else None
+        if last is None or not self._ours(lock, action):
+            gone = lock is None  # the Lease vanished (group deleted): nothing to write
+            self.member.release_failed(p, action.session, now=self.clock(), still_ours=False)
+            self._resolve(p, action.token, gone)
+            return
+        body = codec.released_partition_lease(last, token=action.token, position=action.position)
+        answer = yield ReplaceLease(body, self.request_timeout())
+        if isinstance(answer, Ok) and answer.obj is not None:
+            self._store_partition(answer.obj)
+            self.journal.record("released", partition=p, token=action.token,
+                                position=action.position)
+            self.member.released(p, action.session)
+            self._resolve(p, action.token, True)
+            return
+        still_ours = True
+        if isinstance(answer, Refused) and answer.status in (404, 409):
+            reread = yield GetLease(codec.meta(body)["name"], self.request_timeout())
+            fresh = reread.obj if isinstance(reread, Ok) else None
+            if fresh is not None:
+                self._store_partition(fresh)
+            still_ours = fresh is not None and self._ours(
+                codec.parse_partition_lease(fresh).value, action)
+        self.journal.record("release-failed", partition=p, why=describe(answer))
+        self.member.release_failed(p, action.session, now=self.clock(), still_ours=still_ours)
+        if not still_ours:
+            self._resolve(p, action.token, False)
+
+    def _end_session(self, action: EndSession) -> Chain:
+        answer = yield DeleteLease(self.my_lease_name, self.request_timeout(), session=True)
+        if isinstance(answer, NoAnswer) or (
+                isinstance(answer, Refused) and answer.status != 404):
+            self.journal.record("end-session-failed", why=describe(answer))
+        self.journal.record("session-end", session=action.session)
+        self.member.session_ended()
+
+
+def _session_of(member_lease: Obj) -> str | None:
+    parsed = codec.parse_member_lease(member_lease).value
+    return parsed.session if parsed is not None else None

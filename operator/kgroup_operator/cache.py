@@ -1,0 +1,71 @@
+"""What the operator has observed: pods and every group's kgroup Leases, in memory.
+
+Rule: this cache is fed by watch events (kopf handlers) plus one initial listing at
+start-up; nothing here polls. The Leases of each group live in a
+:class:`kgroup.core.group_cache.GroupLeases` (shared with the simulation); pods keep the
+newest ``resourceVersion`` seen, so a late, stale event never overwrites a fresher read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgroup.core import lease_codec as codec
+from kgroup.core.group import PodObservation
+from kgroup.core.group_cache import GroupLeases, pod_observation
+
+GroupKey = tuple[str, str]  # (namespace, group name)
+
+__all__ = ["Cache", "GroupKey", "GroupLeases", "pod_observation"]
+
+
+@dataclass
+class Cache:
+    """The whole cache: pods by namespace, Leases by group."""
+
+    pods: dict[str, dict[str, PodObservation]] = field(default_factory=dict)
+    pod_bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    groups: dict[GroupKey, GroupLeases] = field(default_factory=dict)
+    synced: bool = False
+
+    def put_pod(
+        self, namespace: str, body: Mapping[str, Any]
+    ) -> tuple[PodObservation | None, PodObservation]:
+        """Store a pod; returns (previous observation, new one)."""
+        obs = pod_observation(body)
+        key = (namespace, obs.name)
+        bucket = self.pods.setdefault(namespace, {})
+        old = bucket.get(obs.name)
+        seen = self.pod_bodies.get(key)
+        if old is not None and seen is not None and not codec.not_older(dict(body), dict(seen)):
+            return old, old
+        bucket[obs.name] = obs
+        self.pod_bodies[key] = {"metadata": {
+            "resourceVersion": (body.get("metadata") or {}).get("resourceVersion")}}
+        return old, obs
+
+    def drop_pod(self, namespace: str, name: str) -> PodObservation | None:
+        self.pod_bodies.pop((namespace, name), None)
+        return self.pods.get(namespace, {}).pop(name, None)
+
+    def group(self, key: GroupKey) -> GroupLeases:
+        return self.groups.setdefault(key, GroupLeases())
+
+    def put_lease(self, namespace: str, body: Mapping[str, Any], now: float) -> GroupKey | None:
+        """Store a kgroup Lease (and observe its session); returns its group's key."""
+        group = codec.group_of(dict(body))
+        if not group:
+            return None
+        key = (namespace, group)
+        self.group(key).put(dict(body), now)
+        return key
+
+    def drop_lease(self, namespace: str, body: Mapping[str, Any]) -> GroupKey | None:
+        group = codec.group_of(dict(body))
+        if not group:
+            return None
+        key = (namespace, group)
+        self.group(key).drop(dict(body))
+        return key

@@ -1,0 +1,143 @@
+"""The operator's decisions (kgroup.core.operator_logic.decide), pass by pass, on a fake
+clock: what it creates, writes and posts, and when it looks again. The same function
+runs in the kopf controller and in the simulated operator; the controller's calls on the
+real API server are checked in e2e/tests/test_operator.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kgroup.core.group import PodObservation
+from kgroup.core.group_cache import GroupLeases
+from kgroup.core.operator_logic import Memory, Observation, Plan, decide, written
+
+WALL = datetime(2026, 1, 1, tzinfo=UTC)
+Obj = dict[str, Any]
+
+
+def body(status: Obj | None = None, *, rv: str = "10", window: int = 0,
+         partitions: int = 4, spec: Obj | None = None) -> Obj:
+    return {"metadata": {"name": "g", "namespace": "ns", "uid": "u", "resourceVersion": rv,
+                         "generation": 1},
+            "spec": spec if spec is not None else {
+                "partitions": partitions, "selector": {"matchLabels": {"app": "x"}},
+                "stabilizationWindowSeconds": window,
+                "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5}},
+            "status": status or {}}
+
+
+def member_lease(member: str, rv: str, epoch: int | None = None) -> Obj:
+    notes = {"kgroup.dev/session": f"s-{member}"}
+    if epoch is not None:
+        notes["kgroup.dev/epoch"] = str(epoch)
+    return {"metadata": {"name": f"g-member-{member}", "resourceVersion": rv,
+                         "annotations": notes,
+                         "labels": {"kgroup.dev/group": "g", "kgroup.dev/role": "member",
+                                    "kgroup.dev/member": member}},
+            "spec": {"holderIdentity": member, "leaseDurationSeconds": 15}}
+
+
+def pods(*names: str) -> list[PodObservation]:
+    return [PodObservation(name=n, labels={"app": "x"}) for n in names]
+
+
+class Op:
+    """One group's memory and caches; each pass is one call of ``decide``."""
+
+    def __init__(self, *members: str) -> None:
+        self.now = 100.0
+        self.memory = Memory(started_at=self.now)
+        self.leases = GroupLeases()
+        for i, m in enumerate(members):
+            self.leases.put(member_lease(m, str(20 + i)), self.now)
+        self.pods = pods(*members)
+        self.body = body()
+
+    def decide(self, *, synced: bool = True, interval: float = 1.0) -> Plan:
+        return decide(Observation(self.body, self.leases, self.pods, synced), self.memory,
+                      self.now, wall=WALL, status_min_interval=interval)
+
+    def write(self, plan: Plan, rv: str) -> list[str]:
+        """The status write succeeded: the stored body has version ``rv``."""
+        assert plan.status is not None
+        self.body = {**self.body, "status": plan.status,
+                     "metadata": {**self.body["metadata"], "resourceVersion": rv}}
+        return [e.reason for e in written(self.memory, plan, self.body, self.now)]
+
+
+def test_nothing_is_decided_before_the_caches_are_synced() -> None:
+    plan = Op("a").decide(synced=False)
+    assert (plan.wait, plan.status, plan.create_partitions) == (0.5, None, [])
+
+
+def test_a_first_pass_creates_the_locks_and_writes_the_first_target() -> None:
+    op = Op("a", "b")
+    plan = op.decide()
+    assert plan.create_partitions == [0, 1, 2, 3] and plan.lease_duration == 15
+    assert plan.status is not None and plan.status["epoch"] == 1
+    assert plan.status["assignment"] == {"a": "0-1", "b": "2-3"}
+    assert op.write(plan, "11") == ["RebalanceStarted"]
+    for p in plan.create_partitions:
+        op.memory.lease_created(p)
+    again = op.decide()
+    assert again.create_partitions == [] and again.status is None  # quiet: nothing new
+
+
+def test_the_rate_limit_holds_back_a_status_update_but_never_a_new_target() -> None:
+    op = Op("a", "b")
+    op.write(op.decide(), "11")
+    op.now += 0.3
+    op.leases.put(member_lease("a", "30", epoch=1), op.now)  # a acknowledges: aggregate only
+    held = op.decide()
+    assert held.status is None and held.wait is not None and 0.6 < held.wait < 0.71
+    op.leases.put(member_lease("c", "31"), op.now)  # a member joins: a new target
+    op.pods = pods("a", "b", "c")
+    now = op.decide()
+    assert now.status is not None and now.status["epoch"] == 2  # not held back
+
+
+def test_a_status_edited_by_hand_is_corrected_once_with_an_event() -> None:
+    op = Op("a", "b")
+    plan = op.decide()
+    op.write(plan, "11")
+    edited = {**plan.status, "assignment": {"a": "0-3"}}  # type: ignore[dict-item]
+    op.body = {**op.body, "status": edited,
+               "metadata": {**op.body["metadata"], "resourceVersion": "12"}}
+    op.now += 2.0
+    fix = op.decide()
+    assert [e.reason for e in fix.events] == ["StatusEditedByHand"]
+    assert fix.status is not None and fix.status["assignment"] == {"a": "0-1", "b": "2-3"}
+    assert fix.status["epoch"] == 2
+
+
+def test_an_invalid_spec_is_reported_once_and_nothing_else_happens() -> None:
+    op = Op("a")
+    op.body = body(spec={"partitions": 0})
+    first, second = op.decide(), op.decide()
+    assert [e.reason for e in first.events] == ["InvalidSpec"] and second.events == []
+    assert first.status is None and first.create_partitions == []
+
+
+def test_a_pending_membership_change_waits_for_the_window() -> None:
+    op = Op("a")
+    op.body = body(window=3)
+    first = op.decide()
+    assert first.status is not None and first.status["epoch"] == 0  # membership seen now
+    assert first.wait == 3.0  # the window's end
+    op.write(first, "11")
+    op.now += 3.0
+    target = op.decide()
+    assert target.status is not None and target.status["epoch"] == 1
+    op.write(target, "12")
+    op.leases.put(member_lease("b", "40"), op.now)
+    op.pods = pods("a", "b")
+    seen = op.decide()  # the window starts when the operator sees the change
+    assert seen.status is None and seen.wait == 1.0  # a count update: rate-limited
+    op.now += 2.9
+    early = op.decide()
+    assert early.status is not None and early.status["epoch"] == 1  # counts only
+    op.write(early, "13")
+    op.now += 0.1
+    late = op.decide()
+    assert late.status is not None and late.status["epoch"] == 2
