@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +40,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import machine, pct
 
-from kgroup_devcluster import node
 from kgroup_devcluster.cluster import Cluster, ensure_up
 from kgroup_devcluster.images import ensure_on_node
 from kgroup_devcluster.real_group import APP, RealGroup
@@ -94,11 +95,17 @@ class Producer:
 
 
 def kubelet_stats(cluster: Cluster) -> list[Obj]:
-    status, body = cluster.request(
-        "GET", f"/api/v1/nodes/{node.NODE_NAME}/proxy/stats/summary", timeout=30.0)
-    if status != 200:
-        raise RuntimeError(f"stats/summary: HTTP {status}: {body[:200]!r}")
-    pods: list[Obj] = json.loads(body).get("pods", [])
+    """The kubelet's /stats/summary, asked of the kubelet itself on 127.0.0.1 with the API
+    server's kubelet-client certificate (the API server's node proxy refuses loopback
+    addresses)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the kubelet's own cert
+    pki = cluster.pki
+    ctx.load_cert_chain(str(pki.client_cert("apiserver-kubelet-client")),
+                        str(pki.client_key("apiserver-kubelet-client")))
+    url = f"https://127.0.0.1:{cluster.ports['kubelet']}/stats/summary"
+    with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
+        pods: list[Obj] = json.loads(resp.read()).get("pods", [])
     return pods
 
 
