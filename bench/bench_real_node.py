@@ -245,7 +245,7 @@ def measure(cluster: Cluster, partitions: int, rounds: int, rollouts: int) -> Ob
 
 def summary(res: Obj) -> Obj:
     def stats(xs: list[float]) -> Obj:
-        return {"n": len(xs), "p50": pct(xs, 50), "p95": pct(xs, 95), "max": max(xs)}
+        return {"n": len(xs), "p50": pct(xs, 0.5), "p95": pct(xs, 0.95), "max": max(xs)}
     s: Obj = {k: stats(res[k]) for k in ("crash_worker", "crash_kgroup-sidecar", "pod_delete")}
     for k in ("moves_per_partition", "max_unowned", "longest_pause_s", "duration_s"):
         s[f"rollout_{k}"] = stats([float(x[k]) for x in res["rollout"]])
