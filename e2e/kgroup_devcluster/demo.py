@@ -167,8 +167,11 @@ def _committed(r: redis.Redis) -> int:
 def down() -> int:
     cluster = running()
     if cluster is not None:
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, check=False)
+        # waits for the pods' graceful stop (their partitions handed over), so that a
+        # `make demo` right after finds no namespace still terminating
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found",
+                        "--timeout=180s", check=False, timeout=200)
     # redis-server rewrites its process title, so it is stopped through its own port
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(host="127.0.0.1", port=REDIS_PORT).shutdown(nosave=True)
