@@ -99,7 +99,7 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterator[En
         redis_server.stop()
 
 
-def test_the_operator_runs_in_a_real_container_as_its_service_account(env: Env) -> None:
+def test_the_operator_runs_in_a_real_container_locked_down(env: Env) -> None:
     pod = wait_for("the operator pod Ready on the real node", env.group.operator_ready,
                    timeout=TIMEOUT)[0]
     status = pod.status.container_statuses[0]
@@ -107,8 +107,8 @@ def test_the_operator_runs_in_a_real_container_as_its_service_account(env: Env) 
     assert status.image.endswith("kgroup-operator:0.1.0")
     # the kubelet enforces the chart's securityContext: uid 10001, no capabilities
     out = env.group.kubectl("exec", pod.metadata.name, "--", "python3", "-c",
-                      "import os; print(os.getuid(), open('/proc/self/status').read()"
-                      ".split('CapEff:')[1].split()[0])")
+                            "import os; print(os.getuid(), open('/proc/self/status').read()"
+                            ".split('CapEff:')[1].split()[0])")
     assert out.split() == ["10001", "0000000000000000"]
 
 
