@@ -127,8 +127,8 @@ def test_group_becomes_stable_with_every_partition_owned_and_pods_ready(env: Env
     # the pod-bound token the kubelet projected is what the sidecar authenticates with
     pod = env.group.pods()[0].metadata.name
     token = env.group.kubectl("exec", pod, "-c", "kgroup-sidecar", "--", "python3", "-c",
-                        "print(open('/var/run/secrets/kubernetes.io/serviceaccount/token')"
-                        ".read())").strip()
+                              "print(open('/var/run/secrets/kubernetes.io/serviceaccount/"
+                              "token').read())").strip()
     review = env.group.cluster.kubectl(
         "create", "-f", "-", "-o", "jsonpath={.status.user.extra}", input=json.dumps(
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
