@@ -74,6 +74,9 @@ class RealGroup:
                                 sidecar_env=sidecar_env)
         for d in docs:
             d["metadata"]["namespace"] = self.namespace
+        if self.audit is not None:  # the sidecars' hostPath audit dir; they run as 10001
+            self.audit.mkdir(parents=True, exist_ok=True)
+            self.audit.chmod(0o1777)
         stack.apply(self.cluster, docs)
 
     def uninstall(self) -> None:

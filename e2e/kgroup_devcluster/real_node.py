@@ -78,9 +78,8 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
 
 
 def _add_audit(pod: Obj, sidecar: Obj, audit_dir: Path) -> None:
-    """Each sidecar appends its ownership audit to <audit_dir>/<pod>.jsonl on the node."""
-    audit_dir.mkdir(parents=True, exist_ok=True)
-    audit_dir.chmod(0o1777)  # the sidecar runs as uid 10001
+    """Each sidecar appends its ownership audit to <audit_dir>/<pod>.jsonl on the node
+    (the directory must exist, writable by uid 10001: RealGroup.apply makes it)."""
     pod["volumes"].append({"name": "kgroup-audit",
                            "hostPath": {"path": str(audit_dir), "type": "Directory"}})
     sidecar.setdefault("volumeMounts", []).append(
