@@ -23,6 +23,9 @@ ANNOTATION_SESSION = "kgroup.dev/session"
 ANNOTATION_EPOCH = "kgroup.dev/epoch"
 ANNOTATION_POSITION = "kgroup.dev/position"
 ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
+ANNOTATION_TOKEN = "kgroup.dev/token"
+"""A partition lock's fencing token: the resourceVersion its acquisition replaced
+(kgroup.core.tokens)."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 

@@ -68,7 +68,7 @@ class Scripted:
             logic.target = Target(epoch, frozenset(target))
             logic.in_target = True
             for p in range(partitions):
-                logic.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
+                logic.locks.setdefault(p, Lock(p, None, None, 0, str(10 + p)))  # rv 10 + p
             sc.dirty.set()
 
         self.call(apply())
@@ -87,11 +87,12 @@ class Scripted:
                 elif isinstance(a, Renew) and not self.renewals_fail:
                     m.renewed(a.session, sent_at=now, timing=a.timing, epoch=a.epoch, now=now)
                 elif isinstance(a, Acquire):
-                    logic.locks[a.partition] = Lock(a.partition, POD, a.session, a.token, "rv")
-                    m.acquired(a.partition, a.session, token=a.token, resource_version="rv")
+                    rv = str(a.token + 100)  # stored above its precondition
+                    logic.locks[a.partition] = Lock(a.partition, POD, a.session, a.token, rv)
+                    m.acquired(a.partition, a.session, token=a.token, resource_version=rv)
                 elif isinstance(a, Release):
-                    logic.locks[a.partition] = Lock(a.partition, None, None, a.token, "rv",
-                                                    a.position)
+                    logic.locks[a.partition] = Lock(a.partition, None, None, a.token,
+                                                    str(a.token + 200), a.position)
                     self.released[a.partition] = a.position
                     m.released(a.partition, a.session)
                     logic._resolve(a.partition, a.token, True)
@@ -156,8 +157,8 @@ def test_assignment_reports_partitions_tokens_and_validity(scripted: Scripted) -
     scripted.set(target=[1, 2], epoch=5)
     c = SidecarClient(scripted.url)
     a = wait("acked", lambda: (x := c.assignment()).acked_epoch == 5 and x)
-    assert [(p.partition, p.token, p.state) for p in a.partitions] == [(1, 1, "active"),
-                                                                        (2, 1, "active")]
+    assert [(p.partition, p.token, p.state) for p in a.partitions] == [(1, 11, "active"),
+                                                                        (2, 12, "active")]
     assert a.session == "S1" and not a.fenced
     assert 0 < a.valid_until - time.monotonic() <= 3.0
 
@@ -203,7 +204,7 @@ def test_release_hands_over_the_position_and_refuses_bad_requests(scripted: Scri
     with pytest.raises(SidecarError) as stale:
         c.release(1, 7, "p")
     assert stale.value.status == 409
-    assert c.release(1, 1, "1700-5") is True
+    assert c.release(1, 11, "1700-5") is True
     assert scripted.released == {1: "1700-5"}
     assert [p.partition for p in c.assignment().partitions] == [0]
     wait("epoch 2 acknowledged", lambda: c.assignment().acked_epoch == 2)

@@ -34,9 +34,12 @@ class World:
 
     def __init__(self, partitions: int = 4) -> None:
         self.tracker = SessionTracker()
+        # resourceVersions as etcd makes them: one global counter, every write above the last
+        self.rv = 100
         self.locks: dict[int, Lock] = {
-            p: Lock(p, None, None, 0, f"rv{p}-0") for p in range(partitions)
+            p: Lock(p, None, None, 0, str(self.rv + p)) for p in range(partitions)
         }
+        self.rv += partitions
         self.target: Target | None = Target(1, frozenset())
         self.app: dict[int, AppRelease] = {}
         self.drain = 5.0
@@ -46,8 +49,12 @@ class World:
                         dict(self.app))
 
     def set_lock(self, p: int, holder: str | None, session: str | None, token: int,
-                 position: str | None = None) -> None:
-        self.locks[p] = Lock(p, holder, session, token, f"rv{p}-{token}-{holder}", position)
+                 position: str | None = None, *, rv: int | None = None) -> None:
+        """A write of lock ``p`` (a new resourceVersion); ``rv``: an older read instead."""
+        if rv is None:
+            self.rv += 1
+            rv = self.rv
+        self.locks[p] = Lock(p, holder, session, token, str(rv), position)
 
 
 def of(actions: Iterable[Action], kind: type[A]) -> list[A]:
@@ -79,14 +86,14 @@ def test_no_lock_is_taken_before_the_session_is_confirmed() -> None:
     assert of(m.step(w.snap(0.5)), StartSession) == []  # already starting
 
 
-def test_free_targeted_locks_are_acquired_with_token_plus_one() -> None:
+def test_free_targeted_locks_are_acquired_with_their_resource_version_as_token() -> None:
     w = World()
     w.target = Target(1, frozenset({0, 1}))
     w.set_lock(1, None, None, 6)
     m = joined(w)
     acqs = of(m.step(w.snap(0.1)), Acquire)
     assert [(a.partition, a.token, a.expected_rv) for a in acqs] == [
-        (0, 1, "rv0-0"), (1, 7, w.locks[1].resource_version)]
+        (0, 100, "100"), (1, 105, "105")]  # the precondition is the token
 
 
 def test_held_lock_waits_and_takeable_lock_is_acquired_with_verification() -> None:
@@ -101,7 +108,7 @@ def test_held_lock_waits_and_takeable_lock_is_acquired_with_verification() -> No
     assert m.next_wakeup(w.snap(9.9)) == 10.0
     [a] = of(m.step(w.snap(10.0)), Acquire)
     assert isinstance(a, Acquire)
-    assert (a.token, a.verify_holder, a.verify_session) == (4, "pod-b", "B1")
+    assert (a.token, a.verify_holder, a.verify_session) == (105, "pod-b", "B1")
 
 
 def test_lock_held_by_our_own_old_session_is_free_to_us() -> None:
@@ -113,7 +120,7 @@ def test_lock_held_by_our_own_old_session_is_free_to_us() -> None:
     w.tracker.observe(ME, "S0", "old", 10, 0.0)
     [a] = of(m.step(w.snap(0.1)), Acquire)
     assert isinstance(a, Acquire)
-    assert (a.token, a.verify_holder) == (6, None)
+    assert (a.token, a.verify_holder) == (105, None)
 
 
 def test_missing_partition_lease_is_waited_for() -> None:
@@ -162,10 +169,10 @@ def test_untargeted_partition_is_revoked_then_released_on_app_ack() -> None:
     view = m.view(1.0)
     assert [(p.partition, p.state) for p in view.partitions] == [(0, "active"), (1, "revoking")]
     assert view.partitions[1].revoke_deadline_seconds == 5.0
-    w.app[1] = AppRelease(token=1, position="17-0")
+    w.app[1] = AppRelease(token=101, position="17-0")
     [rel] = of(m.step(w.snap(1.5)), Release)
     assert isinstance(rel, Release)
-    assert (rel.partition, rel.token, rel.position, rel.reason) == (1, 1, "17-0", "app")
+    assert (rel.partition, rel.token, rel.position, rel.reason) == (1, 101, "17-0", "app")
     assert [p.partition for p in m.view(1.5).partitions] == [0]  # not shown while releasing
     assert of(m.step(w.snap(1.6)), AckEpoch) == []  # still held until released
     m.released(1, "S1")
@@ -179,11 +186,11 @@ def test_app_ack_with_another_token_is_ignored_and_refused() -> None:
     w.target = Target(1, frozenset({0}))
     m = joined(w)
     acquire_all(m, w, 0.1)
-    assert m.check_release(0, 99, 0.2) == (409, "token 99 is not the current token 1 of 0")
-    refused = m.check_release(3, 1, 0.2)
+    assert m.check_release(0, 99, 0.2) == (409, "token 99 is not the current token 100 of 0")
+    refused = m.check_release(3, 100, 0.2)
     assert refused is not None and refused[0] == 404
-    assert m.check_release(0, 1, 0.2) is None
-    assert m.check_release(0, 1, 8.0) is not None  # past the fencing deadline
+    assert m.check_release(0, 100, 0.2) is None
+    assert m.check_release(0, 100, 8.0) is not None  # past the fencing deadline
     w.target = Target(2, frozenset())
     w.app[0] = AppRelease(token=99, position="x")
     assert of(m.step(w.snap(1.0)), Release) == []
@@ -214,7 +221,7 @@ def test_target_giving_back_a_revoking_partition_makes_it_active_without_release
     w.target = Target(3, frozenset({0}))
     acts = m.step(w.snap(2.0))
     assert of(acts, Release) == [] and of(acts, Acquire) == []
-    assert [(p.partition, p.state, p.token) for p in m.view(2.0).partitions] == [(0, "active", 1)]
+    assert [(p.partition, p.state, p.token) for p in m.view(2.0).partitions] == [(0, "active", 100)]
     [ack] = of(acts, AckEpoch)
     assert isinstance(ack, AckEpoch) and ack.epoch == 3
 
@@ -232,16 +239,16 @@ def test_target_change_while_revoking_keeps_the_drain_clock() -> None:
     assert m.view(3.0).partitions[0].revoke_deadline_seconds == 3.0  # since 1.0, not 3.0
 
 
-def test_stale_observation_with_lower_token_is_ignored() -> None:
+def test_stale_observation_older_than_our_write_is_ignored() -> None:
     w = World()
     w.target = Target(1, frozenset({0}))
     w.set_lock(0, None, None, 4)
     m = joined(w)
-    acquire_all(m, w, 0.1)
-    w.set_lock(0, "pod-b", "B1", 4)  # an event older than our write (token 5)
+    acquire_all(m, w, 0.1)  # token 105 (the precondition), stored at rv 106
+    w.set_lock(0, "pod-b", "B1", 4, rv=105)  # an event older than our write
     acts = m.step(w.snap(0.5))
     assert of(acts, Lost) == [] and of(acts, Acquire) == []
-    assert [(p.partition, p.token) for p in m.view(0.5).partitions] == [(0, 5)]
+    assert [(p.partition, p.token) for p in m.view(0.5).partitions] == [(0, 105)]
 
 
 def test_lock_taken_by_a_higher_token_is_lost() -> None:
@@ -249,10 +256,10 @@ def test_lock_taken_by_a_higher_token_is_lost() -> None:
     w.target = Target(1, frozenset({0}))
     m = joined(w)
     acquire_all(m, w, 0.1)
-    w.set_lock(0, "pod-b", "B1", 2)
+    w.set_lock(0, "pod-b", "B1", 104)
     w.tracker.observe("pod-b", "B1", "x", 10, 0.5)
     acts = m.step(w.snap(0.5))
-    assert [(a.partition, a.token) for a in of(acts, Lost)] == [(0, 1)]
+    assert [(a.partition, a.token) for a in of(acts, Lost)] == [(0, 100)]
     assert m.view(0.5).partitions == ()
 
 
@@ -268,7 +275,7 @@ def test_fencing_empties_the_view_at_the_deadline_then_starts_a_new_session() ->
     assert view.fenced and view.partitions == ()  # even before step runs
     acts = m.step(w.snap(9.0))
     assert isinstance(acts[0], Fence)
-    assert acts[0].partitions == ((0, 1), (1, 1)) and acts[0].until == 8.0
+    assert acts[0].partitions == ((0, 100), (1, 101)) and acts[0].until == 8.0
     assert isinstance(acts[1], StartSession)
     assert of(acts, Acquire) == []
     m.acquired(2, "S1", token=1, resource_version="late")  # old session's late result
@@ -276,7 +283,7 @@ def test_fencing_empties_the_view_at_the_deadline_then_starts_a_new_session() ->
     m.session_started("S2", sent_at=9.1, timing=TIMING, now=9.2)
     acqs = of(m.step(w.snap(9.3)), Acquire)
     assert [(a.partition, a.token, a.verify_holder) for a in acqs] == [
-        (0, 2, None), (1, 2, None)]
+        (0, 105, None), (1, 106, None)]  # the resourceVersions of S1's writes
 
 
 def test_renewal_confirmed_after_the_deadline_does_not_rescue_the_session() -> None:
@@ -325,7 +332,7 @@ def test_shutdown_revokes_everything_releases_then_ends_the_session() -> None:
     acquire_all(m, w, 0.1)
     m.begin_shutdown()
     assert len(of(m.step(w.snap(0.5)), Revoke)) == 1
-    w.app[0] = AppRelease(token=1, position="p")
+    w.app[0] = AppRelease(token=100, position="p")
     [rel] = of(m.step(w.snap(0.6)), Release)
     assert of(m.step(w.snap(0.7)), EndSession) == []
     assert isinstance(rel, Release)
@@ -339,7 +346,7 @@ def test_failed_release_still_ours_is_retried_with_the_same_position() -> None:
     m = joined(w)
     acquire_all(m, w, 0.1)
     w.target = Target(2, frozenset())
-    w.app[0] = AppRelease(token=1, position="p9")
+    w.app[0] = AppRelease(token=100, position="p9")
     m.step(w.snap(0.5))
     assert len(of(m.step(w.snap(0.5)), Release)) == 0  # in flight
     m.release_failed(0, "S1", now=0.6, still_ours=True)
@@ -383,15 +390,15 @@ def test_a_partition_the_app_gives_back_is_not_retaken_until_the_epoch_or_drain_
     w.target = Target(1, frozenset({0, 1}))
     m = joined(w)
     acquire_all(m, w, 0.1)
-    w.app[0] = AppRelease(token=1, position="9-0")
+    w.app[0] = AppRelease(token=100, position="9-0")
     [rel] = of(m.step(w.snap(0.5)), Release)
     assert isinstance(rel, Release) and (rel.partition, rel.reason) == (0, "app")
     m.released(0, "S1")
-    w.set_lock(0, None, None, 1, position="9-0")
+    w.set_lock(0, None, None, 100, position="9-0")
     assert of(m.step(w.snap(0.6)), Acquire) == []  # still targeted, free, but given back
     assert m.next_wakeup(w.snap(0.6)) is not None
     [again] = of(m.step(w.snap(0.5 + w.drain)), Acquire)  # a drain timeout later
-    assert isinstance(again, Acquire) and (again.partition, again.token) == (0, 2)
+    assert isinstance(again, Acquire) and (again.partition, again.token) == (0, 107)
 
 
 def test_a_new_epoch_lifts_the_hold_on_a_partition_the_app_gave_back() -> None:
@@ -399,10 +406,35 @@ def test_a_new_epoch_lifts_the_hold_on_a_partition_the_app_gave_back() -> None:
     w.target = Target(1, frozenset({0}))
     m = joined(w)
     acquire_all(m, w, 0.1)
-    w.app[0] = AppRelease(token=1, position=None)
+    w.app[0] = AppRelease(token=100, position=None)
     of(m.step(w.snap(0.5)), Release)
     m.released(0, "S1")
     w.set_lock(0, None, None, 1)
     assert of(m.step(w.snap(0.6)), Acquire) == []
     w.target = Target(2, frozenset({0}))
     assert [a.partition for a in of(m.step(w.snap(0.7)), Acquire)] == [0]
+
+
+def test_a_lock_deleted_under_its_holder_is_lost_and_retaken_when_created_again() -> None:
+    w = World()
+    w.target = Target(1, frozenset({0}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    old = m.owned[0].token
+    del w.locks[0]  # kubectl delete lease: the watch shows it gone
+    acts = m.step(w.snap(0.5))
+    assert [(a.partition, a.token) for a in of(acts, Lost)] == [(0, old)]
+    assert m.view(0.5).partitions == ()  # the app stops at once
+    assert of(acts, Acquire) == []  # nothing to take until the operator creates it again
+    w.locks[0] = Lock(0, None, None, 0, str(w.rv + 1))  # created again: a higher version
+    [a] = of(m.step(w.snap(0.6)), Acquire)
+    assert isinstance(a, Acquire) and a.token > old  # the token did not go back
+
+
+def test_no_session_is_started_for_a_deleted_group() -> None:
+    w = World()
+    m = Member(ME)
+    snap = w.snap(0.0)
+    gone = Snapshot(0.0, TIMING, 5.0, None, {}, snap.tracker, group_deleted=True)
+    assert of(m.step(gone), StartSession) == []
+    assert of(m.step(w.snap(0.1)), StartSession) == [StartSession(timing=TIMING)]

@@ -224,3 +224,24 @@ def test_a_batch_that_never_commits_is_released_at_the_committed_offset_after_th
     assert handoff.step(now=104.9) == []
     assert handoff.step(now=105.0) == [0]
     assert coord.releases == [("a", 0, 1, "0-0")]  # nothing was committed
+
+
+def test_resource_version_tokens_fence_above_the_leasetransitions_era(
+        rclient: redis.Redis, stream: str) -> None:
+    """Tokens are resourceVersions now (kgroup.core.tokens): far above the old
+    leaseTransitions tokens a sink may hold, so an upgrade goes forwards; the sink's Lua
+    compares them exactly (doubles: exact below 2**53)."""
+    produce(rclient, stream=stream, partitions=1, count=50, keys=5, seed=6)
+    store = FencedStore(rclient, stream)
+    (old,) = store.plan([OwnedPartition(0, 3)], max_rows=10)  # a leaseTransitions token
+    assert store.commit(aggregate(read_range(rclient, stream=stream, partition=0, token=3,
+                                             from_id=old.from_id, to_id=old.to_id)))[
+        0].status == "committed"
+    high = 2**52 + 1  # an etcd revision (in practice ~1e6-1e10)
+    (new,) = store.plan([OwnedPartition(0, high)], max_rows=10)
+    assert rclient.hget(f"kgroup:{{{stream}}}:sink:p:0", "token") == str(high)
+    (zombie,) = store.plan([OwnedPartition(0, high - 1)], max_rows=10)
+    assert zombie.status == "fenced"  # one below is refused: exact
+    batch = aggregate(read_range(rclient, stream=stream, partition=0, token=high,
+                                 from_id=new.from_id, to_id=new.to_id))
+    assert store.commit(batch)[0].status == "committed"

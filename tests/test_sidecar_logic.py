@@ -250,17 +250,19 @@ def ready_to_acquire(locks: list[Obj], members: list[Obj] | None = None,
     return case
 
 
-def test_a_free_lock_is_acquired_with_one_conditional_update_raising_the_token() -> None:
+def test_a_free_lock_is_acquired_with_one_conditional_update_its_precondition_the_token(
+) -> None:
     case = ready_to_acquire([lock(0, token=3, rv="20"), lock(1)])
     chains = case.tick()
     assert len(chains) == 1
     made = case.run(chains[0], lambda r: Ok(written(r.body, "70")))  # type: ignore[union-attr]
     assert shape(made) == [("ReplaceLease", "g-partition-0")]
     body = made[0].body  # type: ignore[union-attr]
-    assert body["metadata"]["resourceVersion"] == "20"  # the precondition
+    assert body["metadata"]["resourceVersion"] == "20"  # the precondition...
+    assert body["metadata"]["annotations"]["kgroup.dev/token"] == "20"  # ...is the token
     assert body["spec"]["holderIdentity"] == ME and body["spec"]["leaseTransitions"] == 4
     assert body["metadata"]["annotations"]["kgroup.dev/session"] == "S1"
-    assert case.logic.member.owned[0].token == 4
+    assert case.logic.member.owned[0].token == 20
     assert case.logic.locks[0].resource_version == "70"
 
 
@@ -337,40 +339,41 @@ def holding_zero(logic: type[SidecarLogic] = SidecarLogic) -> Case:
 
 def test_a_revoked_partition_is_released_with_its_position_on_the_apps_word() -> None:
     case = holding_zero()
-    case.logic.app_release(0, 4, "p-17")
+    case.logic.app_release(0, 20, "p-17")
     (chain,) = [c for c in case.tick()]
     made = case.run(chain, lambda r: Ok(written(r.body, "80")))  # type: ignore[union-attr]
     assert shape(made) == [("ReplaceLease", "g-partition-0")]
     body = made[0].body  # type: ignore[union-attr]
     assert "holderIdentity" not in body["spec"] and body["metadata"]["resourceVersion"] == "70"
     assert body["metadata"]["annotations"] == {"kgroup.dev/position": "p-17",
-                                               "kgroup.dev/position-token": "4"}
+                                               "kgroup.dev/position-token": "20",
+                                               "kgroup.dev/token": "20"}  # kept
     assert 0 not in case.logic.member.owned
-    assert ("resolved", {"partition": 0, "token": 4, "ok": True}) in case.journal.events
+    assert ("resolved", {"partition": 0, "token": 20, "ok": True}) in case.journal.events
 
 
-def test_a_release_on_a_cache_older_than_our_acquisition_reads_the_lock_first() -> None:
+def test_a_lock_deleted_under_its_holder_is_lost_at_once_without_a_write() -> None:
     case = holding_zero()
-    # a list read before our acquisition, delivered after it, would be dropped by the
-    # cache; here the cache lost the lock altogether (scope change): read it first
+    # kubectl delete lease g-partition-0: the list (or the DELETED event) no longer has it
     case.logic.on_list("partition", [], frozenset({0, 1}))
-    case.logic.app_release(0, 4, None)
-    (chain,) = case.tick()
-    ours = lock(0, token=4, rv="70", holder=ME, session="S1")
-    made = case.run(chain, lambda r: Ok(ours) if isinstance(r, GetLease) else Ok(
-        written(r.body, "81")))  # type: ignore[union-attr]
-    assert shape(made) == [("GetLease", "g-partition-0"), ("ReplaceLease", "g-partition-0")]
+    case.logic.app_release(0, 20, None)
+    for chain in case.tick():  # a renewal at most: nothing to write, the lock is gone
+        assert all(isinstance(r, ReplaceLease) and r.body["metadata"]["name"] == "g-member-pod-a"
+                   for r in case.run(chain, lambda r: Ok(written(r.body, "99"))))  # type: ignore[union-attr]
+    assert "release" not in case.journal.kinds()
+    assert 0 not in case.logic.member.owned
+    assert case.logic.member.view(case.now).partitions == ()  # the app stops at once
 
 
 def test_a_release_refused_because_the_lock_moved_on_reads_it_and_gives_up() -> None:
     case = holding_zero()
-    case.logic.app_release(0, 4, None)
+    case.logic.app_release(0, 20, None)
     (chain,) = case.tick()
     taken = lock(0, token=5, rv="90", holder="c", session="U")
     made = case.run(chain, lambda r: Refused(409) if isinstance(r, ReplaceLease) else Ok(taken))
     assert shape(made) == [("ReplaceLease", "g-partition-0"), ("GetLease", "g-partition-0")]
     assert 0 not in case.logic.member.owned
-    assert ("resolved", {"partition": 0, "token": 4, "ok": False}) in case.journal.events
+    assert ("resolved", {"partition": 0, "token": 20, "ok": False}) in case.journal.events
 
 
 def test_shutdown_ends_with_a_delete_of_the_member_lease() -> None:
@@ -437,7 +440,7 @@ def test_a_list_read_before_our_acquisition_does_not_make_us_give_the_lock_up_un
     with its version; the old code replaced it and then gave the lock up unwritten."""
     case = holding_zero(logic)
     case.logic.on_list("partition", [lock(0, token=3, rv="20")], frozenset({0, 1}))
-    case.logic.app_release(0, 4, None)
+    case.logic.app_release(0, 20, None)
     (chain,) = case.tick()
     ours = lock(0, token=4, rv="70", holder=ME, session="S1")
     made = case.run(chain, lambda r: Ok(ours) if isinstance(r, GetLease) else Ok(
@@ -446,7 +449,7 @@ def test_a_list_read_before_our_acquisition_does_not_make_us_give_the_lock_up_un
         assert shape(made) == [("ReplaceLease", "g-partition-0")]
         assert made[0].body["metadata"]["resourceVersion"] == "70"  # type: ignore[union-attr]
     else:  # the stale list replaced our acquisition: the lock is given up unwritten
-        assert made == [] and ("resolved", {"partition": 0, "token": 4, "ok": False}) in \
+        assert made == [] and ("resolved", {"partition": 0, "token": 20, "ok": False}) in \
             case.journal.events
 
 

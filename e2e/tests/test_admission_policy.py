@@ -1,9 +1,11 @@
 """The chart's ValidatingAdmissionPolicy enforces Lease ownership on a real API server.
 
 Rule: a worker pod (service account kgroup-worker, pod-bound token) can take a partition
-lock only for itself, release or annotate only a lock it holds, bump the fencing token by
-exactly one at an acquisition, write only its own member Lease, and never delete a
-partition Lease; the admin (and so the operator, another identity) is not affected.
+lock only for itself, release or annotate only a lock it holds, set the fencing token
+(annotation kgroup.dev/token) at an acquisition to the resourceVersion the write replaces
+and leave it alone otherwise, bump leaseTransitions by exactly one at an acquisition, write
+only its own member Lease, and never delete a partition Lease; the admin (and so the
+operator, another identity) is not affected.
 
 How: the chart is rendered with `helm template` (operator.enabled=false, crds.enabled=false:
 the `crd` fixture applies the CRD) and its RBAC + policy objects are applied with kubectl,
@@ -179,6 +181,12 @@ def _partition(env: Env, *, holder: str | None = None, transitions: int = 0,
     return name
 
 
+def _version(env: Env, name: str) -> str:
+    """The Lease's resourceVersion now (read as the admin)."""
+    return str(_json(env.admin, env.admin.read_namespaced_lease(name, env.namespace))[
+        "metadata"]["resourceVersion"])
+
+
 def _update(api: client.CoordinationV1Api, env: Env, name: str,
             change: Callable[[Lease], object]) -> Lease:
     """Read the Lease as the admin, apply `change`, write it back as `api` (with its RV)."""
@@ -200,11 +208,16 @@ def _denied(call: Callable[[], object]) -> str:
     return message
 
 
-def _acquire(holder: str, token: int) -> Callable[[Lease], None]:
+def _acquire(holder: str, transitions: int, token: str | None = None) -> Callable[[Lease], None]:
+    """An acquisition as the sidecar writes it: the fencing token is the resourceVersion
+    read (the write's precondition), unless ``token`` says otherwise."""
     def change(lease: Lease) -> None:
         lease["spec"]["holderIdentity"] = holder
-        lease["spec"]["leaseTransitions"] = token
-        lease["metadata"]["annotations"]["kgroup.dev/session"] = f"s-{holder}"
+        lease["spec"]["leaseTransitions"] = transitions
+        notes = lease["metadata"]["annotations"]
+        notes["kgroup.dev/session"] = f"s-{holder}"
+        notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"] if token is None \
+            else token
     return change
 
 
@@ -312,7 +325,7 @@ def test_an_acquisition_must_bump_the_fencing_token_by_exactly_one(env: Env,
     assert _update(env.a, env, name, _acquire("pod-a", 4))["spec"]["leaseTransitions"] == 4
 
 
-def test_a_holder_cannot_change_the_fencing_token_while_holding(env: Env) -> None:
+def test_a_holder_cannot_change_the_acquisition_count_while_holding(env: Env) -> None:
     name = _partition(env)
     _update(env.a, env, name, _acquire("pod-a", 1))
 
@@ -320,6 +333,57 @@ def test_a_holder_cannot_change_the_fencing_token_while_holding(env: Env) -> Non
         lease["spec"]["leaseTransitions"] = 7
     message = _denied(lambda: _update(env.a, env, name, bump))
     assert "must stay 1" in message
+
+
+@pytest.mark.parametrize("offset", [-1, 1, 10**12, None])
+def test_an_acquisition_token_must_be_the_resource_version_it_replaces(env: Env,
+                                                                      offset: int | None) -> None:
+    name = _partition(env, transitions=3)
+    rv = int(_version(env, name))
+    wrong = "" if offset is None else str(rv + offset)
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-a", 4, wrong)))
+    assert f'must set it to the resourceVersion the write replaces, "{rv}"' in message
+    taken = _update(env.a, env, name, _acquire("pod-a", 4))
+    assert taken["metadata"]["annotations"]["kgroup.dev/token"] == str(rv)
+    assert int(taken["metadata"]["resourceVersion"]) > rv  # the next acquisition's is higher
+
+
+def test_a_patch_without_precondition_cannot_carry_a_stale_token(env: Env) -> None:
+    # A merge patch has no resourceVersion precondition: the token is still checked
+    # against the version the API server replaces, so an old read cannot be replayed.
+    name = _partition(env)
+    stale = _version(env, name)
+    _update(env.admin, env, name, lambda lease: lease["metadata"]["annotations"].update(
+        {"note": "a write by the operator moves the version on"}))
+    patch = {"spec": {"holderIdentity": "pod-a", "leaseTransitions": 1},
+             "metadata": {"annotations": {"kgroup.dev/session": "s-pod-a",
+                                          "kgroup.dev/token": stale}}}
+    message = _denied(lambda: env.a.patch_namespaced_lease(name, env.namespace, patch))
+    assert "kgroup.dev/token" in message
+
+
+def test_a_holder_cannot_change_the_fencing_token_while_holding(env: Env) -> None:
+    name = _partition(env)
+    token = _update(env.a, env, name, _acquire("pod-a", 1))["metadata"]["annotations"][
+        "kgroup.dev/token"]
+
+    def raise_token(lease: Lease) -> None:
+        lease["metadata"]["annotations"]["kgroup.dev/token"] = str(10**15)
+    message = _denied(lambda: _update(env.a, env, name, raise_token))
+    assert f'it must stay "{token}"' in message
+
+    def drop_token(lease: Lease) -> None:
+        del lease["metadata"]["annotations"]["kgroup.dev/token"]
+    assert f'it must stay "{token}"' in _denied(lambda: _update(env.a, env, name, drop_token))
+
+
+def test_a_worker_cannot_create_a_lock_with_a_token(env: Env) -> None:
+    n = secrets.randbelow(10**6)
+    lease = _lease(f"{GROUP}-partition-{n}", "partition", holder="pod-a", transitions=1,
+                   labels={"kgroup.dev/partition": str(n)},
+                   annotations={"kgroup.dev/session": "s-pod-a", "kgroup.dev/token": "999999999"})
+    message = _denied(lambda: _create(env.a, env, lease))
+    assert "a worker does not create a lock with one" in message
 
 
 def test_a_pod_takes_over_a_dead_holders_lock_only_for_itself(env: Env) -> None:

@@ -21,6 +21,7 @@ from kgroup.constants import (
     ANNOTATION_POSITION,
     ANNOTATION_POSITION_TOKEN,
     ANNOTATION_SESSION,
+    ANNOTATION_TOKEN,
     API_GROUP,
     API_VERSION,
     KIND,
@@ -34,6 +35,7 @@ from kgroup.constants import (
     partition_lease_name,
 )
 from kgroup.core.member import Lock
+from kgroup.core.tokens import resource_version_number
 
 Obj = dict[str, Any]
 DEFAULT_DURATION = 15
@@ -120,11 +122,18 @@ def parse_partition_lease(obj: Obj) -> Parsed:
             position_token = int(notes[ANNOTATION_POSITION_TOKEN])
         except ValueError:
             problems.append(f"annotation {ANNOTATION_POSITION_TOKEN} is not an integer")
+    token = int(spec.get("leaseTransitions") or 0)  # a lock last taken before kgroup.dev/token
+    if ANNOTATION_TOKEN in notes:
+        number = resource_version_number(notes[ANNOTATION_TOKEN])
+        if number is None:
+            problems.append(f"annotation {ANNOTATION_TOKEN} is not a resourceVersion")
+        else:
+            token = number
     lock = Lock(
         partition=partition,
         holder=spec.get("holderIdentity") or None,
         session=notes.get(ANNOTATION_SESSION) or None,
-        token=int(spec.get("leaseTransitions") or 0),
+        token=token,
         resource_version=str(meta(obj).get("resourceVersion", "")),
         position=notes.get(ANNOTATION_POSITION),
         position_token=position_token,
@@ -180,19 +189,6 @@ def parse_member_lease(obj: Obj) -> Parsed:
 # ---- resourceVersion order --------------------------------------------------------------
 
 
-def resource_version_number(rv: Any) -> int | None:
-    """A resourceVersion as an integer, or None when it is not one.
-
-    Kubernetes calls resourceVersion opaque, but since v1.35 (KEP-5504, client-go's
-    ``CompareResourceVersion``) versions of objects of one resource compare as integers:
-    a positive decimal without leading zeros, larger = newer. Every etcd-backed API server
-    has always produced such numbers; anything else is treated as not comparable.
-    """
-    if not isinstance(rv, str) or not rv.isdigit() or rv.startswith("0"):
-        return None
-    return int(rv)
-
-
 def not_older(new: Obj, old: Obj) -> bool:
     """Whether ``new`` may replace ``old`` (two reads of one object) in a cache: True
     unless its resourceVersion is known to be lower. The operator's caches use this."""
@@ -240,7 +236,8 @@ def owner_reference(group: Obj, *, controller: bool = False) -> Obj:
 
 
 def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration: int) -> Obj:
-    """A free lock for ``partition`` (no holder, ``leaseTransitions`` 0): the operator's."""
+    """A free lock for ``partition`` (no holder, no token, ``leaseTransitions`` 0): the
+    operator's."""
     name = meta(group)["name"]
     return {
         "apiVersion": "coordination.k8s.io/v1",
@@ -310,18 +307,22 @@ def renewed_member_lease(last: Obj, *, duration: float, epoch: int | None,
 def acquired_partition_lease(
     last: Obj, *, member: str, session: str, token: int, duration: float, now: datetime
 ) -> Obj:
+    """``last`` taken by ``member``: ``token`` (kgroup.core.tokens: ``last``'s own
+    resourceVersion, the write's precondition) in ``kgroup.dev/token``; ``leaseTransitions``
+    counts acquisitions of this Lease object (one more), as client-go's leader election does."""
     stamp = micro_time(now)
     body = copy.deepcopy(last)
     spec = body.setdefault("spec", {})
     spec.update(
         holderIdentity=member,
-        leaseTransitions=token,
+        leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1,
         acquireTime=stamp,
         renewTime=stamp,
         leaseDurationSeconds=math.ceil(duration),
     )
     notes = dict(annotations_of(body))
     notes[ANNOTATION_SESSION] = session
+    notes[ANNOTATION_TOKEN] = str(token)
     body["metadata"]["annotations"] = notes
     return body
 

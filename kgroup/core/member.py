@@ -12,9 +12,10 @@ Rules, in the order ``step`` applies them:
    *confirmed* renewal) has passed, **fence**: every partition is reported lost at once
    (the app view empties), in-flight results of the old session are ignored, and only
    then a new session is started. No lock is taken before the session is confirmed.
-2. Trust our own writes over stale reads: an observed lock whose token is lower than the
-   one we acquired with is an old event and is ignored; a lock whose token is higher, or
-   whose holder/session is no longer ours while we are not releasing it, is *lost*.
+2. Trust our own writes over stale reads: an observed lock whose resourceVersion is
+   lower than the one our acquisition stored is an old event and is ignored; a lock whose
+   holder/session/token is no longer ours while we are not releasing it, or that is gone
+   (deleted by hand: the operator creates it again), is *lost*.
    An acquisition reported failed may still be applied (no answer, and the adapter's
    re-read reached the server before the write did): when the lock later shows our live
    session with exactly the token that acquisition wrote, it is **adopted** (action
@@ -34,8 +35,10 @@ Rules, in the order ``step`` applies them:
    on moves nothing. Everything is revoked only on shutdown or when the group is deleted
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
 4. Acquire a targeted partition only when its lock exists (the operator creates it) and
-   is FREE or TAKEABLE; the new token is the observed token + 1, the write carries the
-   observed resourceVersion. A lock held by our own *older* session is FREE to us.
+   is FREE or TAKEABLE; the write carries the observed resourceVersion as its
+   precondition, and that resourceVersion is the new token (:mod:`kgroup.core.tokens`:
+   tokens of a partition never go backwards, even across a Lease deleted and created
+   again). A lock held by our own *older* session is FREE to us.
 5. Acknowledge epoch E on the member Lease only when held == target(E) exactly.
 6. Renew the session every renew interval (one member-Lease write in flight at a time).
    A renewal request must give up early enough to be retried before the fencing
@@ -73,6 +76,7 @@ from kgroup.core.member_model import (
     Target,
     View,
 )
+from kgroup.core.tokens import acquisition_token, resource_version_number
 
 SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
@@ -172,6 +176,13 @@ class _Owned:
     release_position: str | None = None
     release_reason: str = ""
     release_in_flight: bool = False
+
+
+def _older(rv: str, than: str) -> bool:
+    """Whether resourceVersion ``rv`` is known to be older than ``than`` (False when
+    either is not a number)."""
+    a, b = resource_version_number(rv), resource_version_number(than)
+    return a is not None and b is not None and a < b
 
 
 class Member:
@@ -315,7 +326,10 @@ class Member:
                 if not self._starting:
                     self.done = True
                 return actions
-            if not self._starting and now >= self._retry_session_at:
+            # No session for a group that is gone: its member Lease would name the deleted
+            # group as owner and be garbage-collected under it (a group applied again
+            # is waited for; shutdown and the app's view are not affected).
+            if not self._starting and now >= self._retry_session_at and not snap.group_deleted:
                 self._starting = True
                 actions.append(StartSession(timing=snap.timing))
             return actions
@@ -324,14 +338,16 @@ class Member:
         for p in sorted(self.owned):
             o = self.owned[p]
             lock = snap.locks.get(p)
-            if lock is None or lock.token < o.token:
-                continue  # deleted lock or a stale event: our own write is newer
-            ours = lock.holder == self.member and lock.session == session
-            if ours and lock.token == o.token:
-                o.resource_version = lock.resource_version
-                continue
             if o.state is PartitionState.RELEASING:
                 continue  # our release result is on its way
+            if lock is not None and _older(lock.resource_version, o.resource_version):
+                continue  # a stale event: our own write is newer
+            ours = lock is not None and lock.holder == self.member \
+                and lock.session == session and lock.token == o.token
+            if ours:
+                assert lock is not None
+                o.resource_version = lock.resource_version
+                continue
             del self.owned[p]
             self._bump()
             actions.append(Lost(partition=p, session=session, token=o.token))
@@ -394,14 +410,17 @@ class Member:
                 continue  # ours already: adopted above, or an acquisition in flight
             if state is LockState.HELD:
                 continue
+            token = acquisition_token(lock.resource_version)
+            if token is None:
+                continue  # not an etcd revision: no token can be derived (never on etcd)
             verify = lock.holder if lock.holder and not own_old else None
             self._acquiring[p] = lock.position
-            self._attempted[p] = lock.token + 1
+            self._attempted[p] = token
             actions.append(
                 Acquire(
                     partition=p,
                     session=session,
-                    token=lock.token + 1,
+                    token=token,
                     expected_rv=lock.resource_version,
                     verify_holder=verify,
                     verify_session=lock.session if verify else None,
@@ -439,8 +458,10 @@ class Member:
                                        lock.position)
                 self._bump()
                 actions.append(Adopted(p, session, lock.token, lock.position))
-            elif lock.token >= self._unconfirmed[p]:
-                del self._unconfirmed[p]  # another write won: ours can no longer apply
+            elif _older(str(self._unconfirmed[p]), lock.resource_version):
+                # The lock moved past our write's precondition (its token) without
+                # showing our write: another write won, ours can no longer apply.
+                del self._unconfirmed[p]
         return actions
 
     def _ackable_epoch(self, snap: Snapshot) -> int | None:
