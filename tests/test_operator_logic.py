@@ -79,9 +79,43 @@ def test_a_first_pass_creates_the_locks_and_writes_the_first_target() -> None:
     assert plan.status["assignment"] == {"a": "0-1", "b": "2-3"}
     assert op.write(plan, "11") == ["RebalanceStarted"]
     for p in plan.create_partitions:
-        op.memory.lease_created(p)
+        op.memory.lease_created(p, op.now)
     again = op.decide()
     assert again.create_partitions == [] and again.status is None  # quiet: nothing new
+
+
+def partition_lease(p: int, rv: str) -> Obj:
+    return {"metadata": {"name": f"g-partition-{p}", "resourceVersion": rv,
+                         "labels": {"kgroup.dev/group": "g", "kgroup.dev/role": "partition",
+                                    "kgroup.dev/partition": str(p)}},
+            "spec": {"leaseTransitions": 0, "leaseDurationSeconds": 15}}
+
+
+def test_a_partition_lease_deleted_by_hand_is_created_again() -> None:
+    op = Op("a", "b")
+    plan = op.decide()
+    for p in plan.create_partitions:
+        op.memory.lease_created(p, op.now)
+    assert op.decide().create_partitions == []  # asked for, not shown yet: not again
+    for p in range(4):
+        op.leases.put(partition_lease(p, str(40 + p)), op.now)  # the watch shows them
+    op.now += 60
+    assert op.decide().create_partitions == []
+    op.leases.drop(partition_lease(2, "50"))  # kubectl delete lease g-partition-2
+    assert op.decide().create_partitions == [2]
+
+
+def test_a_create_the_watch_never_showed_is_sent_again_after_the_recheck() -> None:
+    op = Op("a")
+    for p in op.decide().create_partitions:
+        op.memory.lease_created(p, op.now)
+    for p in (0, 1, 3):
+        op.leases.put(partition_lease(p, str(40 + p)), op.now)
+    op.now += 4.0
+    quiet = op.decide()
+    assert quiet.create_partitions == [] and quiet.wait is not None and quiet.wait <= 1.0
+    op.now += 1.0  # created, then deleted before the watch showed it: asked for again
+    assert op.decide().create_partitions == [2]
 
 
 def test_the_rate_limit_holds_back_a_status_update_but_never_a_new_target() -> None:

@@ -63,6 +63,9 @@ FAILED_PASS_RETRY_SECONDS = 5.0
 """Next pass after a pass failed for any other reason."""
 NOT_SYNCED_RETRY_SECONDS = 0.5
 """Next pass while the caches have not listed everything yet."""
+LEASE_CREATE_RECHECK = 5.0
+"""A partition Lease created but not yet shown by the synced cache is created again after
+this long (deleted before the watch showed it; a create of an existing one is a 409)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,9 @@ class Memory:
     written_status: dict[str, Any] | None = None  # what the server stored
     written_rv: str | None = None
     reported: set[tuple[str, str]] = field(default_factory=set)
-    requested_leases: set[int] = field(default_factory=set)
+    # partition -> when its Lease's create was sent; dropped once the cache shows the Lease,
+    # so a Lease deleted later (by hand) is created again
+    requested_leases: dict[int, float] = field(default_factory=dict)
     noticed_rv: str | None = None
     planned_generation: int | None = None  # spec generation the target reflects
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
@@ -115,9 +120,10 @@ class Memory:
             self._status = (raw, (*_read_status(raw), _normal(raw)))
         return self._status[1]
 
-    def lease_created(self, partition: int) -> None:
-        """A partition Lease was created (or already existed): never asked for again."""
-        self.requested_leases.add(partition)
+    def lease_created(self, partition: int, now: float) -> None:
+        """A partition Lease's create was sent at ``now`` (created, or it existed): not
+        asked for again until the cache showed it, or :data:`LEASE_CREATE_RECHECK` later."""
+        self.requested_leases[partition] = now
 
 
 @dataclass(frozen=True)
@@ -244,8 +250,15 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         )
     if decision.target is None:
         memory.planned_generation = generation
-    create = [p for p in range(spec.partitions)
-              if p not in leases.partitions and p not in memory.requested_leases]
+    # Whatever is missing from the synced cache is created: never created yet, or deleted
+    # (kubectl delete lease, or the group deleted and applied again). A create the watch has
+    # not shown yet is not repeated until LEASE_CREATE_RECHECK has passed.
+    requested = {p: t for p, t in memory.requested_leases.items() if p not in leases.partitions}
+    memory.requested_leases = requested
+    create = [p for p in range(spec.partitions) if p not in leases.partitions
+              and now >= requested.get(p, -LEASE_CREATE_RECHECK) + LEASE_CREATE_RECHECK]
+    recheck = min((t + LEASE_CREATE_RECHECK for p, t in requested.items()
+                   if p not in create), default=None)
 
     epoch, new_target = status.epoch, target
     last_rebalance: LastRebalance | None = None
@@ -266,6 +279,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         leases.next_expiry(now),
         (last_change + spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds + 0.01)
         if new_status.unowned and new_status.phase != "Degraded" else None,
+        recheck,
     ]
     plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create,
                 lease_duration=spec.lease.duration_seconds, decision=decision,

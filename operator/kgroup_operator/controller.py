@@ -129,7 +129,7 @@ class GroupController:
         for p in plan.create_partitions:
             await self.kube.create_partition_lease(
                 namespace=namespace, group=body, partition=p, duration=plan.lease_duration)
-            self.memory.lease_created(p)
+            self.memory.lease_created(p, plan.now)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members)
