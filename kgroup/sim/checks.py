@@ -16,6 +16,10 @@ Rules of this module (the definitions the simulation's verdicts rest on):
   landing on the new owner's data: a violation (its token was not lower). An open the sink
   refuses is a new owner holding a token below a stale one: a violation.
 * **Store.** Every acquisition (holder set on a partition Lease) raises the token.
+* **Hand edits.** A lock an admin deletes is taken from its holder without its consent:
+  until the holder sees it gone, it and the next owner may both claim the partition. Such
+  an overlap is not a safety violation only when the older claim's token is one the
+  deletion revoked; the fenced sink must still refuse the old holder's writes.
 """
 
 from __future__ import annotations
@@ -51,7 +55,12 @@ class Checker:
     sink_opener: dict[int, str] = field(default_factory=dict)
     sink_accepted: int = 0
     sink_refused: int = 0
+    revoked: dict[int, int] = field(default_factory=dict)  # partition -> token deleted by hand
     step: int = 0  # kept current by the world
+
+    def revoke(self, partition: int, token: int) -> None:
+        """An admin deleted the lock of ``partition`` carrying ``token``."""
+        self.revoked[partition] = max(token, self.revoked.get(partition, -1))
 
     def fail(self, kind: str, time: float, detail: str) -> None:
         self.violations.append(Violation(kind, time, detail, self.step))
@@ -71,6 +80,8 @@ class Checker:
                 continue
             both = tokens.keys() & other.tokens.keys()
             for p in sorted(both):
+                if min(tokens[p], other.tokens[p]) <= self.revoked.get(p, -1):
+                    continue  # the older claim's lock was deleted by hand: fenced by token
                 self.fail("safety", now,
                           f"partition {p}: {owner} (token {tokens[p]}) and {other.owner} "
                           f"(token {other.tokens[p]}) both claim it")

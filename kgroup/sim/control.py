@@ -67,6 +67,9 @@ class SimOperator:
             for obj in items:
                 self._put_pod(obj)
         else:
+            if not items and self.group is not None:  # deleted while we did not watch
+                self.group = None
+                self.memory = Memory(started_at=self.proc.clock())
             for obj in items:
                 self._put_group(obj)
         self.synced.add(stream)
@@ -87,6 +90,11 @@ class SimOperator:
                 self._put_pod(obj)
         elif event_type != "DELETED":
             self._put_group(obj)
+        elif self.group is not None and codec.meta(obj).get("uid") == \
+                codec.meta(self.group).get("uid"):
+            # As the controller's group_deleted: this group's memory ends with it.
+            self.group = None
+            self.memory = Memory(started_at=self.proc.clock())
         self.poke()
 
     def _put_group(self, obj: Obj) -> None:
@@ -143,13 +151,14 @@ class SimOperator:
     def _create(self, body: Obj, partition: int, duration: int) -> None:
         obj = codec.new_partition_lease(namespace=codec.meta(body)["namespace"], group=body,
                                         partition=partition, duration=duration)
-        self.memory.lease_created(partition)  # in flight: not asked for again meanwhile
+        # in flight: not asked for again meanwhile
+        self.memory.lease_created(partition, self.proc.clock())
 
         def created(result: Any) -> None:
             if isinstance(result, dict) or (isinstance(result, WriteError)
                                             and result.status == 409):
                 return
-            self.memory.requested_leases.discard(partition)  # not created: a later pass
+            self.memory.requested_leases.pop(partition, None)  # not created: a later pass
             self._after(API_RETRY_SECONDS)
 
         store = self.world.store

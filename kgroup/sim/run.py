@@ -33,17 +33,23 @@ from kgroup.sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup.sim.store import Obj, Store, lease_key, streams_of
 from kgroup.sim.variants import REGRESSIONS, logic_with
 
-__all__ = ["FAULT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
+__all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
 
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
+HAND_EDIT_KINDS = ("lock-deleted", "group-reapplied")
+"""Hand edits an admin may make, drawn at random only when named in ``SimConfig.kinds``
+(not in FAULT_KINDS: adding kinds to the draw would change every pinned seed's run)."""
 """Process faults drawn at random; message faults (lost/duplicated events, lost
 requests or answers, slow messages) are drawn per message during the fault phase.
 Scripted only: ``lose-answer`` (the member's next answer from the API server is lost),
 ``status-reset`` (the group's status is emptied, as by a restore from a backup
-without status, and the operator restarts ``seconds`` later) and ``spec-change`` (the
-spec is edited: ``member`` more partitions, a new generation)."""
+without status, and the operator restarts ``seconds`` later), ``spec-change`` (the
+spec is edited: ``member`` more partitions, a new generation), ``lock-deleted`` (an admin
+deletes partition ``member``'s Lease) and ``group-reapplied`` (the ConsumerGroup is
+deleted, the garbage collector deletes the Leases it owns, and the same group is applied
+again ``seconds`` later: a new uid, an empty status)."""
 
 
 @dataclass(frozen=True)
@@ -382,6 +388,8 @@ class World:
         if kind is not None:
             names = self._live_names()
             member = self.rng.randrange(max(1, len(names)))
+            if kind == "lock-deleted":
+                member = self.rng.randrange(self.spec.partitions)
             duration = float(self.spec.lease.duration_seconds)
             seconds = {
                 "crash": self.rng.uniform(0.5, 3 * duration),
@@ -389,6 +397,7 @@ class World:
                                              self.rng.uniform(duration, 2.5 * duration)]),
                 "net-cut": self.rng.uniform(0.5, 2 * duration),
                 "operator-restart": self.rng.uniform(0.0, 5.0),
+                "group-reapplied": self.rng.uniform(0.0, 5.0),
             }.get(kind, 0.0)
             self.inject(Fault(self.kernel.now, kind, member, seconds,
                               same_name=self.rng.random() < 0.5))
@@ -423,6 +432,27 @@ class World:
                 update={"partitions": self.spec.partitions + fault.member})
             md = {**group["metadata"], "generation": group["metadata"]["generation"] + 1}
             self.store.update(GROUP_KEY, {**group, "metadata": md, "spec": self.spec.to_wire()})
+            return
+        if fault.kind == "lock-deleted":
+            key = lease_key(partition_lease_name(GROUP, fault.member % self.spec.partitions))
+            obj = self.store.get(key)
+            if obj is not None:
+                self.count(fault.kind)
+                self.trace("fault", fault)
+                self._delete_lock(key, obj)
+            return
+        if fault.kind == "group-reapplied":
+            group = self.store.get(GROUP_KEY)
+            if group is None:
+                return  # deleted already, applied again later
+            self.count(fault.kind)
+            self.trace("fault", fault)
+            self.store.delete(GROUP_KEY)
+            self.kernel.after(self.rng.uniform(0.0, 1.0), self._collect_garbage)
+            applied = {k: v for k, v in group.items() if k != "status"}
+            applied["metadata"] = {k: v for k, v in group["metadata"].items()
+                                   if k in ("name", "namespace", "generation")}
+            self.kernel.after(fault.seconds, self._apply_group, {**applied, "status": {}})
             return
         if fault.kind == "join":
             if len(names) < self.cfg.members + 2:
@@ -460,6 +490,35 @@ class World:
         elif fault.kind == "leave":
             self._put_pod(name, ready=False)
             sc.begin_shutdown()
+
+    def _collect_garbage(self) -> None:
+        """The garbage collector: every Lease whose owner (the group) is gone."""
+        group = self.store.get(GROUP_KEY)
+        uid = codec.meta(group).get("uid") if group is not None else None
+        for key, obj in self.store.list("leases"):
+            owners = {ref.get("uid") for ref in codec.meta(obj).get("ownerReferences") or []}
+            if owners and uid not in owners:
+                self._delete_lock(key, obj)
+
+    def _delete_lock(self, key: str, obj: Obj) -> None:
+        """A Lease deleted by hand or by the garbage collector: a partition lock's token is
+        revoked (its holder may claim it until it sees the deletion)."""
+        lock = codec.parse_partition_lease(obj).value if codec.is_partition(obj) else None
+        if lock is not None:
+            self.checker.revoke(lock.partition, lock.token)
+        session = codec.parse_member_lease(obj).value if codec.is_member(obj) else None
+        if session is not None:  # its holder's locks are FREE to others from now on
+            for held in map(self.lock, range(self.spec.partitions)):
+                if held is not None and (held.holder, held.session) == (
+                        session.member, session.session):
+                    self.checker.revoke(held.partition, held.token)
+        self.store.delete(key)
+
+    def _apply_group(self, body: Obj) -> None:
+        """kubectl apply of the group deleted earlier: a new object (uid)."""
+        if self.store.get(GROUP_KEY) is None:
+            self.store.create(GROUP_KEY, body)
+        self.kernel.after(self.rng.uniform(0.5, 2.0), self._collect_garbage)
 
     def _restart(self, name: str | None) -> None:
         if name is not None and name in self.sidecars:
@@ -509,7 +568,8 @@ class World:
 
     def status(self) -> dict[str, Any]:
         group = self.store.get(GROUP_KEY)
-        assert group is not None
+        if group is None:
+            return {}  # deleted, to be applied again
         status: dict[str, Any] = group.get("status") or {}
         return status
 

@@ -35,6 +35,7 @@ __all__ = [
     "SameTokenMember",
     "StaleRelist",
     "TokenOnlyCache",
+    "TransitionsTokenMember",
     "logic_with",
 ]
 
@@ -52,12 +53,27 @@ class NoFencingMember(Member):
 
 
 class SameTokenMember(Member):
-    """BROKEN: acquires with the lock's current token instead of token + 1, so a new
-    owner's token is not above the stale owner's."""
+    """BROKEN: acquires with the lock's current token instead of the resourceVersion it
+    replaces, so a new owner's token is not above the stale owner's."""
 
     def step(self, snap: Snapshot) -> list[Action]:
         return [
-            dataclasses.replace(a, token=a.token - 1) if isinstance(a, Acquire) else a
+            dataclasses.replace(a, token=snap.locks[a.partition].token)
+            if isinstance(a, Acquire) else a
+            for a in super().step(snap)
+        ]
+
+
+class TransitionsTokenMember(Member):
+    """BROKEN (the token before kgroup.dev/token): acquires with the lock's token + 1, as
+    when the token was ``leaseTransitions``. Tokens grow while the Lease lives, but start
+    again from 1 when it is deleted and created again (by hand, or with its group): the
+    fenced sink, which remembers the higher ones, refuses every new owner."""
+
+    def step(self, snap: Snapshot) -> list[Action]:
+        return [
+            dataclasses.replace(a, token=snap.locks[a.partition].token + 1)
+            if isinstance(a, Acquire) else a
             for a in super().step(snap)
         ]
 
