@@ -11,14 +11,25 @@ per pod; events through a private redis-server). For ``--seconds`` it injects, a
   (the sidecar must have fenced itself; a zombie's late commit is refused by its token);
 - ``scale``: the Deployment to 3..5 replicas;
 - ``operator_restart``: delete the operator's pod;
-- ``apiserver_restart``: once, half-way (``Cluster.restart_apiserver``).
+- ``apiserver_restart``: once, half-way (``Cluster.restart_apiserver``);
+- hand edits an admin makes, drawn with ``--hand-edits``: ``lock_deleted`` (``kubectl
+  delete lease`` of a held partition lock: the operator creates it again, its holder
+  loses it, the next owner's token is the new Lease's resourceVersion, above the old) and
+  ``group_reapplied`` (``kubectl delete cg``, then ``kubectl apply`` of the same group: the
+  garbage collector deletes its Leases, the workers keep running, and the new tokens are
+  above every token the fenced sink holds, so nothing is refused as a zombie for ever).
+
+A lock deleted under its holder is taken without its consent: until the holder sees the
+deletion, it and the next owner may both be active, and only the token protects the data
+(the sink refuses the older one). The audit counts such overlaps apart
+(``revoked_overlaps``); any other overlap is a safety violation.
 
 Then the faults stop, the producer stops, the group must come back Stable, and the report
 holds the verifier's totals (lost, duplicated), the audit's safety violations (overlapping
 active ownership) and the count of each fault. ``run`` is also the body of
 ``e2e/tests/test_chaos.py``.
 
-    .venv/bin/python bench/chaos.py [--seconds 300] [--seed 1]
+    .venv/bin/python bench/chaos.py [--seconds 300] [--seed 1] [--hand-edits]
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 import yaml
@@ -54,6 +65,7 @@ GROUP, STREAM, APP = "orders", "orders", "orders-worker"
 PARTITIONS = 16
 LEASE, RENEW = 4, 1
 FAULTS = ("delete_pod", "sigkill", "sigstop", "scale", "operator_restart")
+HAND_EDITS = ("lock_deleted", "group_reapplied")
 
 
 @dataclass
@@ -68,6 +80,9 @@ class Chaos:
     produced_runs: int = 0
     producer_errors: list[str] = field(default_factory=list)
     replicas: int = 3
+    revoked: list[tuple[int | None, float]] = field(default_factory=list)  # (partition, mono)
+    redis_url: str = ""
+    deleted_locks: list[tuple[int, int, str]] = field(default_factory=list)  # p, token, holder
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -144,7 +159,50 @@ class Chaos:
                 self.core.delete_namespaced_pod(pod.metadata.name, self.ns)
         elif kind == "apiserver_restart":
             self.cluster.restart_apiserver()
+        elif kind == "lock_deleted":
+            self.delete_lock()
+        elif kind == "group_reapplied":
+            self.reapply_group()
         self.counts[kind] += 1
+
+    def locks(self) -> dict[int, dict[str, Any]]:
+        """The group's partition Leases now, by partition (as JSON)."""
+        coord = client.CoordinationV1Api(self.api)
+        leases: Any = coord.list_namespaced_lease(
+            self.ns, label_selector=f"kgroup.dev/group={GROUP},kgroup.dev/role=partition")
+        out: dict[int, dict[str, Any]] = {}
+        for lease in leases.items:
+            body = cast(Any, self.api).sanitize_for_serialization(lease)
+            out[int(body["metadata"]["labels"]["kgroup.dev/partition"])] = body
+        return out
+
+    def delete_lock(self, partition: int | None = None) -> int:
+        """kubectl delete lease <group>-partition-<p> (a held one, drawn by the seed)."""
+        if partition is None:
+            held = sorted(p for p, b in self.locks().items()
+                          if (b.get("spec") or {}).get("holderIdentity"))
+            partition = self.rng.choice(held or list(range(PARTITIONS)))
+        lock = self.locks().get(partition) or {"metadata": {}}
+        self.deleted_locks.append((partition, tokens_of({partition: lock})[partition],
+                                   (lock.get("spec") or {}).get("holderIdentity") or ""))
+        self.revoked.append((partition, time.monotonic()))
+        client.CoordinationV1Api(self.api).delete_namespaced_lease(
+            f"{GROUP}-partition-{partition}", self.ns)
+        return partition
+
+    def reapply_group(self) -> None:
+        """kubectl delete cg, wait until it is gone, kubectl apply it again."""
+        self.revoked.append((None, time.monotonic()))
+        self.custom.delete_namespaced_custom_object(
+            "kgroup.dev", "v1alpha1", self.ns, "consumergroups", GROUP)
+        wait_for("the ConsumerGroup to be gone", lambda: not any(
+            g["metadata"]["name"] == GROUP for g in self.custom.list_namespaced_custom_object(
+                "kgroup.dev", "v1alpha1", self.ns, "consumergroups")["items"]), 30)
+        done = self.cluster.kubectl("apply", "-f", "-",
+                                    input=yaml.safe_dump(self.manifests(self.redis_url)[0]),
+                                    check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl apply: {done.stderr}")
 
     # ---- the stack ---------------------------------------------------------------------
     def manifests(self, redis_url: str) -> list[dict[str, Any]]:
@@ -208,8 +266,12 @@ def wait_for(what: str, cond: Any, timeout: float) -> Any:
 
 
 def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
-        apiserver_restart: bool = True, log: Any = print) -> dict[str, Any]:
+        apiserver_restart: bool = True, hand_edits: bool = False,
+        script: tuple[str, ...] = (), log: Any = print) -> dict[str, Any]:
+    """``hand_edits``: draw HAND_EDITS too; ``script``: inject these faults in this order
+    (one per gap) instead of drawing, for ``seconds`` at least."""
     ch = Chaos(cluster, api, seed)
+    kinds = FAULTS + HAND_EDITS if hand_edits else FAULTS
     ch.state.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     ch.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ch.ns)))
@@ -217,7 +279,7 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
     wait_for("the default ServiceAccount", lambda: any(
         sa.metadata.name == "default" for sa in accounts(ch.ns).items), 60)
     redis_server = RedisServer().start()
-    redis_url = f"redis://127.0.0.1:{redis_server.port}/0"
+    redis_url = ch.redis_url = f"redis://127.0.0.1:{redis_server.port}/0"
     release = f"kgroup-{secrets.token_hex(2)}"
     runner: subprocess.Popen[bytes] | None = None
     producer: threading.Thread | None = None
@@ -251,12 +313,18 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
         log(f"chaos {ch.ns}: stable after {report['setup_s']} s; faults for {seconds:g} s")
 
         t_faults = time.monotonic()
+        report["tokens_before"] = tokens_of(ch.locks())
         restart_at = t_faults + seconds / 2 if apiserver_restart else None
-        while time.monotonic() - t_faults < seconds:
+        pending = list(script)
+        while time.monotonic() - t_faults < seconds or pending:
             if restart_at is not None and time.monotonic() >= restart_at:
                 kind, restart_at = "apiserver_restart", None
+            elif script:
+                if not pending:
+                    break
+                kind = pending.pop(0)
             else:
-                kind = ch.rng.choice(FAULTS)
+                kind = ch.rng.choice(kinds)
             try:
                 ch.fault(kind)
             except Exception as exc:  # an API call during the API server's restart
@@ -271,6 +339,10 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
         producer.join(timeout=60)
         ch.apps.patch_namespaced_deployment_scale(APP, ch.ns, {"spec": {"replicas": 3}})
         wait_for("Stable with 3 members after the faults", lambda: ch.stable_with(3), 180)
+        report["tokens_after"] = tokens_of(ch.locks())
+        report["deleted_locks"] = ch.deleted_locks
+        report["deleted_locks_retaken_higher"] = all(
+            report["tokens_after"].get(p, 0) > t for p, t, _ in ch.deleted_locks)
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         rep = wait_for("the workers to catch up", lambda: (x := verify(r, STREAM)).caught_up
                        and x, 120)
@@ -285,7 +357,16 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
         audit = read_audit(sorted((ch.state / "audit").glob("*.jsonl")))
         report["audit_acquisitions"] = sum(rec["event"] == "acquire" for rec in audit)
         report["audit_fences"] = sum(rec["event"] == "fence" for rec in audit)
-        report["safety_violations"] = safety_violations(audit, ended_at=ch.killed_at)
+        report["audit_lost"] = sum(rec["event"] == "lost" for rec in audit)
+        report["max_token_before"] = max(report["tokens_before"].values(), default=0)
+        report["tokens_went_back"] = sorted(
+            p for p, t in report["tokens_after"].items()
+            if t < report["tokens_before"].get(p, 0))
+        report["zombie_refused"] = rep.zombie_refused
+        everything = safety_violations(audit, ended_at=ch.killed_at)
+        excused = revoked_overlaps(audit, ch.killed_at, ch.revoked)
+        report["revoked_overlaps"] = len(everything) - len(excused)
+        report["safety_violations"] = excused
         report["producer_errors"] = ch.producer_errors[:3]
         report["total_s"] = round(time.monotonic() - started, 1)
         return report
@@ -306,11 +387,32 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
         redis_server.stop()
 
 
+def tokens_of(locks: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """The fencing token of every partition lock (0: never acquired)."""
+    return {p: int((b["metadata"].get("annotations") or {}).get("kgroup.dev/token") or 0)
+            for p, b in sorted(locks.items())}
+
+
+def revoked_overlaps(audit: list[dict[str, Any]], killed_at: dict[str, float],
+                     revoked: list[tuple[int | None, float]]) -> list[str]:
+    """The safety violations left once every ownership of a lock deleted by hand (or with
+    its group) is taken to end at the deletion: from then on the token fences it."""
+    cut = list(audit)
+    for partition, at in revoked:
+        for rec in audit:
+            if rec["event"] == "acquire" and float(rec["mono"]) < at and (
+                    partition is None or rec.get("partition") == partition):
+                cut.append({**rec, "event": "lost", "mono": at})
+    return safety_violations(cut, ended_at=killed_at)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-apiserver-restart", action="store_true")
+    ap.add_argument("--hand-edits", action="store_true",
+                    help="also draw lock_deleted and group_reapplied")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from stage import cluster as get_cluster
@@ -318,7 +420,7 @@ def main() -> int:
     from kgroup_devcluster.tokens import admin_api_client
     cl = get_cluster()
     report = run(cl, admin_api_client(cl), seconds=args.seconds, seed=args.seed,
-                 apiserver_restart=not args.no_apiserver_restart)
+                 apiserver_restart=not args.no_apiserver_restart, hand_edits=args.hand_edits)
     print(report.pop("verifier"))
     print(json.dumps(report, indent=1))
     ok = (report["lost"] == 0 and report["duplicated"] == 0 and report["verifier_clean"]
