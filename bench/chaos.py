@@ -83,6 +83,7 @@ class Chaos:
     revoked: list[tuple[int | None, float]] = field(default_factory=list)  # (partition, mono)
     redis_url: str = ""
     deleted_locks: list[tuple[int, int, str]] = field(default_factory=list)  # p, token, holder
+    deleted_at: list[float] = field(default_factory=list)  # monotonic, as the audit's
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -186,6 +187,7 @@ class Chaos:
         self.deleted_locks.append((partition, tokens_of({partition: lock})[partition],
                                    (lock.get("spec") or {}).get("holderIdentity") or ""))
         self.revoked.append((partition, time.monotonic()))
+        self.deleted_at.append(time.monotonic())
         client.CoordinationV1Api(self.api).delete_namespaced_lease(
             f"{GROUP}-partition-{partition}", self.ns)
         return partition
@@ -358,6 +360,8 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
         report["audit_acquisitions"] = sum(rec["event"] == "acquire" for rec in audit)
         report["audit_fences"] = sum(rec["event"] == "fence" for rec in audit)
         report["audit_lost"] = sum(rec["event"] == "lost" for rec in audit)
+        report["deleted_lock_timings"] = deleted_lock_timings(
+            audit, ch.deleted_locks, ch.deleted_at)
         report["max_token_before"] = max(report["tokens_before"].values(), default=0)
         report["tokens_went_back"] = sorted(
             p for p, t in report["tokens_after"].items()
@@ -391,6 +395,25 @@ def tokens_of(locks: dict[int, dict[str, Any]]) -> dict[int, int]:
     """The fencing token of every partition lock (0: never acquired)."""
     return {p: int((b["metadata"].get("annotations") or {}).get("kgroup.dev/token") or 0)
             for p, b in sorted(locks.items())}
+
+
+def deleted_lock_timings(audit: list[dict[str, Any]], deleted: list[tuple[int, int, str]],
+                         at: list[float]) -> list[dict[str, Any]]:
+    """Per deleted lock: seconds until its holder's sidecar reported it lost (None: never)
+    and until the partition was acquired again, with that token."""
+    out = []
+    for (p, token, holder), t in zip(deleted, at, strict=True):
+        lost = [float(r["mono"]) - t for r in audit if r["event"] == "lost"
+                and r.get("partition") == p and r.get("member") == holder
+                and float(r["mono"]) >= t]
+        again = sorted((float(r["mono"]) - t, int(r["token"])) for r in audit
+                       if r["event"] == "acquire" and r.get("partition") == p
+                       and float(r["mono"]) >= t)
+        out.append({"partition": p, "old_token": token,
+                    "lost_after_s": round(min(lost), 3) if lost else None,
+                    "retaken_after_s": round(again[0][0], 3) if again else None,
+                    "new_token": again[0][1] if again else None})
+    return out
 
 
 def revoked_overlaps(audit: list[dict[str, Any]], killed_at: dict[str, float],
