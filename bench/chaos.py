@@ -12,7 +12,7 @@ per pod; events through a private redis-server). For ``--seconds`` it injects, a
 - ``scale``: the Deployment to 3..5 replicas;
 - ``operator_restart``: delete the operator's pod;
 - ``apiserver_restart``: once, half-way (``Cluster.restart_apiserver``);
-- hand edits an admin makes, drawn with ``--hand-edits``: ``lock_deleted`` (``kubectl
+- hand edits an admin makes (drawn too unless ``--no-hand-edits``): ``lock_deleted`` (``kubectl
   delete lease`` of a held partition lock: the operator creates it again, its holder
   loses it, the next owner's token is the new Lease's resourceVersion, above the old) and
   ``group_reapplied`` (``kubectl delete cg``, then ``kubectl apply`` of the same group: the
@@ -29,7 +29,7 @@ holds the verifier's totals (lost, duplicated), the audit's safety violations (o
 active ownership) and the count of each fault. ``run`` is also the body of
 ``e2e/tests/test_chaos.py``.
 
-    .venv/bin/python bench/chaos.py [--seconds 300] [--seed 1] [--hand-edits]
+    .venv/bin/python bench/chaos.py [--seconds 300] [--seed 1] [--no-hand-edits]
 """
 
 from __future__ import annotations
@@ -184,12 +184,13 @@ class Chaos:
                           if (b.get("spec") or {}).get("holderIdentity"))
             partition = self.rng.choice(held or list(range(PARTITIONS)))
         lock = self.locks().get(partition) or {"metadata": {}}
+        at = time.monotonic()
+        client.CoordinationV1Api(self.api).delete_namespaced_lease(
+            f"{GROUP}-partition-{partition}", self.ns)  # gone already: NotFound, not counted
         self.deleted_locks.append((partition, tokens_of({partition: lock})[partition],
                                    (lock.get("spec") or {}).get("holderIdentity") or ""))
-        self.revoked.append((partition, time.monotonic()))
-        self.deleted_at.append(time.monotonic())
-        client.CoordinationV1Api(self.api).delete_namespaced_lease(
-            f"{GROUP}-partition-{partition}", self.ns)
+        self.revoked.append((partition, at))
+        self.deleted_at.append(at)
         return partition
 
     def reapply_group(self) -> None:
@@ -434,8 +435,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-apiserver-restart", action="store_true")
-    ap.add_argument("--hand-edits", action="store_true",
-                    help="also draw lock_deleted and group_reapplied")
+    ap.add_argument("--no-hand-edits", action="store_true",
+                    help="do not draw lock_deleted and group_reapplied")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from stage import cluster as get_cluster
@@ -443,7 +444,7 @@ def main() -> int:
     from kgroup_devcluster.tokens import admin_api_client
     cl = get_cluster()
     report = run(cl, admin_api_client(cl), seconds=args.seconds, seed=args.seed,
-                 apiserver_restart=not args.no_apiserver_restart, hand_edits=args.hand_edits)
+                 apiserver_restart=not args.no_apiserver_restart, hand_edits=not args.no_hand_edits)
     print(report.pop("verifier"))
     print(json.dumps(report, indent=1))
     ok = (report["lost"] == 0 and report["duplicated"] == 0 and report["verifier_clean"]
