@@ -152,7 +152,7 @@ def _converge(h: Harness, target: dict[str, list[int]]) -> int:
     return epoch
 
 
-def test_graceful_move_hands_over_the_position_with_token_plus_one(harness: Harness) -> None:
+def test_graceful_move_hands_over_the_position_with_a_higher_token(harness: Harness) -> None:
     h = harness
     h.target.create(partitions=4)
     h.start("pod-a")
@@ -162,16 +162,19 @@ def test_graceful_move_hands_over_the_position_with_token_plus_one(harness: Harn
     epoch = h.target.assign({"pod-a": [0], "pod-b": [1, 2, 3]})
     revoking = wait_until("partition 1 revoking on pod-a", lambda: [
         p for p in app_a.assignment().partitions if p.state == "revoking"])
-    assert [(p.partition, p.token) for p in revoking] == [(1, 1)]
-    assert h.view("pod-a")[0] == ("active", 1)  # the partition that stays is not disturbed
+    t0, t1 = h.target.token(0), h.target.token(1)  # the resourceVersions they replaced
+    assert [(p.partition, p.token) for p in revoking] == [(1, t1)]
+    assert h.view("pod-a")[0] == ("active", t0)  # the partition that stays is not disturbed
     assert h.view("pod-b").get(1) is None  # the new owner waits for the release
-    assert app_a.release(1, 1, "1700-5") is True
+    assert app_a.release(1, t1, "1700-5") is True
     wait_until("both ack the new epoch", lambda: h.converged(
         {"pod-a": [0], "pod-b": [1, 2, 3]}, epoch), timeout=30)
     moved = {p.partition: p for p in h.client("pod-b").assignment().partitions}[1]
-    assert (moved.token, moved.position) == (2, "1700-5")
+    assert (moved.token, moved.position) == (h.target.token(1), "1700-5")
+    assert moved.token > t1
     lock = h.target.lock(1)
-    assert lock["metadata"]["annotations"]["kgroup.dev/position-token"] == "1"
+    assert lock["metadata"]["annotations"]["kgroup.dev/position-token"] == str(t1)
+    assert lock["spec"]["leaseTransitions"] == 2  # two acquisitions
 
 
 def test_sigterm_releases_everything_with_positions_and_deletes_the_session(
@@ -210,11 +213,15 @@ def test_sigkill_lets_another_member_take_over_after_a_lease_duration(harness: H
     a = h.start("pod-a")
     h.start("pod-b")
     _converge(h, {"pod-a": [0, 1], "pod-b": [2, 3]})
+    before = {p: h.target.token(p) for p in range(4)}
     a.signal(signal.SIGKILL)
     epoch = h.target.assign({"pod-b": [0, 1, 2, 3]})
     wait_until("pod-b owns everything", lambda: h.converged({"pod-b": [0, 1, 2, 3]}, epoch),
                timeout=40)
-    assert {p: t for p, (_, t) in h.view("pod-b").items()} == {0: 2, 1: 2, 2: 1, 3: 1}
+    after = {p: t for p, (_, t) in h.view("pod-b").items()}
+    assert after == {p: h.target.token(p) for p in range(4)}
+    assert [after[p] > before[p] for p in range(4)] == [True, True, False, False]
+    assert [h.target.holder(p)[2] for p in range(4)] == [2, 2, 1, 1]  # acquisitions
     takeovers = [r for r in read_audit([h.sidecars["pod-b"].audit_file])
                  if r["event"] == "acquire" and r["partition"] in (0, 1)]
     assert a.killed_at is not None
@@ -269,7 +276,8 @@ def test_drain_timeout_releases_a_partition_the_app_never_acknowledges(
                 if r["event"] == "release"]
     assert [(r["partition"], r["reason"], r["position"]) for r in releases] == [
         (1, "drain-timeout", None)]
-    assert h.view("pod-b")[1] == ("active", 2)
+    assert h.view("pod-b")[1] == ("active", h.target.token(1))
+    assert h.target.holder(1)[2] == 2  # a second acquisition
 
 
 def test_api_server_restart_keeps_or_fences_then_converges(harness: Harness,
@@ -323,12 +331,16 @@ def test_three_members_follow_a_series_of_targets_without_overlap(harness: Harne
             return h.converged(target, epoch)
 
         wait_until(f"epoch {epoch}", converged, timeout=40)
-    # Each change of owner is one acquisition (token + 1) with the position handed over.
+    # Each change of owner is one acquisition (a higher token) with the position handed over.
     for p in range(6):
         owners = [next(pod for pod, parts in t.items() if p in parts) for t in targets]
         moves = sum(1 for x, y in itertools.pairwise(owners) if x != y)
-        holder, _, token = h.target.holder(p)
-        assert (holder, token) == (owners[-1], 1 + moves)
-        expected = f"{p}@{token - 1}" if moves else None
+        holder, _, acquisitions = h.target.holder(p)
+        assert (holder, acquisitions) == (owners[-1], 1 + moves)
+        notes = h.target.lock(p)["metadata"]["annotations"]
+        token = int(notes["kgroup.dev/token"])
+        expected = f"{p}@{notes['kgroup.dev/position-token']}" if moves else None
+        if moves:
+            assert int(notes["kgroup.dev/position-token"]) < token
         view = {q.partition: q for q in apps[owners[-1]].assignment().partitions}
         assert (view[p].token, view[p].position) == (token, expected)

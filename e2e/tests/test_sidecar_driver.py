@@ -148,8 +148,10 @@ def test_the_driver_makes_exactly_the_calls_each_decision_asks_for(drive: Drive)
         # shutdown: revoke, the app releases both, then the member Lease goes
         drive.sidecar.begin_shutdown()
         assert await drive.tick(kube) == []  # revocations: nothing to call yet
-        drive.sidecar.logic.app_release(0, 1, "17")
-        drive.sidecar.logic.app_release(1, 1, None)
+        owned = logic.member.owned  # tokens: the resourceVersions the acquisitions replaced
+        assert owned[0].token == drive.target.token(0) and owned[1].token > owned[0].token
+        drive.sidecar.logic.app_release(0, owned[0].token, "17")
+        drive.sidecar.logic.app_release(1, owned[1].token, None)
         assert sorted(await drive.tick(kube)) == [("replace", p0, T), ("replace", p1, T)]
         assert drive.target.holder(0) == (None, None, 1)
         assert await drive.tick(kube) == [("delete", member, T)]

@@ -196,11 +196,17 @@ class ScriptedTarget:
         return result
 
     def holder(self, partition: int) -> tuple[str | None, str | None, int]:
+        """(holder, session, acquisitions so far: ``leaseTransitions``)."""
         obj = self.lock(partition)
         spec = obj.get("spec") or {}
         notes = obj["metadata"].get("annotations") or {}
         return (spec.get("holderIdentity"), notes.get("kgroup.dev/session"),
                 int(spec.get("leaseTransitions") or 0))
+
+    def token(self, partition: int) -> int:
+        """The lock's fencing token (``kgroup.dev/token``; 0: never acquired)."""
+        notes = self.lock(partition)["metadata"].get("annotations") or {}
+        return int(notes.get("kgroup.dev/token") or 0)
 
     def member_lease(self, member: str) -> Obj | None:
         try:
