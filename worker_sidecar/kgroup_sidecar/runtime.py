@@ -52,7 +52,8 @@ class Sidecar:
                  logic: type[SidecarLogic] = SidecarLogic) -> None:
         self.settings = settings
         self.clock = clock
-        self.metrics = Metrics()
+        self.metrics = Metrics(namespace=settings.namespace, group=settings.group,
+                               member=settings.pod_name)
         self.audit = AuditLog(settings.audit_file, settings.pod_name)
         self.logic = logic(
             pod=settings.pod_name, group=settings.group, namespace=settings.namespace,
@@ -92,10 +93,10 @@ class Sidecar:
         elif event == "session-start-failed":
             log.warning("could not start a session: %s", f["why"])
         elif event == "renew-failed":
-            self.metrics.renew_failures += 1
+            self.metrics.renew_failed()
             log.warning("renewal failed: %s%s", f["why"], " (session lost)" if f["lost"] else "")
         elif event == "acquired":
-            self.metrics.acquisitions += 1
+            self.metrics.acquired()
             log.info("acquired partition %d (token %d)%s", f["partition"], f["token"],
                      ": a write reported failed was applied" if f["adopted"] else "")
             self.audit.write("acquire", session=f["session"], partition=f["partition"],
@@ -103,13 +104,13 @@ class Sidecar:
         elif event == "acquire-failed":
             log.info("acquisition of partition %d failed: %s", f["partition"], f["why"])
         elif event == "lost":
-            self.metrics.lost += 1
+            self.metrics.lost_partition()
             self.audit.write("lost", session=f["session"], partition=f["partition"],
                              token=f["token"])
             log.error("partition %d (token %d) was taken by another session", f["partition"],
                       f["token"])
         elif event == "fence":
-            self.metrics.fencings += 1
+            self.metrics.fenced()
             log.warning("session %s fenced: %d partition(s) lost", f["session"],
                         len(f["partitions"]))
             self.audit.write("fence", session=f["session"], until=f["until"],
@@ -120,7 +121,7 @@ class Sidecar:
             self.audit.write("release", session=f["session"], partition=f["partition"],
                              token=f["token"], position=f["position"], reason=f["reason"])
         elif event == "released":
-            self.metrics.releases += 1
+            self.metrics.released()
             log.info("released partition %d (token %d, position %s)", f["partition"],
                      f["token"], f["position"])
         elif event == "release-failed":
@@ -137,7 +138,7 @@ class Sidecar:
     # ---- the loop -------------------------------------------------------------------
 
     def publish(self) -> None:
-        self.metrics.held = len(self.member.owned)
+        self.metrics.publish(self.member.view(self.clock()))
         if self.member.version != self._published:
             self._published = self.member.version
             self.changed.set()
