@@ -10,6 +10,8 @@ import logging
 import signal
 import sys
 
+from kgroup.logs import configure as configure_logging
+from kgroup_sidecar import metrics as metrics_http
 from kgroup_sidecar.http_api import serve
 from kgroup_sidecar.kube import KubeAdapter
 from kgroup_sidecar.runtime import Sidecar
@@ -22,6 +24,15 @@ async def _run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     sidecar = Sidecar(settings)
     runner = await serve(sidecar, settings)
+    metrics_runner = None
+    if settings.metrics_host is not None:
+        try:
+            metrics_runner = await metrics_http.serve(sidecar.metrics, settings.metrics_host,
+                                                      settings.metrics_port)
+        except BaseException:
+            await runner.cleanup()
+            raise
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     log.info("listening on %s; group %s/%s as member %s", settings.listen,
              settings.namespace, settings.group, settings.pod_name)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -32,6 +43,8 @@ async def _run(settings: Settings) -> int:
         await sidecar.run(kube)
     finally:
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
     log.info("stopped")
     return 0
 
@@ -42,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"kgroup-sidecar: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     try:
         return asyncio.run(_run(settings))
     except OSError as exc:
