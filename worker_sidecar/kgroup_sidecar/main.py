@@ -10,10 +10,13 @@ import logging
 import signal
 import sys
 
+from kubernetes import client
+
 from kgroup.logs import configure as configure_logging
 from kgroup_sidecar import metrics as metrics_http
+from kgroup_sidecar.events import EventPoster, Pod
 from kgroup_sidecar.http_api import serve
-from kgroup_sidecar.kube import KubeAdapter
+from kgroup_sidecar.kube import KubeAdapter, make_configuration
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings, SettingsError, load_settings
 
@@ -37,11 +40,15 @@ async def _run(settings: Settings) -> int:
              settings.namespace, settings.group, settings.pod_name)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, sidecar.begin_shutdown)
+    sidecar.events = EventPoster.for_client(
+        client.ApiClient(make_configuration(settings)),
+        Pod(settings.namespace, settings.pod_name, settings.pod_uid))
     kube = KubeAdapter(settings, loop=loop, on_list=sidecar.on_list,
                        on_event=sidecar.on_event, metrics=sidecar.metrics)
     try:
         await sidecar.run(kube)
     finally:
+        await sidecar.events.drain(2.0)
         await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()

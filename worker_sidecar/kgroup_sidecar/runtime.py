@@ -37,6 +37,7 @@ from kgroup.core.sidecar_requests import (
     Request,
 )
 from kgroup_sidecar.audit import AuditLog
+from kgroup_sidecar.events import EventPoster
 from kgroup_sidecar.kube import KubeAdapter, status_of
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -63,6 +64,8 @@ class Sidecar:
         )
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None
+        # Events on this pod (main sets it; None in tests and the swarm: nothing posted)
+        self.events: EventPoster | None = None
         self.dirty = asyncio.Event()
         self.changed = asyncio.Event()
         self._published = -1
@@ -109,15 +112,30 @@ class Sidecar:
                              token=f["token"])
             log.error("partition %d (token %d) was taken by another session", f["partition"],
                       f["token"])
+            self.post_event("Warning", "PartitionLost",
+                            f"partition {f['partition']} (token {f['token']}) was taken by "
+                            "another session while this pod held it")
         elif event == "fence":
             self.metrics.fenced()
             log.warning("session %s fenced: %d partition(s) lost", f["session"],
                         len(f["partitions"]))
+            self.post_event("Warning", "Fenced",
+                            f"session {f['session']} could not renew its member Lease in time: "
+                            f"{len(f['partitions'])} partition(s) given up "
+                            f"{sorted(f['partitions'])}"[:300])
             self.audit.write("fence", session=f["session"], until=f["until"],
                              partitions=f["partitions"])
         elif event == "revoke":
             log.info("partition %d revoking (token %d)", f["partition"], f["token"])
         elif event == "release":
+            if f["reason"] == "drain-timeout":
+                log.warning("partition %d (token %d): the app did not release it within the "
+                            "drain timeout; released without a new position", f["partition"],
+                            f["token"])
+                self.post_event("Warning", "HandoffTimedOut",
+                                f"partition {f['partition']} (token {f['token']}): the app did "
+                                "not release it within the drain timeout; released without a "
+                                "new position (the next owner resumes from the last one)")
             self.audit.write("release", session=f["session"], partition=f["partition"],
                              token=f["token"], position=f["position"], reason=f["reason"])
         elif event == "released":
@@ -134,6 +152,11 @@ class Sidecar:
             for future in self.release_waiters.pop((f["partition"], f["token"]), []):
                 if not future.done():
                     future.set_result(f["ok"])
+
+    def post_event(self, type_: str, reason: str, message: str) -> None:
+        """An Event on this pod (best effort, in the background); nothing without a poster."""
+        if self.events is not None:
+            self.events.post_soon(type_, reason, message)
 
     # ---- the loop -------------------------------------------------------------------
 

@@ -34,6 +34,8 @@ class Settings(BaseModel):
     group: str = Field(min_length=1, description="KGROUP_GROUP: the ConsumerGroup name")
     namespace: str = Field(min_length=1, description="KGROUP_NAMESPACE")
     pod_name: str = Field(min_length=1, description="KGROUP_POD_NAME: the member id")
+    pod_uid: str | None = Field(
+        default=None, description="KGROUP_POD_UID: the pod's uid, for Events on it")
     listen_host: str = Field(default="127.0.0.1", description="KGROUP_LISTEN host")
     listen_port: int = Field(default=8470, ge=0, le=65535, description="KGROUP_LISTEN port")
     listen_socket: str | None = Field(
@@ -142,6 +144,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         "kubeconfig": env.get("KUBECONFIG") or None,
         "log_level": env.get("KGROUP_LOG_LEVEL", "INFO"),
         "audit_file": env.get("KGROUP_AUDIT_FILE") or None,
+        "pod_uid": env.get("KGROUP_POD_UID") or None,
     }
     if env.get("KGROUP_LOG_FORMAT"):
         raw["log_format"] = env["KGROUP_LOG_FORMAT"]
