@@ -119,10 +119,10 @@ class Sidecar:
             self.metrics.fenced()
             log.warning("session %s fenced: %d partition(s) lost", f["session"],
                         len(f["partitions"]))
+            given_up = ", ".join(f"{p} (token {t})" for p, t in sorted(f["partitions"]))
             self.post_event("Warning", "Fenced",
                             f"session {f['session']} could not renew its member Lease in time: "
-                            f"{len(f['partitions'])} partition(s) given up "
-                            f"{sorted(f['partitions'])}"[:300])
+                            f"{len(f['partitions'])} partition(s) given up: {given_up or '-'}")
             self.audit.write("fence", session=f["session"], until=f["until"],
                              partitions=f["partitions"])
         elif event == "revoke":
