@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import cast
 
-from kgroup_sidecar.events import AGGREGATE_SECONDS, Aggregator, Pod, event_body
+from kgroup_sidecar.events import AGGREGATE_SECONDS, Aggregator, EventPoster, Pod, event_body
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
@@ -35,3 +38,36 @@ def test_a_repeat_within_the_window_patches_the_first_event() -> None:
     assert seen is not None and seen.name == "w-0.abc"
     assert agg.repeat_of(("Warning", "Fenced", "other"), 1.0) is None
     assert agg.repeat_of(key, AGGREGATE_SECONDS) is None  # window over: a new Event
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def post_soon(self, type_: str, reason: str, message: str) -> None:
+        self.posted.append((type_, reason, message))
+
+
+def _sidecar() -> tuple[Sidecar, _Recorder]:
+    settings = Settings(group="g", namespace="ns", pod_name="w-0")
+    sidecar = Sidecar(settings)
+    recorder = _Recorder()
+    sidecar.events = cast(EventPoster, recorder)
+    return sidecar, recorder
+
+
+def test_fenced_lost_and_a_timed_out_handoff_become_warning_events() -> None:
+    sidecar, recorder = _sidecar()
+    sidecar.record("fence", session="s1", until=1.0, partitions=[(3, 7), (1, 2)])
+    sidecar.record("lost", session="s1", partition=4, token=9)
+    sidecar.record("release", session="s1", partition=5, token=2, position=None,
+                   reason="drain-timeout")
+    sidecar.record("release", session="s1", partition=6, token=2, position="1-0",
+                   reason="app")
+    sidecar.record("acquired", session="s1", partition=8, token=1, position=None,
+                   adopted=False)
+    assert [(t, r) for t, r, _ in recorder.posted] == [
+        ("Warning", "Fenced"), ("Warning", "PartitionLost"), ("Warning", "HandoffTimedOut")]
+    assert "1 (token 2), 3 (token 7)" in recorder.posted[0][2]
+    assert "partition 4 (token 9)" in recorder.posted[1][2]
+    assert "partition 5" in recorder.posted[2][2]

@@ -133,6 +133,35 @@ def test_a_fenced_sidecar_posts_an_event_that_describe_pod_shows(
         assert "could not post Event" not in log, log[-2000:]
 
 
+def test_a_partition_the_app_does_not_release_in_time_posts_handoff_timed_out(
+        kube: client.ApiClient, worker: Worker, tmp_path: Path) -> None:
+    target = ScriptedTarget(kube, worker.namespace, GROUP)
+    target.create(partitions=1, duration=6, renew=2, drain=1)
+    epoch = target.assign({worker.pod: [0]})
+    sc = SidecarProcess(pod=worker.pod, group=GROUP, namespace=worker.namespace,
+                        kubeconfig=str(worker.kubeconfig), workdir=tmp_path,
+                        env={"KGROUP_POD_UID": worker.uid}).start()
+    try:
+        app = SidecarClient(sc.url)
+
+        def acked(n: int) -> bool:
+            try:
+                a = app.assignment()
+            except SidecarError:  # not listening yet
+                return False
+            return len(a.partitions) == n and a.acked_epoch == epoch
+
+        wait_for("w-0 holds partition 0", lambda: acked(1), timeout=60)
+        epoch = target.assign({worker.pod: []})  # revoke; the app never releases it
+        timed_out = wait_for("a HandoffTimedOut Event on w-0", lambda: [
+            e for e in events_of(kube, worker.namespace, worker.pod)
+            if e.reason == "HandoffTimedOut"], timeout=30)
+        assert "partition 0" in timed_out[0].message
+        assert target.holder(0)[0] is None  # released all the same
+    finally:
+        sc.stop()
+
+
 def test_the_pod_token_creates_and_patches_events_but_cannot_delete_them(
         kube: client.ApiClient, worker: Worker) -> None:
     api = api_client_from_kubeconfig(worker.kubeconfig)
