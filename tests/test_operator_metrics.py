@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kgroup_operator.main import parse_args
 from kgroup_operator.metrics import Metrics
 from kgroup_operator.settings import OperatorSettings
@@ -68,6 +70,8 @@ def test_log_level_and_format_flags() -> None:
     s = parse_args(["--log-level", "warning", "--log-format", "JSON"], OperatorSettings())
     assert (s.log_level, s.log_format, s.verbose) == ("WARNING", "json", False)
     assert parse_args(["-v"], OperatorSettings()).log_level == "DEBUG"
+    with pytest.raises(SystemExit):  # a bad KGROUP_LOG_LEVEL is refused, not a traceback
+        parse_args([], OperatorSettings(log_level="LOUD"))
 
 
 def test_all_namespaces_overrides_the_environment() -> None:

@@ -86,8 +86,11 @@ def parse_args(argv: list[str] | None, settings: OperatorSettings) -> OperatorSe
     settings.liveness_port = a.liveness_port
     settings.metrics_port = a.metrics_port
     settings.status_min_interval = a.status_min_interval
-    settings.log_level = "DEBUG" if a.verbose else a.log_level
-    settings.log_format = a.log_format
+    if a.log_level.upper() not in LEVELS or a.log_format.lower() not in FORMATS:
+        p.error(f"KGROUP_LOG_LEVEL {a.log_level!r} / KGROUP_LOG_FORMAT {a.log_format!r}: "
+                f"expected one of {', '.join(LEVELS)} / {', '.join(FORMATS)}")
+    settings.log_level = "DEBUG" if a.verbose else a.log_level.upper()
+    settings.log_format = a.log_format.lower()
     settings.verbose = settings.log_level == "DEBUG"
     return settings
 
