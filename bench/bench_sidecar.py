@@ -153,7 +153,7 @@ def sidecar_writes(scs: list[SidecarProcess]) -> float:
     for sc in scs:
         with urllib.request.urlopen(sc.url + "/metrics", timeout=5) as resp:
             for line in resp.read().decode().splitlines():
-                m = re.match(r'kgroup_sidecar_api_writes_total\{verb="\w+"\} (\S+)', line)
+                m = re.match(r"kgroup_sidecar_api_writes_total\{[^}]*\} (\S+)", line)
                 if m:
                     total += float(m.group(1))
     return total

@@ -2,7 +2,8 @@
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/kgroup/kgroup-operator:0.1.0 .
 # Runs as a non-root user with a read-only root filesystem (the chart mounts /tmp).
 # Holds the core (kgroup/) and the operator only, with the `operator` extra's packages
-# (kopf, kubernetes, aiohttp, pydantic): no sidecar, pipeline or dev-cluster code.
+# (kopf, kubernetes, aiohttp, prometheus-client, python-json-logger, pydantic): no sidecar,
+# pipeline or dev-cluster code.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -2,7 +2,8 @@
 #   docker build -f docker/sidecar.Dockerfile -t ghcr.io/kgroup/kgroup-sidecar:0.1.0 .
 # The chart's probes run `python3 -c ...` inside this image against loopback.
 # Holds the core (kgroup/) and the sidecar only, with the `sidecar` extra's packages
-# (kubernetes, aiohttp, pydantic): no kopf, operator, pipeline or dev-cluster code.
+# (kubernetes, aiohttp, prometheus-client, python-json-logger, pydantic): no kopf, operator,
+# pipeline or dev-cluster code.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -14,9 +14,10 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # Debian packages, each installed only when missing (dpkg's own record, so a second run
 # costs nothing): redis-server for the pipeline; the real node's runtime (containerd,
 # runc, CNI plugins, static busybox for its test image, gcc + libc6-dev for the static
-# pause binary); buildah and debootstrap build the images from docker/.
+# pause binary); buildah and debootstrap build the images from docker/; prometheus (its
+# server and promtool) checks the operator's and sidecars' /metrics in the e2e tests.
 packages=(redis-server containerd runc containernetworking-plugins busybox-static gcc
-          libc6-dev buildah debootstrap)
+          libc6-dev buildah debootstrap prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -36,6 +37,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   if [ "$own_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
   (service redis-server stop || true) >/dev/null 2>&1
+fi
+# Debian's prometheus package runs a server on 0.0.0.0:9090 as a service: never here (the
+# tests start their own on 127.0.0.1 with their own config). policy-rc.d kept it from
+# starting at install; stop one that runs anyway and keep it from starting at boot, under
+# systemd (systemctl) or SysV init (update-rc.d), whichever this machine has.
+if dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed'; then
+  if [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  else
+    (service prometheus stop || true) >/dev/null 2>&1
+    update-rc.d prometheus disable >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

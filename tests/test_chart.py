@@ -100,6 +100,7 @@ WORKER_RULES = {
     ("coordination.k8s.io", "leases",
      ("create", "delete", "get", "list", "patch", "update", "watch"), ()),
     ("kgroup.dev", "consumergroups", ("get", "list", "watch"), ()),
+    ("", "events", ("create", "patch"), ()),
 }
 
 
@@ -236,7 +237,8 @@ def test_rendered_crd_schema_equals_the_generated_one() -> None:
                                  "admissionPolicy.failurePolicy=Sometimes",
                                  "operator.metricsHost=0.0.0.0", "sidecar.listen=0.0.0.0:8470",
                                  "sidecar.listen=unix://relative.sock",
-                                 "sidecar.port=8470"])
+                                 "sidecar.port=8470", "sidecar.metrics.host=0.0.0.0",
+                                 "sidecar.logFormat=xml", "metrics.serviceMonitor.interval=often"])
 def test_schema_refuses_unknown_or_invalid_values(bad: str) -> None:
     out = helm("template", "kg", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad,
                check=False)
@@ -542,3 +544,56 @@ def render_file(values: Path, *sets: str) -> list[Obj]:
                *[a for s in sets for a in ("--set", s)], check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_monitoring_objects_and_the_pdb_render_only_when_enabled() -> None:
+    kinds = {o["kind"] for o in render("workerRbac.namespaces={orders}")}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"}
+    objs = render("workerRbac.namespaces={orders}", "metrics.serviceMonitor.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom", "metrics.podMonitor.enabled=true",
+                  "operator.podDisruptionBudget.enabled=true")
+    sm = one(objs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    service = one(objs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    pm = one(objs, "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["orders"]}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "kgroup-metrics"
+    pdb = one(objs, "PodDisruptionBudget")
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert not by_kind(render("metrics.serviceMonitor.enabled=true",
+                              "metrics.service.enabled=false"), "ServiceMonitor")
+
+
+def test_log_format_reaches_both_components(tmp_path: Path) -> None:
+    dep = one(render("operator.logFormat=json", "operator.logLevel=WARNING"), "Deployment")
+    env = {e["name"]: e.get("value") for e in
+           dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["KGROUP_LOG_FORMAT"], env["KGROUP_LOG_LEVEL"]) == ("json", "WARNING")
+    pod = _app_pod(tmp_path, "  sidecar: {logFormat: json, image: {tag: '0.1.0'}}\n")
+    side = pod["spec"]["initContainers"][0]
+    env = {e["name"]: e for e in side["env"]}
+    assert env["KGROUP_LOG_FORMAT"]["value"] == "json"
+    assert env["KGROUP_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert "KGROUP_METRICS_LISTEN" not in env and "ports" not in side
+
+
+def test_sidecar_metrics_bind_the_pod_ip_or_the_host_given(tmp_path: Path) -> None:
+    side = _app_pod(tmp_path, "  sidecar: {metrics: {enabled: true}, image: {tag: '0.1.0'}}\n"
+                    )["spec"]["initContainers"][0]
+    env = {e["name"]: e for e in side["env"]}
+    assert env["KGROUP_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    names = [e["name"] for e in side["env"]]
+    assert names.index("KGROUP_POD_IP") < names.index("KGROUP_METRICS_LISTEN")  # $(...) order
+    assert env["KGROUP_METRICS_LISTEN"]["value"] == "$(KGROUP_POD_IP):9471"
+    assert side["ports"] == [{"name": "kgroup-metrics", "containerPort": 9471,
+                              "protocol": "TCP"}]
+    side = _app_pod(tmp_path / "b", "  sidecar: {metrics: {enabled: true, host: 127.0.0.1, "
+                    "port: 9500}, image: {tag: '0.1.0'}}\n")["spec"]["initContainers"][0]
+    env = {e["name"]: e for e in side["env"]}
+    assert env["KGROUP_METRICS_LISTEN"]["value"] == "127.0.0.1:9500"
+    assert "KGROUP_POD_IP" not in env

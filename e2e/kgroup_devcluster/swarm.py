@@ -320,12 +320,13 @@ class Swarm:
         return {pod: len(r.sidecar.member.owned) for pod, r in self.members.items()}
 
     def api_writes(self) -> int:
-        return sum(sum(r.sidecar.metrics.api_writes.values()) for r in self.members.values())
+        return int(sum(r.sidecar.metrics.api_writes() for r in self.members.values()))
 
     def fencings(self) -> int:
         """Sessions fenced so far among the members still running (a loop too busy to
         renew in time shows up here)."""
-        return sum(r.sidecar.metrics.fencings for r in self.members.values())
+        return int(sum(r.sidecar.metrics.value("kgroup_sidecar_fencings_total")
+                       for r in self.members.values()))
 
     def stats(self) -> dict[str, Any]:
         return {"api_writes": self.api_writes(), "fencings": self.fencings(),

@@ -39,8 +39,10 @@ def _free_port() -> int:
 class OperatorProcess:
     """One kgroup-operator subprocess scoped to the test's namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.env = env or {}
         self.namespace = namespace
         self.log_dir = log_dir
         self.metrics_port = _free_port()
@@ -56,7 +58,7 @@ class OperatorProcess:
         log = self.log_dir / f"operator-{self.runs}.log"
         self.runs += 1
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
-               "KGROUP_IDENTITY": f"e2e-{secrets.token_hex(3)}-{self.runs}"}
+               "KGROUP_IDENTITY": f"e2e-{secrets.token_hex(3)}-{self.runs}", **self.env}
         args = [str(OPERATOR), "--namespace", self.namespace,
                 "--leader-namespace", self.namespace, "--leader-lease-seconds", "6",
                 "--liveness-port", str(self.liveness_port),

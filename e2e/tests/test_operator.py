@@ -377,10 +377,13 @@ def test_a_standby_replica_waits_and_takes_over_without_moving_anything(
     try:
         wait_for("the standby to answer its health endpoint",
                  lambda: '"standby"' in standby.health(), timeout=30)
-        stays("the standby serves no metrics", lambda: standby.metrics() == "", 4)
+        wait_for("the standby to serve leader 0 and no group",
+                 lambda: "kgroup_operator_leader 0.0" in standby.metrics(), timeout=10)
+        stays("the standby reports no group", lambda: standby.metric("kgroup_members") is None, 3)
         operator.stop()
         wait_for("the standby to take over",
                  lambda: standby.metric("kgroup_members") == 3, timeout=60)
+        assert "kgroup_operator_leader 1.0" in standby.metrics()
         wait_for("kopf's own health endpoint on the same port",
                  lambda: standby.alive() and '"standby"' not in standby.health(), timeout=30)
         stays("epoch and target unchanged",

@@ -132,7 +132,7 @@ class GroupController:
             self.memory.lease_created(p, plan.now)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
-                                  members=plan.members)
+                                  members=plan.members, partitions=_partitions(body))
         await self._post(body, plan.events)
         if plan.status is None:
             return plan.wait
@@ -164,3 +164,8 @@ class GroupController:
                 log.warning("%s/%s: %s: %s", *self.key, event.reason, event.message)
             await self.kube.post_event(body, type_=event.type, reason=event.reason,
                                        message=event.message)
+
+
+def _partitions(body: dict[str, Any]) -> int | None:
+    count = body.get("spec", {}).get("partitions")
+    return count if isinstance(count, int) else None

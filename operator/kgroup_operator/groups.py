@@ -1,4 +1,4 @@
-"""The operator's live state: the cache, one reconcile loop per group, the metrics server.
+"""The operator's live state: the cache, one reconcile loop per group.
 
 One :class:`GroupLoops` per process, handed to kopf handlers through kopf's ``memo``.
 """
@@ -9,27 +9,26 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import web
-
 from kgroup.core.group import PodObservation
 
 from .cache import Cache, GroupKey
 from .controller import GroupController
 from .kube import Kube
-from .metrics import Metrics, serve
+from .metrics import Metrics
 from .settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
 
 class GroupLoops:
-    def __init__(self, *, kube: Kube, settings: OperatorSettings) -> None:
+    def __init__(self, *, kube: Kube, settings: OperatorSettings,
+                 metrics: Metrics | None = None) -> None:
         self.kube = kube
         self.settings = settings
         self.cache = Cache()
-        self.metrics = Metrics()
+        # served by main.run from before leader election on (a standby answers scrapes)
+        self.metrics = metrics if metrics is not None else Metrics(process=False)
         self.controllers: dict[GroupKey, GroupController] = {}
-        self._metrics_runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         """Initial listing of pods and kgroup Leases, then let the group loops run."""
@@ -42,18 +41,12 @@ class GroupLoops:
                 self.cache.put_lease(lease["metadata"]["namespace"], lease, now)
         self.cache.synced = True
         log.info("caches synced: %d namespaces with pods", len(self.cache.pods))
-        if self.settings.metrics_port:
-            self._metrics_runner = await serve(
-                self.metrics, self.settings.metrics_host, self.settings.metrics_port
-            )
         for c in self.controllers.values():
             c.poke()
 
     async def stop(self) -> None:
         for key in list(self.controllers):
             await self.controllers.pop(key).stop()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
 
     def group_seen(self, key: GroupKey, body: dict[str, Any]) -> None:
         c = self.controllers.get(key)

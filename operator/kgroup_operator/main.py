@@ -1,9 +1,11 @@
 """``kgroup-operator``: parse flags, elect a leader, run kopf with the handlers module.
 
 Everything listens on 127.0.0.1 by default (kopf's liveness endpoint, the metrics port).
-A standby replica (waiting for the leader Lease) answers ``GET /healthz`` on the liveness
-port itself with ``{"state": "standby"}``, so a probe tells a live standby from a dead
-process; that endpoint closes just before kopf opens its own on the same port.
+The metrics endpoint starts first, before leader election, so a standby serves
+``kgroup_operator_leader 0`` and its process metrics. A standby replica (waiting for the
+leader Lease) answers ``GET /healthz`` on the liveness port itself with
+``{"state": "standby"}``, so a probe tells a live standby from a dead process; that
+endpoint closes just before kopf opens its own on the same port.
 Exit status: 0 on a clean stop (SIGTERM/SIGINT), 2 when leadership was lost (the pod
 restarts and waits as a standby).
 """
@@ -21,9 +23,12 @@ import kopf
 from aiohttp import web
 from kubernetes import client, config
 
+from kgroup.logs import FORMATS, LEVELS
+
 from .groups import GroupLoops
 from .kube import Kube
 from .leader import LeaseElector
+from .metrics import Metrics, serve
 from .settings import OperatorSettings
 
 log = logging.getLogger("kgroup_operator")
@@ -61,10 +66,14 @@ def parse_args(argv: list[str] | None, settings: OperatorSettings) -> OperatorSe
         "--metrics-port",
         type=int,
         default=settings.metrics_port,
-        help="Prometheus /metrics on 127.0.0.1 (0 = off)",
+        help="Prometheus /metrics on KGROUP_METRICS_HOST (default 127.0.0.1; 0 = off)",
     )
     p.add_argument("--status-min-interval", type=float, default=settings.status_min_interval)
     p.add_argument("--verbose", "-v", action="store_true", default=settings.verbose)
+    p.add_argument("--log-level", choices=LEVELS, type=str.upper, default=settings.log_level,
+                   help="env KGROUP_LOG_LEVEL")
+    p.add_argument("--log-format", choices=FORMATS, type=str.lower, default=settings.log_format,
+                   help="text or json lines (env KGROUP_LOG_FORMAT)")
     a = p.parse_args(argv)
     if a.all_namespaces:
         settings.namespaces = []
@@ -77,7 +86,12 @@ def parse_args(argv: list[str] | None, settings: OperatorSettings) -> OperatorSe
     settings.liveness_port = a.liveness_port
     settings.metrics_port = a.metrics_port
     settings.status_min_interval = a.status_min_interval
-    settings.verbose = a.verbose
+    if a.log_level.upper() not in LEVELS or a.log_format.lower() not in FORMATS:
+        p.error(f"KGROUP_LOG_LEVEL {a.log_level!r} / KGROUP_LOG_FORMAT {a.log_format!r}: "
+                f"expected one of {', '.join(LEVELS)} / {', '.join(FORMATS)}")
+    settings.log_level = "DEBUG" if a.verbose else a.log_level.upper()
+    settings.log_format = a.log_format.lower()
+    settings.verbose = settings.log_level == "DEBUG"
     return settings
 
 
@@ -117,6 +131,18 @@ async def run(settings: OperatorSettings) -> int:
     from . import handlers  # noqa: F401
 
     api = _load_config()
+    metrics = Metrics()
+    metrics.set_leader(False)
+    served = (await serve(metrics, settings.metrics_host, settings.metrics_port)
+              if settings.metrics_port else None)
+    try:
+        return await _run(settings, api, metrics)
+    finally:
+        if served is not None:
+            await served.cleanup()
+
+
+async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -145,7 +171,9 @@ async def run(settings: OperatorSettings) -> int:
             return 0
         stopping.cancel()
         hold = asyncio.create_task(elector.hold(stop))
-    groups = GroupLoops(kube=Kube(api, identity=settings.identity), settings=settings)
+    metrics.set_leader(True)
+    groups = GroupLoops(kube=Kube(api, identity=settings.identity), settings=settings,
+                        metrics=metrics)
     memo = kopf.Memo(groups=groups)
     lost = False
     try:
@@ -163,6 +191,7 @@ async def run(settings: OperatorSettings) -> int:
             memo=memo,
         )
     finally:
+        metrics.set_leader(False)
         lost = hold is not None and hold.done() and stop.is_set()
         if hold is not None:
             hold.cancel()
@@ -175,12 +204,23 @@ def _signalled(stop: asyncio.Event) -> bool:
     return bool(getattr(stop, "by_signal", False))
 
 
-def main(argv: list[str] | None = None) -> None:
-    settings = parse_args(argv, OperatorSettings.from_env())
-    kopf.configure(verbose=settings.verbose)  # installs the one log handler (stderr)
+def configure_logging(settings: OperatorSettings) -> None:
+    """kopf's one stderr handler (its text or JSON formatter), then the level asked for:
+    kopf.configure knows only DEBUG and INFO, so the root level is set after it."""
+    kopf.configure(verbose=settings.verbose,
+                   log_format=kopf.LogFormat.JSON if settings.log_format == "json"
+                   else kopf.LogFormat.FULL)
+    logging.getLogger().setLevel(settings.log_level)
     if not settings.verbose:
         # "Handler 'lease_event' succeeded." for every renewal is noise at INFO
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(
+            max(logging.WARNING, logging.getLogger().level))
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_args(argv, OperatorSettings.from_env())
+    configure_logging(settings)
+
     sys.exit(asyncio.run(run(settings)))
 
 

@@ -1,108 +1,123 @@
-"""Prometheus metrics of the operator, as plain text exposition (no extra dependency).
+"""The operator's Prometheus metrics, kept by prometheus-client in the operator's registry.
 
-Families: ``kgroup_rebalances_total``, ``kgroup_partitions_moved_total``,
-``kgroup_rebalance_duration_seconds`` (histogram), ``kgroup_unowned_partitions``,
-``kgroup_members``, ``kgroup_status_writes_total``; all labelled by namespace and group.
-Served by aiohttp on loopback only.
+Families (per group, labels ``group_namespace`` and ``group``: never ``namespace``, which
+is the scraper's own target label for the operator pod's namespace):
+``kgroup_rebalances_total``, ``kgroup_partitions_moved_total``,
+``kgroup_status_writes_total`` (counters), ``kgroup_rebalance_duration_seconds``
+(histogram: from the epoch written to every member settled), ``kgroup_unowned_partitions``,
+``kgroup_members``, ``kgroup_partitions`` (gauges); and ``kgroup_operator_leader`` (1 on the
+active replica, 0 on a standby) with the default process, platform and GC collectors.
+
+The server starts before leader election (``main.run``), so a standby answers a scrape
+too: leader 0 and its process metrics. One registry per :class:`Metrics` (not the
+library's global one), so tests can run several side by side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import logging
 
 from aiohttp import web
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LABELS = ("group_namespace", "group")
 Key = tuple[str, str]  # (namespace, group)
 
 
-@dataclass
-class _Histogram:
-    counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-
-@dataclass
 class Metrics:
-    rebalances: dict[Key, int] = field(default_factory=dict)
-    moved: dict[Key, int] = field(default_factory=dict)
-    status_writes: dict[Key, int] = field(default_factory=dict)
-    unowned: dict[Key, int] = field(default_factory=dict)
-    members: dict[Key, int] = field(default_factory=dict)
-    durations: dict[Key, _Histogram] = field(default_factory=dict)
+    """The operator's families in their own registry."""
+
+    def __init__(self, *, process: bool = True) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            if GC_COLLECTOR is not None:
+                GCCollector(registry=r)
+        self.leader = Gauge("kgroup_operator_leader",
+                            "1 while this replica is the active operator, 0 while it stands by.",
+                            registry=r)
+        self.rebalances = Counter("kgroup_rebalances", "Epoch bumps written (target changes).",
+                                  LABELS, registry=r)
+        self.moved = Counter("kgroup_partitions_moved",
+                             "Partitions whose owner changed in a rebalance.", LABELS, registry=r)
+        self.status_writes = Counter("kgroup_status_writes",
+                                     "ConsumerGroup status updates written.", LABELS, registry=r)
+        self.durations = Histogram("kgroup_rebalance_duration_seconds",
+                                   "From an epoch written to every member settled on it.",
+                                   LABELS, buckets=BUCKETS, registry=r)
+        self.unowned = Gauge("kgroup_unowned_partitions",
+                             "Partitions with no live owner.", LABELS, registry=r)
+        self.members = Gauge("kgroup_members", "Members of the group.", LABELS, registry=r)
+        self.partitions = Gauge("kgroup_partitions", "Partitions of the group (spec).", LABELS,
+                                registry=r)
+        self._families: tuple[Counter | Gauge | Histogram, ...] = (
+            self.rebalances, self.moved, self.status_writes, self.durations, self.unowned,
+            self.members, self.partitions)
+
+    def set_leader(self, leader: bool) -> None:
+        self.leader.set(1 if leader else 0)
 
     def rebalanced(self, key: Key, moved: int) -> None:
-        self.rebalances[key] = self.rebalances.get(key, 0) + 1
-        self.moved[key] = self.moved.get(key, 0) + moved
+        self.rebalances.labels(*key).inc()
+        self.moved.labels(*key).inc(moved)
 
     def status_written(self, key: Key) -> None:
-        self.status_writes[key] = self.status_writes.get(key, 0) + 1
+        self.status_writes.labels(*key).inc()
 
     def completed(self, key: Key, seconds: float) -> None:
-        self.durations.setdefault(key, _Histogram()).observe(seconds)
+        self.durations.labels(*key).observe(seconds)
 
-    def observed(self, key: Key, *, unowned: int, members: int) -> None:
-        self.unowned[key] = unowned
-        self.members[key] = members
+    def observed(self, key: Key, *, unowned: int, members: int,
+                 partitions: int | None = None) -> None:
+        self.unowned.labels(*key).set(unowned)
+        self.members.labels(*key).set(members)
+        if partitions is not None:
+            self.partitions.labels(*key).set(partitions)
 
     def forget(self, key: Key) -> None:
-        for family in (self.unowned, self.members):
-            family.pop(key, None)
+        """A deleted group: every series of it goes (a counter reset is what Prometheus'
+        ``rate`` expects when the thing counted disappears)."""
+        for family in self._families:
+            with contextlib.suppress(KeyError):
+                family.remove(*key)
 
     def render(self) -> str:
-        lines: list[str] = []
-
-        def family(name: str, kind: str, help_: str, values: dict[Key, int]) -> None:
-            lines.append(f"# HELP {name} {help_}")
-            lines.append(f"# TYPE {name} {kind}")
-            for (ns, group), value in sorted(values.items()):
-                lines.append(f'{name}{{namespace="{ns}",group="{group}"}} {value}')
-
-        family("kgroup_rebalances_total", "counter", "Epoch bumps written.", self.rebalances)
-        family(
-            "kgroup_partitions_moved_total",
-            "counter",
-            "Partitions moved by rebalances.",
-            self.moved,
-        )
-        family(
-            "kgroup_status_writes_total",
-            "counter",
-            "Status updates written.",
-            self.status_writes,
-        )
-        family("kgroup_unowned_partitions", "gauge", "Partitions with no live owner.", self.unowned)
-        family("kgroup_members", "gauge", "Members of the group.", self.members)
-        name = "kgroup_rebalance_duration_seconds"
-        lines.append(f"# HELP {name} From epoch written to every member settled.")
-        lines.append(f"# TYPE {name} histogram")
-        for (ns, group), h in sorted(self.durations.items()):
-            labels = f'namespace="{ns}",group="{group}"'
-            for bound, count in zip(BUCKETS, h.counts, strict=True):
-                lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
-            lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {h.n}')
-            lines.append(f"{name}_sum{{{labels}}} {h.total}")
-            lines.append(f"{name}_count{{{labels}}} {h.n}")
-        return "\n".join(lines) + "\n"
+        """The Prometheus text format (0.0.4)."""
+        return generate_latest(self.registry).decode()
 
 
 async def serve(metrics: Metrics, host: str, port: int) -> web.AppRunner:
-    """Start the /metrics endpoint; the caller cleans the returned runner up."""
+    """Start ``GET /metrics`` on ``host:port``; the caller cleans the returned runner up.
+    OpenMetrics when the scraper asks for it (``Accept``), else the text format."""
 
-    async def handle(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
+    async def handle(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(metrics.registry),
+                            headers={"Content-Type": content_type})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner

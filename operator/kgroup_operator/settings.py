@@ -60,7 +60,15 @@ class OperatorSettings:
     seconds."""
 
     verbose: bool = False
-    """``KGROUP_LOG_LEVEL=DEBUG``: kopf's verbose logging."""
+    """``KGROUP_LOG_LEVEL=DEBUG`` (or ``--verbose``): kopf's verbose logging."""
+
+    log_level: str = "INFO"
+    """``KGROUP_LOG_LEVEL``: DEBUG, INFO, WARNING, ERROR or CRITICAL (the root logger's
+    level: WARNING hides every INFO line)."""
+
+    log_format: str = "text"
+    """``KGROUP_LOG_FORMAT``: ``text`` or ``json`` (one JSON object per line, kopf's
+    formatter)."""
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -80,4 +88,6 @@ class OperatorSettings:
             metrics_host=os.environ.get("KGROUP_METRICS_HOST", "127.0.0.1"),
             status_min_interval=float(os.environ.get("KGROUP_STATUS_MIN_INTERVAL", "1.0")),
             verbose=os.environ.get("KGROUP_LOG_LEVEL", "INFO").upper() == "DEBUG",
+            log_level=os.environ.get("KGROUP_LOG_LEVEL", "INFO").upper(),
+            log_format=os.environ.get("KGROUP_LOG_FORMAT", "text").lower(),
         )

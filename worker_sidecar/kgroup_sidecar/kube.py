@@ -308,7 +308,7 @@ class KubeAdapter:
             result: Obj = json.loads(raw.data)
             return result
 
-        self._metrics.api_writes["create"] += 1
+        self._metrics.api_write("create")
         return await self._call(call, session=_is_member_lease(body))
 
     async def replace_lease(self, body: Obj, *, timeout: float) -> Obj:
@@ -323,7 +323,7 @@ class KubeAdapter:
             result: Obj = json.loads(raw.data)
             return result
 
-        self._metrics.api_writes["update"] += 1
+        self._metrics.api_write("update")
         return await self._call(call, session=_is_member_lease(body))
 
     async def delete_lease(self, name: str, *, timeout: float,
@@ -342,7 +342,7 @@ class KubeAdapter:
                 if exc.status != 404:
                     raise
 
-        self._metrics.api_writes["delete"] += 1
+        self._metrics.api_write("delete")
         await self._call(call, session=session)
 
 

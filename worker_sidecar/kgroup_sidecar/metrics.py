@@ -1,43 +1,216 @@
-"""Counters and gauges of the sidecar, rendered as Prometheus text (no client library)."""
+"""The sidecar's Prometheus metrics, kept by prometheus-client in one registry per sidecar.
+
+Every family is named ``kgroup_sidecar_*`` and carries the member's identity as labels
+``group_namespace``, ``group`` and ``member`` (never ``namespace``/``pod``/``job``/
+``instance``: those are the scraper's target labels, and a clash would be renamed
+``exported_*`` or overwrite them). Per-partition families add ``partition``; their series
+exist only while the member holds the partition (:class:`PartitionGauge.replace`), so a
+released partition disappears from the next scrape instead of lingering with its old
+value. The registry also holds the default process, platform and GC collectors.
+
+One registry per :class:`Metrics`, not the library's global one: a test process or the
+scale swarm runs many sidecars side by side, each with its own counts.
+
+Served twice: on the local API (``GET /metrics``, for the app and the probes) and, when
+``KGROUP_METRICS_LISTEN`` is set, on its own TCP address for a scraper outside the pod
+(:func:`serve`). Other modules add families through :meth:`Metrics.partition_gauge`,
+:meth:`Metrics.gauge` or :meth:`Metrics.counter` (the identity labels are bound for them).
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Mapping
+
+from aiohttp import web
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.exposition import choose_encoder
+
+from kgroup.core.member_model import View
+
+IDENTITY = ("group_namespace", "group", "member")
+VERBS = ("create", "update", "delete")
+
+
+class PartitionGauge:
+    """A gauge with one series per partition this member holds (label ``partition``)."""
+
+    def __init__(self, gauge: Gauge, identity: tuple[str, str, str]) -> None:
+        self._gauge = gauge
+        self._identity = identity
+        self._partitions: set[int] = set()
+
+    def set(self, partition: int, value: float) -> None:
+        self._gauge.labels(*self._identity, str(partition)).set(value)
+        self._partitions.add(partition)
+
+    def remove(self, partition: int) -> None:
+        if partition in self._partitions:
+            self._partitions.discard(partition)
+            self._gauge.remove(*self._identity, str(partition))
+
+    def replace(self, values: Mapping[int, float]) -> None:
+        """Set these partitions' values and drop every other partition's series."""
+        for partition in self._partitions - set(values):
+            self.remove(partition)
+        for partition, value in values.items():
+            self.set(partition, value)
+
+    def partitions(self) -> frozenset[int]:
+        return frozenset(self._partitions)
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self.acquisitions = 0
-        self.releases = 0
-        self.fencings = 0
-        self.lost = 0
-        self.renew_failures = 0
-        self.api_writes: Counter[str] = Counter()
-        self.held = 0
+    """The sidecar's counters and gauges (one registry, the identity labels bound)."""
+
+    def __init__(self, *, namespace: str = "", group: str = "", member: str = "",
+                 process: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.identity = (namespace, group, member)
+        if process:
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            if GC_COLLECTOR is not None:
+                GCCollector(registry=self.registry)
+        self._acquisitions = self.counter(
+            "kgroup_sidecar_acquisitions", "Partition locks acquired.")
+        self._releases = self.counter(
+            "kgroup_sidecar_releases", "Partition locks released (handed over or given back).")
+        self._fencings = self.counter(
+            "kgroup_sidecar_fencings",
+            "Sessions fenced: the member Lease could not be renewed in time, every "
+            "partition was given up at once.")
+        self._lost = self.counter(
+            "kgroup_sidecar_lost_partitions",
+            "Partitions found taken by another session while this member held them.")
+        self._renew_failures = self.counter(
+            "kgroup_sidecar_renew_failures", "Failed member-Lease renewals.")
+        api_writes = Counter(
+            "kgroup_sidecar_api_writes", "Kubernetes API writes (Leases), by verb.",
+            [*IDENTITY, "verb"], registry=self.registry)
+        self._api_writes = {verb: api_writes.labels(*self.identity, verb) for verb in VERBS}
+        self._api_writes_family = api_writes
+        self._held = self.gauge(
+            "kgroup_sidecar_held_partitions",
+            "Partitions this member holds now (active or revoking), as its app sees them.")
+        self._fenced = self.gauge(
+            "kgroup_sidecar_fenced",
+            "1 while this member has no valid session (fenced, or not started yet).")
+        self._epoch = self.gauge(
+            "kgroup_sidecar_acknowledged_epoch",
+            "The group epoch this member last acknowledged in its member Lease.")
+        self.partition_token = self.partition_gauge(
+            "kgroup_sidecar_partition_token",
+            "Fencing token of each partition this member holds (a series per held "
+            "partition; none once released).")
+        self.partition_revoking = self.partition_gauge(
+            "kgroup_sidecar_partition_revoking",
+            "1 while a held partition is being revoked (the app is finishing its work), "
+            "0 while active.")
+        self._fenced.set(1)
+
+    # ---- families for other modules ---------------------------------------------------
+
+    def counter(self, name: str, documentation: str) -> Counter:
+        """A counter of this member (``name`` without ``_total``; the library adds it)."""
+        family = Counter(name, documentation, IDENTITY, registry=self.registry)
+        return family.labels(*self.identity)
+
+    def gauge(self, name: str, documentation: str) -> Gauge:
+        """A gauge of this member."""
+        family = Gauge(name, documentation, IDENTITY, registry=self.registry)
+        return family.labels(*self.identity)
+
+    def partition_gauge(self, name: str, documentation: str) -> PartitionGauge:
+        """A gauge with a series per partition (e.g. ``kgroup_sidecar_partition_lag``)."""
+        family = Gauge(name, documentation, [*IDENTITY, "partition"], registry=self.registry)
+        return PartitionGauge(family, self.identity)
+
+    # ---- what happened ----------------------------------------------------------------
+
+    def acquired(self) -> None:
+        self._acquisitions.inc()
+
+    def released(self) -> None:
+        self._releases.inc()
+
+    def fenced(self) -> None:
+        self._fencings.inc()
+
+    def lost_partition(self) -> None:
+        self._lost.inc()
+
+    def renew_failed(self) -> None:
+        self._renew_failures.inc()
+
+    def api_write(self, verb: str) -> None:
+        child = self._api_writes.get(verb)
+        if child is None:
+            child = self._api_writes[verb] = self._api_writes_family.labels(*self.identity, verb)
+        child.inc()
+
+    def publish(self, view: View) -> None:
+        """The member's state now: held partitions, their tokens and states, the epoch."""
+        self._held.set(len(view.partitions))
+        self._fenced.set(1 if view.fenced else 0)
+        if view.acked_epoch is not None:
+            self._epoch.set(view.acked_epoch)
+        self.partition_token.replace({p.partition: p.token for p in view.partitions})
+        self.partition_revoking.replace(
+            {p.partition: 1 if p.state == "revoking" else 0 for p in view.partitions})
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def value(self, name: str, **labels: str) -> float:
+        """One sample's value (0 when absent), e.g. ``value("kgroup_sidecar_fencings_total")``;
+        the identity labels are filled in."""
+        found = self.registry.get_sample_value(name, dict(zip(IDENTITY, self.identity,
+                                                               strict=True), **labels))
+        return found or 0.0
+
+    def api_writes(self) -> float:
+        """Every Lease write this member made."""
+        return sum(self.value("kgroup_sidecar_api_writes_total", verb=v)
+                   for v in self._api_writes)
 
     def render(self) -> str:
-        lines = [
-            "# HELP kgroup_sidecar_held_partitions Partitions this member holds now.",
-            "# TYPE kgroup_sidecar_held_partitions gauge",
-            f"kgroup_sidecar_held_partitions {self.held}",
-        ]
-        for name, value, help_text in (
-            ("acquisitions", self.acquisitions, "Partition locks acquired."),
-            ("releases", self.releases, "Partition locks released."),
-            ("fencings", self.fencings, "Sessions fenced (every partition lost at once)."),
-            ("lost_partitions", self.lost, "Partitions found taken by another session."),
-            ("renew_failures", self.renew_failures, "Failed member-Lease renewals."),
-        ):
-            lines += [
-                f"# HELP kgroup_sidecar_{name}_total {help_text}",
-                f"# TYPE kgroup_sidecar_{name}_total counter",
-                f"kgroup_sidecar_{name}_total {value}",
-            ]
-        lines += [
-            "# HELP kgroup_sidecar_api_writes_total Kubernetes API writes by verb.",
-            "# TYPE kgroup_sidecar_api_writes_total counter",
-        ]
-        for verb in sorted(set(self.api_writes) | {"create", "update", "delete"}):
-            count = self.api_writes[verb]
-            lines.append(f'kgroup_sidecar_api_writes_total{{verb="{verb}"}} {count}')
-        return "\n".join(lines) + "\n"
+        """The Prometheus text format (0.0.4)."""
+        return generate_latest(self.registry).decode()
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """Body and content type for a scrape's ``Accept`` header (OpenMetrics if asked)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+async def handle_metrics(metrics: Metrics, request: web.Request) -> web.Response:
+    body, content_type = metrics.exposition(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def serve(metrics: Metrics, host: str, port: int) -> web.AppRunner:
+    """``GET /metrics`` alone on ``host:port`` (``KGROUP_METRICS_LISTEN``), for a scraper
+    outside the pod; the local API stays where it is. The caller cleans the runner up."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return await handle_metrics(metrics, request)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+

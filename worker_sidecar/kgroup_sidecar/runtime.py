@@ -37,6 +37,7 @@ from kgroup.core.sidecar_requests import (
     Request,
 )
 from kgroup_sidecar.audit import AuditLog
+from kgroup_sidecar.events import EventPoster
 from kgroup_sidecar.kube import KubeAdapter, status_of
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -52,7 +53,8 @@ class Sidecar:
                  logic: type[SidecarLogic] = SidecarLogic) -> None:
         self.settings = settings
         self.clock = clock
-        self.metrics = Metrics()
+        self.metrics = Metrics(namespace=settings.namespace, group=settings.group,
+                               member=settings.pod_name)
         self.audit = AuditLog(settings.audit_file, settings.pod_name)
         self.logic = logic(
             pod=settings.pod_name, group=settings.group, namespace=settings.namespace,
@@ -62,6 +64,8 @@ class Sidecar:
         )
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None
+        # Events on this pod (main sets it; None in tests and the swarm: nothing posted)
+        self.events: EventPoster | None = None
         self.dirty = asyncio.Event()
         self.changed = asyncio.Event()
         self._published = -1
@@ -92,10 +96,10 @@ class Sidecar:
         elif event == "session-start-failed":
             log.warning("could not start a session: %s", f["why"])
         elif event == "renew-failed":
-            self.metrics.renew_failures += 1
+            self.metrics.renew_failed()
             log.warning("renewal failed: %s%s", f["why"], " (session lost)" if f["lost"] else "")
         elif event == "acquired":
-            self.metrics.acquisitions += 1
+            self.metrics.acquired()
             log.info("acquired partition %d (token %d)%s", f["partition"], f["token"],
                      ": a write reported failed was applied" if f["adopted"] else "")
             self.audit.write("acquire", session=f["session"], partition=f["partition"],
@@ -103,24 +107,39 @@ class Sidecar:
         elif event == "acquire-failed":
             log.info("acquisition of partition %d failed: %s", f["partition"], f["why"])
         elif event == "lost":
-            self.metrics.lost += 1
+            self.metrics.lost_partition()
             self.audit.write("lost", session=f["session"], partition=f["partition"],
                              token=f["token"])
             log.error("partition %d (token %d) was taken by another session", f["partition"],
                       f["token"])
+            self.post_event("Warning", "PartitionLost",
+                            f"partition {f['partition']} (token {f['token']}) was taken by "
+                            "another session while this pod held it")
         elif event == "fence":
-            self.metrics.fencings += 1
+            self.metrics.fenced()
             log.warning("session %s fenced: %d partition(s) lost", f["session"],
                         len(f["partitions"]))
+            given_up = ", ".join(f"{p} (token {t})" for p, t in sorted(f["partitions"]))
+            self.post_event("Warning", "Fenced",
+                            f"session {f['session']} could not renew its member Lease in time: "
+                            f"{len(f['partitions'])} partition(s) given up: {given_up or '-'}")
             self.audit.write("fence", session=f["session"], until=f["until"],
                              partitions=f["partitions"])
         elif event == "revoke":
             log.info("partition %d revoking (token %d)", f["partition"], f["token"])
         elif event == "release":
+            if f["reason"] == "drain-timeout":
+                log.warning("partition %d (token %d): the app did not release it within the "
+                            "drain timeout; released without a new position", f["partition"],
+                            f["token"])
+                self.post_event("Warning", "HandoffTimedOut",
+                                f"partition {f['partition']} (token {f['token']}): the app did "
+                                "not release it within the drain timeout; released without a "
+                                "new position (the next owner resumes from the last one)")
             self.audit.write("release", session=f["session"], partition=f["partition"],
                              token=f["token"], position=f["position"], reason=f["reason"])
         elif event == "released":
-            self.metrics.releases += 1
+            self.metrics.released()
             log.info("released partition %d (token %d, position %s)", f["partition"],
                      f["token"], f["position"])
         elif event == "release-failed":
@@ -134,10 +153,15 @@ class Sidecar:
                 if not future.done():
                     future.set_result(f["ok"])
 
+    def post_event(self, type_: str, reason: str, message: str) -> None:
+        """An Event on this pod (best effort, in the background); nothing without a poster."""
+        if self.events is not None:
+            self.events.post_soon(type_, reason, message)
+
     # ---- the loop -------------------------------------------------------------------
 
     def publish(self) -> None:
-        self.metrics.held = len(self.member.owned)
+        self.metrics.publish(self.member.view(self.clock()))
         if self.member.version != self._published:
             self._published = self.member.version
             self.changed.set()

@@ -5,7 +5,10 @@ and exit status 2 (see ``main``), never a traceback. The local API must stay loc
 a Unix socket (``KGROUP_LISTEN=unix:///var/run/kgroup/sidecar.sock``, what the chart sets:
 two hostNetwork pods on one node share the host's loopback ports, never a pod's volume)
 or ``host:port`` on loopback; any other bind address is refused here, before anything
-listens.
+listens. The metrics may also be served on their own TCP address
+(``KGROUP_METRICS_LISTEN=host:port``, e.g. the pod's IP, for a scraper outside the pod): an
+IP address, never a wildcard (on a hostNetwork pod that would be every interface of the
+node); empty or unset: only on the local API.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Settings(BaseModel):
     group: str = Field(min_length=1, description="KGROUP_GROUP: the ConsumerGroup name")
     namespace: str = Field(min_length=1, description="KGROUP_NAMESPACE")
     pod_name: str = Field(min_length=1, description="KGROUP_POD_NAME: the member id")
+    pod_uid: str | None = Field(
+        default=None, description="KGROUP_POD_UID: the pod's uid, for Events on it")
     listen_host: str = Field(default="127.0.0.1", description="KGROUP_LISTEN host")
     listen_port: int = Field(default=8470, ge=0, le=65535, description="KGROUP_LISTEN port")
     listen_socket: str | None = Field(
@@ -39,6 +44,11 @@ class Settings(BaseModel):
     kubeconfig: str | None = Field(default=None, description="KUBECONFIG; None: in-cluster")
     log_level: str = Field(default="INFO", description="KGROUP_LOG_LEVEL")
     audit_file: str | None = Field(default=None, description="KGROUP_AUDIT_FILE: JSON lines")
+    metrics_host: str | None = Field(
+        default=None, description="KGROUP_METRICS_LISTEN host (None: no own metrics port)")
+    metrics_port: int = Field(default=9471, ge=0, le=65535,
+                              description="KGROUP_METRICS_LISTEN port")
+    log_format: str = Field(default="text", description="KGROUP_LOG_FORMAT: text or json")
     termination_grace_seconds: float = Field(
         default=30.0, gt=0, description="KGROUP_TERMINATION_GRACE_SECONDS: SIGTERM budget"
     )
@@ -63,6 +73,30 @@ class Settings(BaseModel):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"KGROUP_LOG_LEVEL {level!r} is not a logging level")
         return level
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _specific_address(cls, host: str | None) -> str | None:
+        if host is None:
+            return None
+        if host == "localhost":
+            return "127.0.0.1"
+        try:
+            address = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            raise ValueError(f"KGROUP_METRICS_LISTEN host {host!r} is not an IP address") from None
+        if address.is_unspecified:
+            raise ValueError(f"KGROUP_METRICS_LISTEN host {host!r} is a wildcard: give the "
+                             "pod's IP (status.podIP) or a loopback address")
+        return str(address)
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, fmt: str) -> str:
+        fmt = fmt.lower()
+        if fmt not in {"text", "json"}:
+            raise ValueError(f"KGROUP_LOG_FORMAT {fmt!r} is not text or json")
+        return fmt
 
     @field_validator("listen_socket")
     @classmethod
@@ -110,7 +144,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         "kubeconfig": env.get("KUBECONFIG") or None,
         "log_level": env.get("KGROUP_LOG_LEVEL", "INFO"),
         "audit_file": env.get("KGROUP_AUDIT_FILE") or None,
+        "pod_uid": env.get("KGROUP_POD_UID") or None,
     }
+    if env.get("KGROUP_LOG_FORMAT"):
+        raw["log_format"] = env["KGROUP_LOG_FORMAT"]
+    if env.get("KGROUP_METRICS_LISTEN"):
+        host, sep, port = env["KGROUP_METRICS_LISTEN"].removeprefix("http://").rpartition(":")
+        if not sep or not host:
+            raise SettingsError(
+                f"KGROUP_METRICS_LISTEN={env['KGROUP_METRICS_LISTEN']!r}: expected host:port")
+        raw["metrics_host"], raw["metrics_port"] = host, port
     if env.get("KGROUP_TERMINATION_GRACE_SECONDS"):
         raw["termination_grace_seconds"] = env["KGROUP_TERMINATION_GRACE_SECONDS"]
     try:

@@ -67,6 +67,7 @@ class SidecarProcess:
     unix_socket: bool = False  # serve on <workdir>/<pod>.sock instead of the port
     proc: subprocess.Popen[bytes] | None = None
     killed_at: float | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment, applied last
 
     @property
     def listen(self) -> str:
@@ -99,6 +100,7 @@ class SidecarProcess:
             "KGROUP_LOG_LEVEL": "DEBUG",
             "KGROUP_TERMINATION_GRACE_SECONDS": str(self.grace),
             "NO_PROXY": "127.0.0.1,localhost",
+            **self.env,
         }
         log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(sidecar_command(), env=env, stdout=log, stderr=log,

@@ -31,8 +31,11 @@ the probes run inside the container (kgroup_sidecar.probe reads KGROUP_LISTEN).
 Readiness means ownership: 200 once the pod holds its whole target and has acknowledged
 the group's epoch (docs/protocol.md), so a rollout is paced by it.
 
-Settings per docs/protocol.md: KGROUP_GROUP, KGROUP_NAMESPACE and KGROUP_POD_NAME (the
-downward API), KGROUP_LISTEN; KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
+Settings per docs/protocol.md: KGROUP_GROUP, KGROUP_NAMESPACE, KGROUP_POD_NAME and
+KGROUP_POD_UID (the downward API; the uid ties the sidecar's Events to its pod),
+KGROUP_LISTEN, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_METRICS_LISTEN and a port named
+kgroup-metrics when sidecar.metrics.enabled (docs/operations.md);
+KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
 The pod needs serviceAccountName: <workerRbac.serviceAccountName> and a projected
 (pod-bound) token, which is the default for pods.
 */}}
@@ -117,11 +120,36 @@ exec:
       valueFrom:
         fieldRef:
           fieldPath: metadata.name
+    - name: KGROUP_POD_UID
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.uid
     - name: KGROUP_LISTEN
       value: {{ $listen | quote }}
     - name: KGROUP_LOG_LEVEL
       value: {{ $v.sidecar.logLevel | quote }}
+    - name: KGROUP_LOG_FORMAT
+      value: {{ $v.sidecar.logFormat | quote }}
+    {{- if $v.sidecar.metrics.enabled }}
+    {{- if $v.sidecar.metrics.host }}
+    - name: KGROUP_METRICS_LISTEN
+      value: {{ printf "%s:%v" $v.sidecar.metrics.host $v.sidecar.metrics.port | quote }}
+    {{- else }}
+    - name: KGROUP_POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: KGROUP_METRICS_LISTEN
+      value: {{ printf "$(KGROUP_POD_IP):%v" $v.sidecar.metrics.port | quote }}
+    {{- end }}
+    {{- end }}
     {{- include "kgroup.kubernetesApiEnv" $v | nindent 4 }}
+  {{- if $v.sidecar.metrics.enabled }}
+  ports:
+    - name: kgroup-metrics
+      containerPort: {{ $v.sidecar.metrics.port }}
+      protocol: TCP
+  {{- end }}
   startupProbe:
     {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
     periodSeconds: 1

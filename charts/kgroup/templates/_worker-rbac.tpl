@@ -1,8 +1,9 @@
 {{/*
 kgroup.workerRbac: the ServiceAccount, Role and RoleBinding of kgroup worker pods in one
 namespace. The Role is exactly what the sidecar needs in its own namespace: its session
-and the partition locks (leases), and the ConsumerGroup it serves (read-only). Nothing
-else: no pods, no secrets, no status. What a worker may do to a Lease beyond this RBAC
+and the partition locks (leases), the ConsumerGroup it serves (read-only), and Events
+(create, and patch to count a repeat) on its own pod: fenced, partition lost, handoff timed
+out. Nothing else: no pods, no secrets, no status. What a worker may do to a Lease beyond this RBAC
 (only its own member Lease, only locks it holds or acquires) is enforced by the chart's
 ValidatingAdmissionPolicy.
 
@@ -38,6 +39,9 @@ rules:
   - apiGroups: ["kgroup.dev"]
     resources: ["consumergroups"]
     verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "patch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
