@@ -23,6 +23,9 @@ ANNOTATION_SESSION = "kgroup.dev/session"
 ANNOTATION_EPOCH = "kgroup.dev/epoch"
 ANNOTATION_POSITION = "kgroup.dev/position"
 ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
+ANNOTATION_HEALTH = "kgroup.dev/health"
+"""On a member Lease: the app's per-partition health summary (kgroup.core.health),
+carried by the renewals the sidecar writes anyway."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
