@@ -81,6 +81,17 @@ async def release(request: web.Request) -> web.Response:
     return web.json_response({"released": True})
 
 
+async def health(request: web.Request) -> web.Response:
+    """The app's per-partition report: position, lag, stalled (kgroup.core.health)."""
+    sidecar = request.app[SIDECAR_KEY]
+    try:
+        body: Any = json.loads(await request.text())
+    except json.JSONDecodeError:
+        return _error(400, "body must be JSON")
+    status, answer = sidecar.health.report(body)
+    return web.json_response(answer, status=status)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -98,7 +109,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
-    return web.Response(text=sidecar.metrics.render(), content_type="text/plain")
+    return web.Response(text=sidecar.metrics.render() + sidecar.health.render(),
+                        content_type="text/plain")
 
 
 def build_app(sidecar: Sidecar) -> web.Application:
@@ -106,6 +118,7 @@ def build_app(sidecar: Sidecar) -> web.Application:
     app[SIDECAR_KEY] = sidecar
     app.router.add_get("/v1/assignment", assignment)
     app.router.add_post("/v1/partitions/{n}/release", release)
+    app.router.add_post("/v1/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -37,6 +37,7 @@ from kgroup.core.sidecar_requests import (
     Request,
 )
 from kgroup_sidecar.audit import AuditLog
+from kgroup_sidecar.health import SidecarHealth
 from kgroup_sidecar.kube import KubeAdapter, status_of
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -60,6 +61,9 @@ class Sidecar:
             new_session=lambda: secrets.token_hex(8), journal=self,
             termination_grace=settings.termination_grace_seconds,
         )
+        self.health = SidecarHealth(group=settings.group, held=self.held, clock=clock,
+                                    stall_after=settings.stall_after_seconds)
+        self.logic.health_summary = self.health.summary
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None
         self.dirty = asyncio.Event()
@@ -70,6 +74,10 @@ class Sidecar:
     @property
     def member(self) -> Member:
         return self.logic.member
+
+    def held(self) -> dict[int, int]:
+        """partition -> token of what the member holds now (active or revoking)."""
+        return {p.partition: p.token for p in self.member.view(self.clock()).partitions}
 
     # ---- observations ---------------------------------------------------------------
 
