@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.health import HealthSummary, parse_summary
 from kgroup.core.ranges import parse_ranges
@@ -99,7 +100,7 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
             if ml is None:
                 continue
             sessions[ml.member] = ml.session
-            summary = parse_summary(codec.annotations_of(body).get("kgroup.dev/health"),
+            summary = parse_summary(codec.annotations_of(body).get(C.ANNOTATION_HEALTH),
                                     partitions=partitions)
             if summary is not None:
                 health[ml.member] = summary

@@ -152,8 +152,8 @@ class HealthBook:
             stuck = (not r.stalled and r.lag is not None and r.lag > 0
                      and now - e.progress_at >= self.stall_after)
             reason = r.reason
-            if stuck:
-                reason = f"no progress for {now - e.progress_at:.0f}s with lag {r.lag}"
+            if stuck:  # a stable text: the status's message (and its Event) must not churn
+                reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
             out.append(PartitionHealth(p, r.token, r.position, r.lag, r.stalled or stuck,
                                        reason, e.reported_at, e.progress_at))
         return out
