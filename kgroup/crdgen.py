@@ -144,6 +144,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Partitions", "type": "integer", "jsonPath": ".spec.partitions"},
     {"name": "Members", "type": "integer", "jsonPath": ".status.memberCount"},
     {"name": "Unowned", "type": "integer", "jsonPath": ".status.unowned"},
+    {"name": "Stalled", "type": "integer", "jsonPath": ".status.stalled"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
