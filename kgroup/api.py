@@ -123,6 +123,8 @@ class ConsumerGroupStatus(_Model):
     phase: Phase | None = None
     member_count: int = 0
     unowned: int = 0
+    stalled: int = 0
+    stalled_partitions: str = ""
     assignment: dict[str, str] = Field(default_factory=dict)
     members: list[MemberStatus] = Field(default_factory=list)
     last_rebalance: LastRebalance | None = None

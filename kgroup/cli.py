@@ -4,6 +4,8 @@ Rule: subcommands are thin. Each parses and checks its input, calls the pure cor
 prints; bad input is one line on stderr and exit code 2, never a traceback, so the tool
 is safe in scripts. New subcommands register themselves in :func:`build_parser`.
 
+``kgroup status GROUP`` reads a group from the cluster (:mod:`kgroup.status_cli`).
+
 ``kgroup plan`` answers "what would the operator do?" offline: given a partition count,
 the current target and the next members, it prints the next target, what each member
 gains and loses, and how many partitions move compared with the least any balanced
@@ -28,6 +30,7 @@ from kgroup.core.assignors import (
     moved_partitions,
 )
 from kgroup.core.ranges import format_ranges
+from kgroup.status_cli import add_parser as add_status_parser
 
 EXIT_USAGE = 2
 # A pod name: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.').
@@ -165,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--assignor", choices=sorted(ASSIGNORS, reverse=True), default="sticky")
     plan.add_argument("--output", choices=["table", "json"], default="table")
     plan.set_defaults(func=cmd_plan)
+    add_status_parser(sub)
     return parser
 
 

@@ -22,9 +22,24 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kgroup.core.health import Report
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = [
+    "Assignment",
+    "AsyncSidecarClient",
+    "Partition",
+    "Rebalance",
+    "Report",
+    "SidecarClient",
+    "SidecarError",
+]
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 UNIX_SCHEME = "unix://"
@@ -159,6 +174,42 @@ class Assignment:
 Callback = Callable[[Partition], None]
 
 
+@dataclass(frozen=True)
+class Rebalance:
+    """One change of what the member holds, as Kafka's ConsumerRebalanceListener sees it:
+    ``assigned`` are new to the app (process them, from ``position``), ``revoked`` are
+    to be finished and released with their position (``release``), ``lost`` are gone
+    without a release (another owner may already have them: stop, do not commit)."""
+
+    assigned: tuple[Partition, ...]
+    revoked: tuple[Partition, ...]
+    lost: tuple[Partition, ...]
+    assignment: Assignment | None  # the view after the change (None: sidecar unreachable)
+
+
+RebalanceListener = Callable[[Rebalance], None]
+AsyncRebalanceListener = Callable[[Rebalance], Awaitable[None] | None]
+RELEASE_RETRY_SECONDS = 0.2
+
+
+def _reports_body(reports: Iterable[Report]) -> dict[str, Any]:
+    return {"partitions": [
+        {"partition": r.partition, "token": r.token, "position": r.position, "lag": r.lag,
+         "stalled": r.stalled, "reason": r.reason} for r in reports]}
+
+
+def _per_partition(assigned: Callback, revoked: Callback, lost: Callback
+                   ) -> RebalanceListener:
+    def listener(change: Rebalance) -> None:
+        for p in change.lost:
+            lost(p)
+        for p in change.assigned:
+            assigned(p)
+        for p in change.revoked:
+            revoked(p)
+    return listener
+
+
 def _diff(old: dict[int, Partition], new: dict[int, Partition]
           ) -> tuple[list[Partition], list[Partition], list[Partition]]:
     """-> (assigned, revoked, lost) between two views keyed by partition."""
@@ -225,10 +276,40 @@ class SidecarClient:
                              {"token": token, "position": position}, timeout=65.0)
         return bool(body.get("released"))
 
-    def watch(self, on_assigned: Callback, on_revoked: Callback, on_lost: Callback, *,
-              stop: threading.Event | None = None, wait: float = 30.0) -> None:
-        """Call back on every change until ``stop`` is set. A partition whose promise runs
-        out (sidecar unreachable, fenced) is reported lost at its deadline."""
+    def report_health(self, reports: Iterable[Report]) -> dict[str, Any]:
+        """Report per partition its position, lag and whether it is stalled
+        (``POST /v1/health``); kept in the sidecar's memory, no API write. -> the answer,
+        ``{"accepted": n, "refused": [{"partition", "error"}]}``."""
+        return self._request("POST", "/v1/health", _reports_body(reports))
+
+    def release_all(self, positions: Mapping[int, str | None], *,
+                    timeout: float = 30.0) -> dict[int, bool]:
+        """Shutdown helper: release every partition held now, each with its position from
+        ``positions`` (a partition missing there is released with the position it was
+        handed over with). A 503 ("not released yet; try again") is retried until
+        ``timeout``. -> partition: released (False when it was lost meanwhile)."""
+        deadline = self.clock() + timeout
+        out: dict[int, bool] = {}
+        for p in self.assignment().partitions:
+            position = positions.get(p.partition, p.position)
+            while True:
+                try:
+                    out[p.partition] = self.release(p.partition, p.token, position)
+                    break
+                except SidecarError as exc:
+                    if exc.status in (404, 409):
+                        out[p.partition] = False
+                        break
+                    if exc.status not in (0, 503) or self.clock() >= deadline:
+                        raise
+                    time.sleep(RELEASE_RETRY_SECONDS)
+        return out
+
+    def listen(self, on_rebalance: RebalanceListener, *,
+               stop: threading.Event | None = None, wait: float = 30.0) -> None:
+        """Call ``on_rebalance`` once per change of what the member holds, until ``stop``
+        is set. Partitions whose promise runs out (sidecar unreachable, fenced) are
+        reported lost at their deadline."""
         stop = stop or threading.Event()
         held: dict[int, Partition] = {}
         current: Assignment | None = None
@@ -242,29 +323,31 @@ class SidecarClient:
                 else:
                     current = self.wait_for_change(current.version, budget)
             except SidecarError:
-                if current is None or current.expired:
-                    _, _, lost = _diff(held, {})
-                    for p in lost:
-                        on_lost(p)
+                if held and (current is None or current.expired):
+                    on_rebalance(Rebalance((), (), tuple(_diff(held, {})[2]), None))
                     held = {}
                 stop.wait(min(0.5, budget))
                 continue
             new = {p.partition: p for p in current.partitions}
             assigned, revoked, lost = _diff(held, new)
-            for p in lost:
-                on_lost(p)
-            for p in assigned:
-                on_assigned(p)
-            for p in revoked:
-                on_revoked(p)
+            if assigned or revoked or lost:
+                on_rebalance(Rebalance(tuple(assigned), tuple(revoked), tuple(lost), current))
             held = new
+
+    def watch(self, on_assigned: Callback, on_revoked: Callback, on_lost: Callback, *,
+              stop: threading.Event | None = None, wait: float = 30.0) -> None:
+        """:meth:`listen` with one callback per partition (lost, then assigned, then
+        revoked)."""
+        self.listen(_per_partition(on_assigned, on_revoked, on_lost), stop=stop, wait=wait)
 
 
 AsyncCallback = Callable[[Partition], Awaitable[None] | None]
 
 
 class AsyncSidecarClient:
-    """asyncio client (aiohttp); same semantics as :class:`SidecarClient`."""
+    """asyncio client (aiohttp); same semantics as :class:`SidecarClient`. One HTTP
+    session (one connection pool) per client, opened on the first request: close it with
+    :meth:`close` or use the client as ``async with AsyncSidecarClient(...) as c``."""
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -272,22 +355,40 @@ class AsyncSidecarClient:
         self.address = SidecarAddress.parse(self.url)
         self.timeout = timeout
         self.clock = clock
+        self._session: aiohttp.ClientSession | None = None
+        self.sessions_opened = 0
+
+    async def __aenter__(self) -> AsyncSidecarClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            connector: aiohttp.BaseConnector | None = None
+            if self.address.socket_path is not None:
+                connector = aiohttp.UnixConnector(path=self.address.socket_path)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            self.sessions_opened += 1
+        return self._session
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
                        timeout: float | None = None) -> dict[str, Any]:
         import aiohttp
 
-        client_timeout = aiohttp.ClientTimeout(total=timeout or self.timeout)
-        address = self.address
-        connector: aiohttp.BaseConnector | None = None
-        base = self.url
-        if address.socket_path is not None:
-            connector = aiohttp.UnixConnector(path=address.socket_path)
-            base = "http://localhost"
+        base = "http://localhost" if self.address.socket_path is not None else self.url
         try:
-            async with aiohttp.ClientSession(timeout=client_timeout, connector=connector,
-                                             trust_env=False) as session, \
-                    session.request(method, base + path, json=body) as resp:
+            async with self._open().request(
+                    method, base + path, json=body,
+                    timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as resp:
                 payload: Any = await resp.json(content_type=None)
                 if resp.status >= 400:
                     message = payload.get("error") if isinstance(payload, dict) else None
@@ -313,15 +414,39 @@ class AsyncSidecarClient:
                                    {"token": token, "position": position}, timeout=65.0)
         return bool(body.get("released"))
 
-    async def watch(self, on_assigned: AsyncCallback, on_revoked: AsyncCallback,
-                    on_lost: AsyncCallback, *, stop: asyncio.Event | None = None,
-                    wait: float = 30.0) -> None:
+    async def report_health(self, reports: Iterable[Report]) -> dict[str, Any]:
+        """See :meth:`SidecarClient.report_health`."""
+        return await self._request("POST", "/v1/health", _reports_body(reports))
+
+    async def release_all(self, positions: Mapping[int, str | None], *,
+                          timeout: float = 30.0) -> dict[int, bool]:
+        """See :meth:`SidecarClient.release_all`."""
+        deadline = self.clock() + timeout
+        out: dict[int, bool] = {}
+        for p in (await self.assignment()).partitions:
+            position = positions.get(p.partition, p.position)
+            while True:
+                try:
+                    out[p.partition] = await self.release(p.partition, p.token, position)
+                    break
+                except SidecarError as exc:
+                    if exc.status in (404, 409):
+                        out[p.partition] = False
+                        break
+                    if exc.status not in (0, 503) or self.clock() >= deadline:
+                        raise
+                    await asyncio.sleep(RELEASE_RETRY_SECONDS)
+        return out
+
+    async def listen(self, on_rebalance: AsyncRebalanceListener, *,
+                     stop: asyncio.Event | None = None, wait: float = 30.0) -> None:
+        """See :meth:`SidecarClient.listen`."""
         stop = stop or asyncio.Event()
         held: dict[int, Partition] = {}
         current: Assignment | None = None
 
-        async def call(cb: AsyncCallback, p: Partition) -> None:
-            result = cb(p)
+        async def call(change: Rebalance) -> None:
+            result = on_rebalance(change)
             if result is not None:
                 await result
 
@@ -335,19 +460,34 @@ class AsyncSidecarClient:
                 else:
                     current = await self.wait_for_change(current.version, budget)
             except SidecarError:
-                if current is None or current.expired:
-                    for p in _diff(held, {})[2]:
-                        await call(on_lost, p)
+                if held and (current is None or current.expired):
+                    await call(Rebalance((), (), tuple(_diff(held, {})[2]), None))
                     held = {}
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), min(0.5, budget))
                 continue
             new = {p.partition: p for p in current.partitions}
             assigned, revoked, lost = _diff(held, new)
-            for p in lost:
-                await call(on_lost, p)
-            for p in assigned:
-                await call(on_assigned, p)
-            for p in revoked:
-                await call(on_revoked, p)
+            if assigned or revoked or lost:
+                await call(Rebalance(tuple(assigned), tuple(revoked), tuple(lost), current))
             held = new
+
+    async def watch(self, on_assigned: AsyncCallback, on_revoked: AsyncCallback,
+                    on_lost: AsyncCallback, *, stop: asyncio.Event | None = None,
+                    wait: float = 30.0) -> None:
+        """:meth:`listen` with one callback per partition (lost, assigned, revoked)."""
+
+        async def call(cb: AsyncCallback, p: Partition) -> None:
+            result = cb(p)
+            if result is not None:
+                await result
+
+        async def listener(change: Rebalance) -> None:
+            for p in change.lost:
+                await call(on_lost, p)
+            for p in change.assigned:
+                await call(on_assigned, p)
+            for p in change.revoked:
+                await call(on_revoked, p)
+
+        await self.listen(listener, stop=stop, wait=wait)

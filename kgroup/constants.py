@@ -26,6 +26,9 @@ ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
 ANNOTATION_TOKEN = "kgroup.dev/token"
 """A partition lock's fencing token: the resourceVersion its acquisition replaced
 (kgroup.core.tokens)."""
+ANNOTATION_HEALTH = "kgroup.dev/health"
+"""On a member Lease: the app's per-partition health summary (kgroup.core.health),
+carried by the renewals the sidecar writes anyway."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 

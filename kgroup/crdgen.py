@@ -37,6 +37,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from kgroup import api
 from kgroup.constants import API_GROUP, API_VERSION, CRD_NAME, KIND, PLURAL, SHORT_NAME
+from kgroup.crd_docs import DESCRIPTIONS
 
 CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{API_GROUP}_{PLURAL}.yaml"
 
@@ -143,6 +144,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Partitions", "type": "integer", "jsonPath": ".spec.partitions"},
     {"name": "Members", "type": "integer", "jsonPath": ".status.memberCount"},
     {"name": "Unowned", "type": "integer", "jsonPath": ".status.unowned"},
+    {"name": "Stalled", "type": "integer", "jsonPath": ".status.stalled"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -281,7 +283,8 @@ def openapi_schema() -> Schema:
             "status": model_schema(api.ConsumerGroupStatus),
         },
     }
-    ordered: Schema = _ordered(apply_overlay(root, SCHEMA_OVERLAY))
+    described = apply_overlay(apply_overlay(root, SCHEMA_OVERLAY), DESCRIPTIONS)
+    ordered: Schema = _ordered(described)
     return ordered
 
 

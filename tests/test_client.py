@@ -255,19 +255,19 @@ def test_async_client_reads_and_releases(scripted: Scripted) -> None:
     scripted.set(target=[2], epoch=1)
 
     async def scenario() -> tuple[list[int], bool, int]:
-        c = AsyncSidecarClient(scripted.url)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            a = await c.assignment()
-            if a.partitions:
-                break
-        parts = [p.partition for p in a.partitions]
-        ok = await c.release(2, a.partitions[0].token, "9-0")
-        try:
-            await c.release(2, 99, None)
-        except SidecarError as exc:
-            return parts, ok, exc.status
-        return parts, ok, 0
+        async with AsyncSidecarClient(scripted.url) as c:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                a = await c.assignment()
+                if a.partitions:
+                    break
+            parts = [p.partition for p in a.partitions]
+            ok = await c.release(2, a.partitions[0].token, "9-0")
+            try:
+                await c.release(2, 99, None)
+            except SidecarError as exc:
+                return parts, ok, exc.status
+            return parts, ok, 0
 
     parts, ok, status = asyncio.run(scenario())
     assert parts == [2] and ok and status in (404, 409)

@@ -69,6 +69,7 @@ def test_crd_names_scope_subresource_and_columns() -> None:
         "Partitions": ".spec.partitions",
         "Members": ".status.memberCount",
         "Unowned": ".status.unowned",
+        "Stalled": ".status.stalled",
         "Age": ".metadata.creationTimestamp",
     }
 

@@ -177,6 +177,29 @@ def test_kubectl_get_and_describe_tell_who_owns_what(env: Env) -> None:
         assert pod in described
 
 
+def test_kgroup_status_shows_the_lag_the_workers_report(env: Env) -> None:
+    """The light workers report per-partition position and lag through their sidecars;
+    the sidecars carry them on their member Lease renewals; ``kgroup status`` shows them,
+    and no partition is stalled."""
+    kgroup = Path(sys.executable).with_name("kgroup")
+
+    def view() -> dict[str, Any] | None:
+        out = subprocess.run([str(kgroup), "status", GROUP, "-n", env.namespace,
+                              "--kubeconfig", str(env.cluster.kubeconfig), "-o", "json"],
+                             capture_output=True, text=True, timeout=60, check=True)
+        doc: dict[str, Any] = json.loads(out.stdout)
+        rows = doc["partitions"]
+        reported = all(r["lag"] is not None and r["position"] for r in rows)
+        return doc if reported and all(r["state"] == "active" for r in rows) else None
+
+    doc: Any = wait_for("every partition's lag reported", view, timeout=60)
+    assert len(doc["partitions"]) == PARTITIONS
+    assert all(r["lag"] >= 0 for r in doc["partitions"])
+    assert sorted(m["name"] for m in doc["members"]) == env.worker_pods()
+    assert all(m["stalled"] == 0 and m["lag"] is not None for m in doc["members"])
+    assert doc["stalled"] == 0
+
+
 def test_scaling_up_and_down_rebalances(env: Env) -> None:
     before = env.stable_with(3)
     assert before is not None

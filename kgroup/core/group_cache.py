@@ -132,6 +132,8 @@ class GroupLeases:
 
     def member_observations(self) -> dict[str, MemberLeaseObservation]:
         return {
-            m: MemberLeaseObservation(m, v.session, v.epoch_annotation)
+            m: MemberLeaseObservation(
+                m, v.session, v.epoch_annotation,
+                codec.annotations_of(self.bodies.get(v.name) or {}).get(C.ANNOTATION_HEALTH))
             for m, v in self.members.items()
         }

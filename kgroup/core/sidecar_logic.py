@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import member_lease_name, partition_lease_name
+from kgroup.core import health
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming, SessionTracker
@@ -148,6 +149,8 @@ class SidecarLogic:
         self._spec_raw: Any = None
         self._warned: set[str] = set()
         self._audited_release: set[tuple[str, int, int]] = set()
+        self.health_summary: Callable[[], str | None] = lambda: None
+        """The app's health summary carried by each renewal (``kgroup.core.health``)."""
 
     # ---- decisions a variant may change -------------------------------------------------
 
@@ -447,6 +450,7 @@ class SidecarLogic:
         assert self.my_lease is not None
         body = codec.renewed_member_lease(self.my_lease, duration=action.timing.duration,
                                           epoch=action.epoch, now=self.wall())
+        health.annotate(body, self.health_summary())
         sent = self.clock()
         answer = yield ReplaceLease(body, self.request_timeout())
         if isinstance(answer, Ok) and answer.obj is not None:

@@ -36,6 +36,7 @@ from kgroup.api import (
     MemberStatus,
     Phase,
 )
+from kgroup.core.health import parse_summary
 from kgroup.core.ranges import format_ranges
 
 _Verdict = tuple[Literal["True", "False"], str, str]
@@ -47,6 +48,7 @@ __all__ = [
     "format_timestamp",
     "parse_acknowledged_epoch",
     "parse_timestamp",
+    "stalled_partitions",
 ]
 
 
@@ -57,6 +59,7 @@ class MemberLeaseObservation:
     member: str
     session: str | None
     epoch_annotation: str | None
+    health_annotation: str | None = None  # raw kgroup.dev/health (kgroup.core.health)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,30 @@ def parse_timestamp(text: str) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def stalled_partitions(
+    member_leases: Mapping[str, MemberLeaseObservation],
+    holders: Mapping[int, str],
+    partitions: int,
+) -> tuple[list[int], str]:
+    """The partitions reported stalled by the member that holds them now, and a message
+    naming them with each reporting member's reason (``kgroup.core.health``)."""
+    stalled: list[int] = []
+    reasons: list[str] = []
+    for name in sorted(member_leases):
+        summary = parse_summary(member_leases[name].health_annotation, partitions=partitions)
+        if summary is None:
+            continue
+        mine = [p for p in summary.stalled if holders.get(p) == name]
+        if mine:
+            stalled.extend(mine)
+            reasons.append(f"{name} ({format_ranges(mine)}): {summary.reason or 'stalled'}")
+    if not stalled:
+        return [], ""
+    more = " ..." if len(reasons) > 3 else ""
+    return sorted(stalled), (f"{len(stalled)} partitions stalled: {format_ranges(stalled)}; "
+                             + "; ".join(reasons[:3]) + more)
 
 
 def _phase(
@@ -162,6 +189,9 @@ def aggregate_status(
     rebalancing = bool(unacked) or misplaced > 0 or membership_pending
     patience = spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds
     unowned_too_long = unowned > 0 and now - last_change_at > patience
+    stalled, stalled_message = stalled_partitions(member_leases, holders, spec.partitions)
+    if stalled:
+        problems.append(Problem("PartitionsStalled", stalled_message))
     phase = _phase(
         spec=spec,
         members=members,
@@ -211,6 +241,7 @@ def aggregate_status(
         left=sorted(set(target) - members),
         problem=healthy_problem,
         epoch=epoch,
+        stalled_message=stalled_message,
     )
     status = ConsumerGroupStatus(
         observed_generation=generation,
@@ -218,6 +249,8 @@ def aggregate_status(
         phase=phase,
         member_count=len(members),
         unowned=unowned,
+        stalled=len(stalled),
+        stalled_partitions=format_ranges(stalled),
         assignment={m: format_ranges(ps) for m, ps in sorted(target.items())},
         members=member_rows,
         last_rebalance=rebalance,
@@ -240,6 +273,7 @@ def _conditions(
     left: Sequence[str],
     problem: Problem | None,
     epoch: int,
+    stalled_message: str = "",
 ) -> list[Condition]:
     rebalancing = bool(unacked) or misplaced > 0 or bool(joined) or bool(left)
     ready: _Verdict
@@ -247,6 +281,8 @@ def _conditions(
     degraded: _Verdict
     if phase == "Pending":
         ready = ("False", "NoMembers", "no member pod is running, ready and in session")
+    elif stalled_message:
+        ready = ("False", "PartitionsStalled", stalled_message)
     elif phase == "Degraded":
         ready = ("False", "Degraded", "the group is degraded; see the Degraded condition")
     elif rebalancing:
@@ -282,6 +318,8 @@ def _conditions(
         degraded = ("True", problem.reason, problem.message)
     else:
         degraded = ("False", "Healthy", "no problem seen")
+    stall: _Verdict = (("True", "PartitionsStalled", stalled_message) if stalled_message
+                       else ("False", "Progressing", "no partition reported stalled"))
 
     before = {c.type: c for c in previous}
     out: list[Condition] = []
@@ -289,6 +327,7 @@ def _conditions(
         ("Ready", ready),
         ("Rebalancing", rebal),
         ("Degraded", degraded),
+        ("Stalled", stall),
     ):
         old = before.get(ctype)
         since = (

@@ -23,6 +23,7 @@ from kgroup.client import SidecarError
 from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
+from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
 from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
@@ -46,6 +47,7 @@ class LightWorker:
         self.log_every = log_every
         self.handoff = HandoffController(ownership, self.store, drain_timeout)
         self.stats = Stats()
+        self.health = HealthReporter(self.store, getattr(ownership, "report_health", None))
 
     def run_once(self) -> int:
         """One batch over every active partition; returns the rows it committed."""
@@ -62,7 +64,9 @@ class LightWorker:
                 self.store.client, stream=self.stream, partition=plan.partition,
                 token=plan.token, from_id=plan.from_id, to_id=plan.to_id))
         rows = 0
-        for res, out in zip(results, self.store.commit(results), strict=True):
+        outcomes = self.store.commit(results)
+        self.health.observe(plans, outcomes)
+        for res, out in zip(results, outcomes, strict=True):
             if out.status == "committed":
                 rows += res.events
             else:

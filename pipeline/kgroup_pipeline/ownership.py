@@ -13,10 +13,11 @@ ownership must be re-creatable from a string: :func:`ownership_from_spec` parses
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from kgroup.client import SidecarClient, SidecarError
+from kgroup.client import Report, SidecarClient, SidecarError
 from kgroup.core.ranges import format_ranges, parse_ranges
 
 State = Literal["active", "revoking"]
@@ -105,6 +106,12 @@ class SidecarOwnership:
             if e.status in (404, 409):
                 return False
             raise
+
+    def report_health(self, reports: list[Report]) -> None:
+        """Per-partition position, lag, stall to the sidecar (``kgroup_pipeline.health``);
+        an unreachable sidecar is not an error here (the next report will do)."""
+        with contextlib.suppress(SidecarError):
+            self.client.report_health(reports)
 
     def spec(self) -> str:
         return f"sidecar:{self.url}"

@@ -36,6 +36,7 @@ from pyspark.sql.types import StructType
 from kgroup.client import SidecarError
 from kgroup_pipeline.events import SOURCE_DDL, aggregate, read_range, results_to_arrow
 from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,11 @@ class KgroupStreamReader(DataSourceStreamReader):
         self.splits = int(options.get("splits", "2"))
         self._store: FencedStore | None = None
         self._ownership: Ownership | None = None
+        self._health: HealthReporter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_store"] = state["_ownership"] = None
+        state["_store"] = state["_ownership"] = state["_health"] = None
         return state
 
     def _planner(self) -> tuple[FencedStore, Ownership]:
@@ -110,6 +112,7 @@ class KgroupStreamReader(DataSourceStreamReader):
         if isinstance(limit, ReadMaxRows):
             total = limit.max_rows
         plans = store.plan(active, max_rows=max(1, total // len(active)))
+        self._reporter(store, ownership).observe(plans)
         entries = {str(p.partition): {"from": p.from_id, "to": p.to_id, "token": p.token,
                                       "rows": p.rows}
                    for p in sorted(plans, key=lambda p: p.partition)
@@ -117,6 +120,11 @@ class KgroupStreamReader(DataSourceStreamReader):
         if not entries:
             return start
         return {"n": int(start.get("n", 0)) + 1, "p": entries}
+
+    def _reporter(self, store: FencedStore, ownership: Ownership) -> HealthReporter:
+        if self._health is None:
+            self._health = HealthReporter(store, getattr(ownership, "report_health", None))
+        return self._health
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:

@@ -1,4 +1,5 @@
-"""The sidecar's local HTTP API (aiohttp), exactly as in docs/protocol.md.
+"""The sidecar's local HTTP API (aiohttp), exactly as in docs/protocol.md and its OpenAPI
+document ``openapi.yaml`` (served at ``GET /openapi.yaml``).
 
 On a Unix socket or loopback only (settings refuse anything else). Every error is JSON
 ``{"error": "..."}``. The long-poll waits on the sidecar's change event, not on a timer loop.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ SIDECAR_KEY: web.AppKey[Sidecar] = web.AppKey("sidecar", Sidecar)
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 300.0
 RELEASE_TIMEOUT = 60.0
+OPENAPI = resources.files("kgroup_sidecar") / "openapi.yaml"
+"""The API's contract; every route and status code here is in it (tests check both)."""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -81,6 +85,17 @@ async def release(request: web.Request) -> web.Response:
     return web.json_response({"released": True})
 
 
+async def health(request: web.Request) -> web.Response:
+    """The app's per-partition report: position, lag, stalled (kgroup.core.health)."""
+    sidecar = request.app[SIDECAR_KEY]
+    try:
+        body: Any = json.loads(await request.text())
+    except json.JSONDecodeError:
+        return _error(400, "body must be JSON")
+    status, answer = sidecar.health.report(body)
+    return web.json_response(answer, status=status)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -96,9 +111,15 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if verdict.ready else 503)
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """This API's OpenAPI document (``openapi.yaml`` next to this module)."""
+    return web.Response(text=OPENAPI.read_text(), content_type="application/yaml")
+
+
 async def metrics(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
-    return web.Response(text=sidecar.metrics.render(), content_type="text/plain")
+    return web.Response(text=sidecar.metrics.render() + sidecar.health.render(),
+                        content_type="text/plain")
 
 
 def build_app(sidecar: Sidecar) -> web.Application:
@@ -106,9 +127,11 @@ def build_app(sidecar: Sidecar) -> web.Application:
     app[SIDECAR_KEY] = sidecar
     app.router.add_get("/v1/assignment", assignment)
     app.router.add_post("/v1/partitions/{n}/release", release)
+    app.router.add_post("/v1/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.yaml", openapi)
     return app
 
 

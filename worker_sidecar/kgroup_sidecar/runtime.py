@@ -38,6 +38,7 @@ from kgroup.core.sidecar_requests import (
 )
 from kgroup_sidecar.audit import AuditLog
 from kgroup_sidecar.events import EventPoster
+from kgroup_sidecar.health import SidecarHealth
 from kgroup_sidecar.kube import KubeAdapter, status_of
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -62,6 +63,9 @@ class Sidecar:
             new_session=lambda: secrets.token_hex(8), journal=self,
             termination_grace=settings.termination_grace_seconds,
         )
+        self.health = SidecarHealth(group=settings.group, held=self.held, clock=clock,
+                                    stall_after=settings.stall_after_seconds)
+        self.logic.health_summary = self.health.summary
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None
         # Events on this pod (main sets it; None in tests and the swarm: nothing posted)
@@ -74,6 +78,10 @@ class Sidecar:
     @property
     def member(self) -> Member:
         return self.logic.member
+
+    def held(self) -> dict[int, int]:
+        """partition -> token of what the member holds now (active or revoking)."""
+        return {p.partition: p.token for p in self.member.view(self.clock()).partitions}
 
     # ---- observations ---------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kgroup.core.health import DEFAULT_STALL_AFTER_SECONDS
+
 UNIX_SCHEME = "unix://"
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -52,6 +54,10 @@ class Settings(BaseModel):
     termination_grace_seconds: float = Field(
         default=30.0, gt=0, description="KGROUP_TERMINATION_GRACE_SECONDS: SIGTERM budget"
     )
+
+    stall_after_seconds: float = Field(
+        default=DEFAULT_STALL_AFTER_SECONDS, gt=0,
+        description="KGROUP_STALL_AFTER_SECONDS: no progress with lag this long = stalled")
 
     @field_validator("listen_host")
     @classmethod
@@ -154,6 +160,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(
                 f"KGROUP_METRICS_LISTEN={env['KGROUP_METRICS_LISTEN']!r}: expected host:port")
         raw["metrics_host"], raw["metrics_port"] = host, port
+    if env.get("KGROUP_STALL_AFTER_SECONDS"):
+        raw["stall_after_seconds"] = env["KGROUP_STALL_AFTER_SECONDS"]
     if env.get("KGROUP_TERMINATION_GRACE_SECONDS"):
         raw["termination_grace_seconds"] = env["KGROUP_TERMINATION_GRACE_SECONDS"]
     try:

@@ -1,0 +1,175 @@
+"""Per-partition health end to end, and ``kgroup status``, on the real API server: a real
+operator process, real sidecar processes (one per kwok pod), the app's reports through the
+client, the CLI as a subprocess with ``--kubeconfig``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from operator_harness import GROUP
+from test_operator import get_status, make_group, make_pods, operator, status_where
+
+from kgroup.client import Report, SidecarClient
+from kgroup_devcluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
+from kgroup_sidecar.testing import SidecarProcess
+
+__all__ = ["operator"]
+pytestmark = pytest.mark.cluster
+KGROUP = Path(sys.executable).with_name("kgroup")
+PODS = ("w-0", "w-1")
+
+
+@pytest.fixture
+def sidecars(cluster: Cluster, kube: client.ApiClient, operator: Any, namespace: str,
+             tmp_path: Path) -> Iterator[dict[str, SidecarProcess]]:
+    make_group(kube, namespace, partitions=6)
+    make_pods(kube, namespace, *PODS)
+    procs = {p: SidecarProcess(p, GROUP, namespace, str(cluster.kubeconfig), tmp_path).start()
+             for p in PODS}
+    try:
+        yield procs
+    finally:
+        for sc in procs.values():
+            sc.stop()
+    for sc in procs.values():
+        assert "Traceback" not in sc.log_text(), sc.log_text()[-4000:]
+
+
+def kgroup_status(cluster: Cluster, namespace: str, *args: str) -> str:
+    out = subprocess.run([str(KGROUP), "status", GROUP, "-n", namespace, "--kubeconfig",
+                          str(cluster.kubeconfig), *args],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def condition(status: dict[str, Any], ctype: str) -> tuple[str, str]:
+    c: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c["type"] == ctype), {})
+    return c.get("status", ""), c.get("reason", "")
+
+
+def writes(sc: SidecarProcess) -> float:
+    conn = SidecarClient(sc.url).address.connection(5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kgroup_sidecar_api_writes_total{"))
+
+
+def test_a_stalled_partition_reaches_the_status_an_event_and_the_cli(
+        cluster: Cluster, kube: client.ApiClient, namespace: str,
+        sidecars: dict[str, SidecarProcess]) -> None:
+    status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
+                 timeout=60)
+    view = json.loads(kgroup_status(cluster, namespace, "-o", "json"))
+    assert [r["state"] for r in view["partitions"]] == ["active"] * 6
+    assert {r["owner"] for r in view["partitions"]} == set(PODS)
+    assert all(r["token"] >= 1 for r in view["partitions"])
+    assert sorted((m["name"], m["assigned"], m["owned"]) for m in view["members"]) == [
+        ("w-0", 3, 3), ("w-1", 3, 3)]
+
+    c = SidecarClient(sidecars["w-0"].url)
+    held = c.assignment().partitions
+    stuck = held[0]
+    before = writes(sidecars["w-0"])
+    t0 = time.monotonic()
+    for i in range(200):  # traffic: 200 reports in a few seconds
+        answer = c.report_health([
+            Report(p.partition, p.token, f"{i}-0", lag=100 - p.partition,
+                   stalled=p is stuck, reason="sink refused token" if p is stuck else "")
+            for p in held])
+        assert answer["accepted"] == len(held)
+    st = status_where(kube, namespace, "Stalled",
+                      lambda s: condition(s, "Stalled")[0] == "True", timeout=30)
+    seconds = time.monotonic() - t0
+    # the reports rode on the renewals (1 s apart): no write per report
+    assert writes(sidecars["w-0"]) - before <= seconds / 1.0 + 2
+    assert st["stalled"] == 1 and st["stalledPartitions"] == str(stuck.partition)
+    assert condition(st, "Ready") == ("False", "PartitionsStalled")
+    assert st["phase"] == "Degraded"
+    events: Any = client.CoreV1Api(kube).list_namespaced_event(namespace)
+    warnings = [e for e in events.items if e.reason == "PartitionsStalled"]
+    assert warnings and warnings[0].type == "Warning"
+    assert "w-0" in warnings[0].message and "sink refused token" in warnings[0].message
+
+    table = kgroup_status(cluster, namespace)
+    row = next(line.split() for line in table.splitlines()
+               if line.split()[:1] == [str(stuck.partition)])
+    assert row == [str(stuck.partition), "w-0", "stalled", str(stuck.token), "199-0",
+                   str(100 - stuck.partition)]
+    assert ["Stalled", "True", "PartitionsStalled"] in [
+        line.split()[:3] for line in table.splitlines()]
+    print(table)
+
+    c.report_health([Report(p.partition, p.token, "200-0", lag=0) for p in held])
+    status_where(kube, namespace, "Ready again",
+                 lambda s: condition(s, "Ready")[0] == "True" and s.get("stalled") == 0,
+                 timeout=30)
+    assert condition(get_status(kube, namespace), "Stalled") == ("False", "Progressing")
+
+
+def test_status_cli_refuses_an_unknown_group_and_context(
+        cluster: Cluster, namespace: str, crd: list[str]) -> None:
+    out = subprocess.run([str(KGROUP), "status", "nope", "-n", namespace, "--kubeconfig",
+                          str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f'kgroup status: error: consumergroup "nope" not found in '
+                                  f'namespace "{namespace}"')
+    # the same through kubectl's plugin mechanism (kubectl-kgroup on PATH)
+    env = {**os.environ, "PATH": f"{KGROUP.parent}:{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cluster.kubeconfig)}
+    out = subprocess.run([str(cluster.bin_dir / "kubectl"), "kgroup", "status", "nope", "-n",
+                          namespace], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and "consumergroup \"nope\" not found" in out.stderr
+    out = subprocess.run([str(KGROUP), "status", GROUP, "--context", "elsewhere",
+                          "--kubeconfig", str(cluster.kubeconfig)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "context 'elsewhere' is not in the kubeconfig" in out.stderr
+
+
+def test_status_watch_prints_again_when_the_group_changes(
+        cluster: Cluster, kube: client.ApiClient, namespace: str,
+        sidecars: dict[str, SidecarProcess]) -> None:
+    status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
+                 timeout=60)
+    proc = subprocess.Popen([str(KGROUP), "status", GROUP, "-n", namespace, "--kubeconfig",
+                             str(cluster.kubeconfig), "--watch", "--interval", "0.5",
+                             "-o", "json"], stdout=subprocess.PIPE, text=True)
+    views: list[dict[str, Any]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line == "}\n":  # the end of one pretty-printed document
+                views.append(json.loads("".join(lines)))
+                lines = []
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for("a first view", lambda: views, timeout=30)
+        assert {r["owner"] for r in views[0]["partitions"]} == set(PODS)
+        sidecars["w-1"].terminate()  # w-1 leaves: its partitions move to w-0
+        wait_for("a view where w-0 owns everything", lambda: any(
+            all(r["owner"] == "w-0" and r["state"] == "active" for r in v["partitions"])
+            for v in views), timeout=60)
+        assert len(views) >= 2 and all(a != b for a, b in itertools.pairwise(views))
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,255 @@
+"""Per-partition health: what the app reports, what the sidecar summarises, what the
+operator reads back.
+
+The app reports, per owned partition, its position, its lag (how far behind the stream's
+end it is, in the stream's own unit: entries for Redis Streams) and whether it is
+*stalled* (it cannot make progress: its sink refused its token, ...). The sidecar keeps the
+reports in memory (:class:`HealthBook`) and adds a compact summary to the member Lease's
+renewal writes it makes anyway (annotation ``kgroup.dev/health``, at most
+:data:`MAX_SUMMARY_BYTES`), so reporting adds no API write: writes still follow members,
+not traffic. The operator reads the summaries back (:func:`parse_summary`) and marks a
+partition stalled only while the member that reports it still holds it.
+
+A partition is stalled when its app says so, or when it reported a lag above zero and its
+position has not changed for ``stall_after`` seconds (no progress; its app may be stuck).
+A report carries the partition's token: a report under another token than the one the
+member holds now is refused (the partition changed hands), and the book forgets a
+partition as soon as the member no longer holds it under the reported token.
+
+Pure: no clock (``now`` is the caller's monotonic seconds), no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from kgroup.constants import ANNOTATION_HEALTH
+from kgroup.core.ranges import format_ranges
+
+__all__ = [
+    "DEFAULT_STALL_AFTER_SECONDS",
+    "MAX_REASON_CHARS",
+    "MAX_SUMMARY_BYTES",
+    "HealthBook",
+    "HealthSummary",
+    "PartitionHealth",
+    "Report",
+    "annotate",
+    "encode_summary",
+    "parse_report",
+    "parse_summary",
+]
+
+MAX_SUMMARY_BYTES = 4096
+"""Upper bound of the ``kgroup.dev/health`` annotation's value (a Lease's annotations may
+hold 256 KiB in all): beyond it, the per-partition figures are left out, then the
+stalled list (the count and the total lag stay)."""
+MAX_REASON_CHARS = 120
+DEFAULT_STALL_AFTER_SECONDS = 120.0
+"""No progress for this long, with a lag above zero, counts as a stall."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """One partition's report from the app (``POST /v1/health``)."""
+
+    partition: int
+    token: int
+    position: str | None = None
+    lag: int | None = None
+    stalled: bool = False
+    reason: str = ""
+
+
+def parse_report(item: Any) -> Report | str:
+    """A report from its JSON form, or why it is malformed."""
+    if not isinstance(item, dict):
+        return "each report must be a JSON object"
+    partition, token = item.get("partition"), item.get("token")
+    position, lag = item.get("position"), item.get("lag")
+    stalled, reason = item.get("stalled", False), item.get("reason", "")
+    if not _is_int(partition) or partition < 0:
+        return "partition must be a non-negative integer"
+    if not _is_int(token):
+        return f"partition {partition}: token must be an integer"
+    if position is not None and not isinstance(position, str):
+        return f"partition {partition}: position must be a string or null"
+    if lag is not None and (not _is_int(lag) or lag < 0):
+        return f"partition {partition}: lag must be a non-negative integer or null"
+    if not isinstance(stalled, bool):
+        return f"partition {partition}: stalled must be true or false"
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str):
+        return f"partition {partition}: reason must be a string"
+    return Report(partition, token, position, lag, stalled, reason[:MAX_REASON_CHARS])
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class PartitionHealth:
+    """A partition's last report, judged at some moment."""
+
+    partition: int
+    token: int
+    position: str | None
+    lag: int | None
+    stalled: bool
+    reason: str
+    reported_at: float
+    progress_at: float  # when the position last changed (or the first report)
+
+
+@dataclass
+class _Entry:
+    report: Report
+    reported_at: float
+    progress_at: float
+
+
+@dataclass
+class HealthBook:
+    """The sidecar's memory of its app's reports (one entry per partition)."""
+
+    stall_after: float = DEFAULT_STALL_AFTER_SECONDS
+    entries: dict[int, _Entry] = field(default_factory=dict)
+
+    def report(self, report: Report, held: Mapping[int, int], now: float) -> str | None:
+        """Record ``report``; ``held`` maps each partition held now to its token.
+        -> None, or why it is refused (not held, or another token)."""
+        token = held.get(report.partition)
+        if token is None:
+            return f"partition {report.partition} is not held by this member"
+        if token != report.token:
+            return (f"partition {report.partition}: token {report.token} is not the "
+                    f"current one ({token})")
+        old = self.entries.get(report.partition)
+        progress_at = now
+        if old is not None and old.report.token == report.token \
+                and old.report.position == report.position:
+            progress_at = old.progress_at
+        self.entries[report.partition] = _Entry(report, now, progress_at)
+        return None
+
+    def prune(self, held: Mapping[int, int]) -> None:
+        """Forget partitions no longer held under their reported token."""
+        for p in [p for p, e in self.entries.items() if held.get(p) != e.report.token]:
+            del self.entries[p]
+
+    def judge(self, held: Mapping[int, int], now: float) -> list[PartitionHealth]:
+        """Every held partition's health (those with a report), sorted by partition."""
+        self.prune(held)
+        out = []
+        for p in sorted(self.entries):
+            e = self.entries[p]
+            r = e.report
+            stuck = (not r.stalled and r.lag is not None and r.lag > 0
+                     and now - e.progress_at >= self.stall_after)
+            reason = r.reason
+            if stuck:  # a stable text: the status's message (and its Event) must not churn
+                reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
+            out.append(PartitionHealth(p, r.token, r.position, r.lag, r.stalled or stuck,
+                                       reason, e.reported_at, e.progress_at))
+        return out
+
+
+@dataclass(frozen=True)
+class HealthSummary:
+    """What a member Lease's ``kgroup.dev/health`` annotation says."""
+
+    stalled: tuple[int, ...] = ()
+    stalled_count: int = 0
+    reason: str = ""  # the first stalled partition's reason
+    lag: int | None = None  # total over the partitions that reported one
+    partitions: Mapping[int, tuple[int | None, str | None]] = field(default_factory=dict)
+    # partition -> (lag, position); absent when it did not fit
+
+
+def encode_summary(health: list[PartitionHealth]) -> str | None:
+    """The annotation's value (compact JSON, at most :data:`MAX_SUMMARY_BYTES`), or None
+    when there is nothing to say. Deterministic: the same health gives the same text, so
+    a renewal carries no change when nothing changed."""
+    if not health:
+        return None
+    stalled = [h for h in health if h.stalled]
+    lags = [h.lag for h in health if h.lag is not None]
+    base: dict[str, Any] = {"stalledCount": len(stalled)}
+    if lags:
+        base["lag"] = sum(lags)
+    if stalled:
+        base["reason"] = stalled[0].reason[:MAX_REASON_CHARS]
+    full = dict(base, stalled=format_ranges(h.partition for h in stalled),
+                partitions={str(h.partition): [h.lag, h.position] for h in health})
+    for candidate in (full, dict(base, stalled=full["stalled"]), base):
+        text = json.dumps(candidate, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) <= MAX_SUMMARY_BYTES:
+            return text
+    return None  # pragma: no cover - base alone is far below the bound
+
+
+def parse_summary(raw: str | None, *, partitions: int) -> HealthSummary | None:
+    """The annotation read back; None when absent or malformed. Partition numbers at or
+    above ``partitions`` are ignored (a hostile or stale annotation cannot make the reader
+    expand a huge range)."""
+    if not raw:
+        return None
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    stalled = _bounded_ranges(data.get("stalled"), partitions)
+    count = data.get("stalledCount")
+    lag = data.get("lag")
+    reason = data.get("reason")
+    rows: dict[int, tuple[int | None, str | None]] = {}
+    raw_rows = data.get("partitions")
+    if isinstance(raw_rows, dict):
+        for key, value in raw_rows.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < partitions):
+                continue
+            if isinstance(value, list) and len(value) == 2:
+                p_lag = value[0] if _is_int(value[0]) else None
+                p_pos = value[1] if isinstance(value[1], str) else None
+                rows[int(key)] = (p_lag, p_pos)
+    return HealthSummary(
+        stalled=tuple(stalled or ()),
+        stalled_count=count if _is_int(count) and count >= 0 else len(stalled or ()),
+        reason=reason[:MAX_REASON_CHARS] if isinstance(reason, str) else "",
+        lag=lag if _is_int(lag) and lag >= 0 else None,
+        partitions=rows,
+    )
+
+
+def _bounded_ranges(text: Any, limit: int) -> list[int] | None:
+    if not isinstance(text, str):
+        return None
+    out: set[int] = set()
+    for piece in text.split(","):
+        lo_text, sep, hi_text = piece.strip().partition("-")
+        if not lo_text.isdigit() or (sep and not hi_text.isdigit()):
+            if piece.strip():
+                return None
+            continue
+        lo = int(lo_text)
+        hi = min(int(hi_text) if sep else lo, limit - 1)
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def annotate(body: dict[str, Any], summary: str | None) -> None:
+    """Put ``summary`` on a member Lease body about to be written (or remove a stale one)."""
+    md = body.setdefault("metadata", {})
+    notes = dict(md.get("annotations") or {})
+    if summary is None:
+        notes.pop(ANNOTATION_HEALTH, None)
+    else:
+        notes[ANNOTATION_HEALTH] = summary
+    md["annotations"] = notes

@@ -1,0 +1,138 @@
+"""What ``kubectl explain consumergroup`` says: one description per CRD field, with units
+and defaults, merged into the generated schema by :mod:`kgroup.crdgen` (after its own
+overlay, so the texts here win). A field without an entry here fails
+``tests/test_crd_docs.py``; a path here that names no field fails ``make crd``.
+
+``metadata`` is the API server's ObjectMeta (it forbids any schema of ours there, and
+publishes ObjectMeta's own descriptions). Paths as in the crdgen overlay: ``a.b`` steps
+into properties, ``x[]`` into list items, ``x{}`` into map values. Extra schema keys
+(``format``) may ride along.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_RANGES = ("compact partition ranges, e.g. \"0-3,7,9-12\" (sorted, runs of consecutive "
+           "partitions folded into a-b)")
+_TIMESTAMP = "RFC 3339 UTC timestamp"
+
+DESCRIPTIONS: dict[str, dict[str, Any]] = {
+    "apiVersion": {"description": "kgroup.dev/v1alpha1."},
+    "kind": {"description": "ConsumerGroup."},
+    # ---- spec -------------------------------------------------------------------------
+    "spec": {"description": "What the group consumes and how its partitions are assigned "
+                            "to member pods. Written by you; read by the operator and the "
+                            "sidecars."},
+    "spec.partitions": {"description": "Number of partitions, numbered 0..N-1; 1 to "
+                                       "100000. May grow, never shrink. Required."},
+    "spec.selector": {"description": "The member pods: a label selector "
+                                     "(metav1.LabelSelector) that must select something. "
+                                     "Required."},
+    "spec.selector.matchLabels": {"description": "Labels a member pod must carry (all of "
+                                                 "them); at most 64. Default: none."},
+    "spec.selector.matchLabels{}": {"description": "The label's value."},
+    "spec.selector.matchExpressions": {"description": "Set-based requirements a member pod "
+                                                      "must meet (all of them); at most 64. "
+                                                      "Default: none."},
+    "spec.selector.matchExpressions[]": {"description": "One requirement: key, operator, "
+                                                        "values."},
+    "spec.selector.matchExpressions[].key": {"description": "The label key."},
+    "spec.selector.matchExpressions[].operator": {
+        "description": "In, NotIn, Exists or DoesNotExist."},
+    "spec.selector.matchExpressions[].values": {
+        "description": "The values for In and NotIn (at most 256); empty for Exists and "
+                       "DoesNotExist. Default: none."},
+    "spec.selector.matchExpressions[].values[]": {"description": "One label value."},
+    "spec.assignor": {"description": "How the target assignment is computed: sticky (moves "
+                                     "as few partitions as a balanced assignment allows) or "
+                                     "range (contiguous blocks by member name). Default: "
+                                     "sticky."},
+    "spec.stabilizationWindowSeconds": {
+        "description": "Seconds the membership must stay unchanged before a rebalance; 0 to "
+                       "3600. Default: 5."},
+    "spec.stabilizationMaxDelaySeconds": {
+        "description": "Seconds after the first membership change by which a rebalance "
+                       "happens even if changes keep coming; 0 to 86400. Default: 30."},
+    "spec.lease": {"description": "The session lease of each member (its member Lease); "
+                                  "renewIntervalSeconds must be less than durationSeconds."},
+    "spec.lease.durationSeconds": {
+        "description": "Seconds a member's session stays valid without a renewal; a crashed "
+                       "pod's partitions are taken over after it. 2 to 3600. Default: 15."},
+    "spec.lease.renewIntervalSeconds": {
+        "description": "Seconds between renewals of a member's session (one API write "
+                       "each); 1 to 3600. Default: 5."},
+    "spec.handoff": {"description": "How a revoked partition is handed over."},
+    "spec.handoff.drainTimeoutSeconds": {
+        "description": "Seconds a revoking partition waits for the application to finish "
+                       "its in-flight work and release it; after that the sidecar releases "
+                       "it without a position. 0 to 86400. Default: 30."},
+    "spec.restartGraceSeconds": {
+        "description": "Seconds a member that comes back under the same pod name keeps its "
+                       "partitions (static membership, e.g. a StatefulSet pod); 0 to 86400. "
+                       "Default: 0 (off)."},
+    "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
+                                   "owners keep what they hold. Default: false."},
+    "spec.source": {"description": "Opaque to kgroup: passed to the workers as is (stream "
+                                   "name, Redis URL, ...). Default: {}."},
+    # ---- status -----------------------------------------------------------------------
+    "status": {"description": "Written by the operator only, through the status "
+                              "subresource."},
+    "status.observedGeneration": {"description": "The metadata.generation of the spec this "
+                                                 "status was computed from."},
+    "status.epoch": {"description": "The target assignment's epoch: bumped only when the "
+                                    "target changes. 0 or absent: no target yet."},
+    "status.phase": {"description": "Pending (no member), Rebalancing (the target is not yet "
+                                    "held and acknowledged), Stable, Degraded (partitions "
+                                    "unowned too long, a partition stalled, or another "
+                                    "problem: see the Degraded condition) or Paused."},
+    "status.memberCount": {"description": "Member pods: running, ready (app containers) "
+                                          "and in session. Default: 0."},
+    "status.unowned": {"description": "Partitions with no live holder. Default: 0."},
+    "status.stalled": {"description": "Partitions whose owner's application reports that "
+                                      "it cannot make progress (its sink refused its token, "
+                                      "or no progress with a lag), as carried by the "
+                                      "member Leases' kgroup.dev/health annotation. "
+                                      "Default: 0."},
+    "status.stalledPartitions": {"description": f"The stalled partitions, as {_RANGES}. "
+                                                "Default: empty."},
+    "status.assignment": {"description": "The target assignment: member (pod name) -> its "
+                                         f"partitions, as {_RANGES}."},
+    "status.assignment{}": {"description": f"The member's target partitions, as {_RANGES}."},
+    "status.members": {"description": "One row per member (in the target or in session)."},
+    "status.members[]": {"description": "A member's target, what it holds and the epoch it "
+                                        "acknowledged."},
+    "status.members[].name": {"description": "The member's pod name."},
+    "status.members[].assigned": {"description": f"Its target partitions, as {_RANGES}."},
+    "status.members[].assignedCount": {"description": "Number of target partitions."},
+    "status.members[].ownedCount": {"description": "Partition locks its live session holds."},
+    "status.members[].acknowledgedEpoch": {
+        "description": "The last epoch whose target it held entirely (its member Lease's "
+                       "kgroup.dev/epoch); 0: none yet."},
+    "status.lastRebalance": {"description": "The last change of the target assignment."},
+    "status.lastRebalance.epoch": {"description": "The epoch the rebalance produced."},
+    "status.lastRebalance.reason": {"description": "Why it happened (member joined, left, "
+                                                   "partitions added, ...)."},
+    "status.lastRebalance.moved": {"description": "Partitions whose target owner changed "
+                                                  "(a newly assigned one counts)."},
+    "status.lastRebalance.startedAt": {"description": f"When it started ({_TIMESTAMP}).",
+                                       "format": "date-time"},
+    "status.lastRebalance.completedAt": {
+        "description": f"When every member held and acknowledged the new target "
+                       f"({_TIMESTAMP}); absent while in progress.", "format": "date-time"},
+    "status.lastRebalance.durationSeconds": {"description": "completedAt - startedAt, in "
+                                                            "seconds."},
+    "status.conditions": {"description": "Ready, Rebalancing, Degraded and Stalled, by "
+                                         "the Kubernetes API conventions "
+                                         "(docs/troubleshooting.md)."},
+    "status.conditions[]": {"description": "One condition."},
+    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded or Stalled."},
+    "status.conditions[].status": {"description": "True, False or Unknown."},
+    "status.conditions[].reason": {"description": "A CamelCase reason, for programs."},
+    "status.conditions[].message": {"description": "What is going on, for people. "
+                                                   "Default: empty."},
+    "status.conditions[].lastTransitionTime": {
+        "description": f"When status last changed ({_TIMESTAMP}).", "format": "date-time"},
+    "status.conditions[].observedGeneration": {
+        "description": "The metadata.generation this condition was computed from."},
+}

@@ -1,0 +1,184 @@
+"""What ``kubectl kgroup status GROUP`` shows, computed from objects already read (pure).
+
+Input: the ConsumerGroup object and the group's Leases (``kgroup.dev/group=<group>``).
+Output: a :class:`GroupView` (plain data; ``to_dict`` for ``-o json|yaml``) and its table.
+
+Per partition: its owner (the lock's holder while that holder's member Lease carries the
+lock's session; a lock whose holder has no such session is shown ``free``), the fencing
+token (read through :mod:`kgroup.core.lease_codec`), the position and lag the owner's app
+last reported (``kgroup.dev/health`` on the owner's member Lease, carried by its
+renewals; without a report, the position handed over on the lock), and a state:
+
+- ``stalled``: the owner's app reports the partition stalled (``kgroup.core.health``);
+- ``revoking``: held by a member the target no longer gives it to (a move in progress);
+- ``active``: held by its target member (or, with no target yet, by anyone);
+- ``free``: no live holder.
+
+A CLI reads no clock of the cluster's: whether a session is still renewed is the
+operator's call (its ``ownedCount`` per member and ``unowned`` are in the status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kgroup import constants as C
+from kgroup.core import lease_codec as codec
+from kgroup.core.health import HealthSummary, parse_summary
+from kgroup.core.ranges import parse_ranges
+
+Obj = dict[str, Any]
+
+__all__ = ["GroupView", "MemberRow", "PartitionRow", "build_view", "render_table"]
+
+
+@dataclass(frozen=True)
+class PartitionRow:
+    partition: int
+    owner: str | None
+    state: str  # active | revoking | free | stalled
+    token: int
+    position: str | None
+    lag: int | None
+    target: str | None  # the member the target assigns it to
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    name: str
+    assigned: int
+    owned: int
+    acknowledged_epoch: int
+    lag: int | None
+    stalled: int
+
+
+@dataclass(frozen=True)
+class GroupView:
+    name: str
+    namespace: str
+    phase: str
+    epoch: int
+    partitions: list[PartitionRow]
+    members: list[MemberRow]
+    conditions: list[Obj] = field(default_factory=list)
+    stalled: int = 0
+    stalled_partitions: str = ""
+    unowned: int = 0
+
+    def to_dict(self) -> Obj:
+        return asdict(self)
+
+
+def _target(status: Obj, partitions: int) -> dict[int, str]:
+    owner: dict[int, str] = {}
+    for member, ranges in (status.get("assignment") or {}).items():
+        try:
+            for p in parse_ranges(str(ranges)):
+                if p < partitions:
+                    owner[p] = member
+        except ValueError:
+            continue
+    return owner
+
+
+def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
+    md = codec.meta(group)
+    spec = group.get("spec") or {}
+    status = group.get("status") or {}
+    partitions = int(spec.get("partitions") or 0)
+    target = _target(status, partitions)
+
+    sessions: dict[str, str | None] = {}
+    health: dict[str, HealthSummary] = {}
+    locks = {}
+    for body in leases:
+        if codec.is_member(body):
+            ml = codec.parse_member_lease(body).value
+            if ml is None:
+                continue
+            sessions[ml.member] = ml.session
+            summary = parse_summary(codec.annotations_of(body).get(C.ANNOTATION_HEALTH),
+                                    partitions=partitions)
+            if summary is not None:
+                health[ml.member] = summary
+        elif codec.is_partition(body):
+            lock = codec.parse_partition_lease(body).value
+            if lock is not None and lock.partition < partitions:
+                locks[lock.partition] = lock
+
+    rows = []
+    for p in range(partitions):
+        lock = locks.get(p)
+        holder = lock.holder if lock is not None else None
+        live = holder is not None and lock is not None and lock.session is not None \
+            and sessions.get(holder) == lock.session
+        owner = holder if live else None
+        report = health.get(owner) if owner else None
+        lag, position = (report.partitions.get(p, (None, None)) if report else (None, None))
+        if position is None and lock is not None:
+            position = lock.position
+        if owner is None:
+            state = "free"
+        elif report is not None and p in report.stalled:
+            state = "stalled"
+        elif target and target.get(p) != owner:
+            state = "revoking"
+        else:
+            state = "active"
+        rows.append(PartitionRow(p, owner, state, lock.token if lock else 0, position, lag,
+                                 target.get(p)))
+
+    members = []
+    for m in status.get("members") or []:
+        name = str(m.get("name", ""))
+        report = health.get(name)
+        members.append(MemberRow(
+            name=name,
+            assigned=int(m.get("assignedCount") or 0),
+            owned=int(m.get("ownedCount") or 0),
+            acknowledged_epoch=int(m.get("acknowledgedEpoch") or 0),
+            lag=report.lag if report else None,
+            stalled=report.stalled_count if report else 0,
+        ))
+    return GroupView(
+        name=str(md.get("name", "")), namespace=str(md.get("namespace", "")),
+        phase=str(status.get("phase") or "Unknown"), epoch=int(status.get("epoch") or 0),
+        partitions=rows, members=members, conditions=list(status.get("conditions") or []),
+        stalled=int(status.get("stalled") or 0),
+        stalled_partitions=str(status.get("stalledPartitions") or ""),
+        unowned=int(status.get("unowned") or 0),
+    )
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in [header, *rows]]
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def render_table(view: GroupView) -> str:
+    """The human view: a header line, partitions, members, conditions (kubectl style)."""
+    lines = [f"ConsumerGroup {view.namespace}/{view.name}: {view.phase}, epoch {view.epoch}, "
+             f"{len(view.partitions)} partitions, {len(view.members)} members, "
+             f"unowned {view.unowned}, stalled {view.stalled}"
+             + (f" ({view.stalled_partitions})" if view.stalled_partitions else ""), ""]
+    lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG"), [
+        (str(r.partition), _dash(r.owner), r.state, str(r.token), _dash(r.position),
+         _dash(r.lag)) for r in view.partitions])
+    lines.append("")
+    lines += _table(("MEMBER", "ASSIGNED", "OWNED", "ACK-EPOCH", "LAG", "STALLED"), [
+        (m.name, str(m.assigned), str(m.owned), str(m.acknowledged_epoch), _dash(m.lag),
+         str(m.stalled)) for m in view.members])
+    lines.append("")
+    lines += _table(("CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE"), [
+        (str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason", "")),
+         _dash(c.get("lastTransitionTime")), str(c.get("message", "")))
+        for c in view.conditions])
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""Per-partition health: the app's reports, the sidecar's summary on the member Lease's
+renewal, and the operator's Stalled condition (kgroup.core.health, kgroup.core.status)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kgroup.core.health import (
+    MAX_SUMMARY_BYTES,
+    HealthBook,
+    Report,
+    encode_summary,
+    parse_report,
+    parse_summary,
+)
+from kgroup.core.sidecar_requests import Answer, Ok, ReplaceLease, Request
+from kgroup.core.status import MemberLeaseObservation
+from tests.test_sidecar_logic import Case, group, written
+from tests.test_status_aggregation import ALL_HELD, agg, cond
+
+HELD = {3: 7, 4: 2}
+
+
+def test_a_report_is_refused_for_a_partition_not_held_or_under_another_token() -> None:
+    book = HealthBook()
+    assert book.report(Report(9, 1), HELD, 0.0) == "partition 9 is not held by this member"
+    assert "token 6 is not the current one (7)" in str(book.report(Report(3, 6), HELD, 0.0))
+    assert book.report(Report(3, 7, "10-0", 5), HELD, 0.0) is None
+    assert [h.partition for h in book.judge(HELD, 1.0)] == [3]
+
+
+def test_a_partition_is_stalled_when_the_app_says_so_or_makes_no_progress_with_lag() -> None:
+    book = HealthBook(stall_after=60)
+    book.report(Report(3, 7, "10-0", lag=5), HELD, 0.0)
+    book.report(Report(4, 2, "20-0", lag=0), HELD, 0.0)
+    assert [h.stalled for h in book.judge(HELD, 59.0)] == [False, False]
+    book.report(Report(3, 7, "10-0", lag=8), HELD, 30.0)  # same position: no progress
+    book.report(Report(4, 2, "20-0", lag=0), HELD, 30.0)  # nothing to do: not stuck
+    h3, h4 = book.judge(HELD, 61.0)
+    assert h3.stalled and not h4.stalled
+    assert h3.reason == "no progress for 60s or more with a lag above 0"
+    assert book.judge(HELD, 90.0)[0].reason == h3.reason  # the text does not change
+    book.report(Report(3, 7, "11-0", lag=8), HELD, 62.0)  # progress clears it
+    assert not book.judge(HELD, 63.0)[0].stalled
+    book.report(Report(4, 2, "20-0", 0, stalled=True, reason="sink refused token 2"),
+                HELD, 64.0)
+    assert book.judge(HELD, 64.0)[1].reason == "sink refused token 2"
+
+
+def test_a_partition_that_changed_hands_is_forgotten() -> None:
+    book = HealthBook()
+    book.report(Report(3, 7, "10-0", 5, stalled=True), HELD, 0.0)
+    assert book.judge({3: 8}, 1.0) == []  # taken again under token 8: the report was 7's
+
+
+def test_the_summary_is_compact_deterministic_and_bounded() -> None:
+    book = HealthBook()
+    book.report(Report(3, 7, "10-0", 5, stalled=True, reason="sink refused token 7"), HELD, 0)
+    book.report(Report(4, 2, "20-0", 1), HELD, 0)
+    text = encode_summary(book.judge(HELD, 1.0))
+    assert text == ('{"lag":6,"partitions":{"3":[5,"10-0"],"4":[1,"20-0"]},'
+                    '"reason":"sink refused token 7","stalled":"3","stalledCount":1}')
+    back = parse_summary(text, partitions=8)
+    assert back is not None and back.stalled == (3,) and back.lag == 6
+    assert back.partitions[4] == (1, "20-0")
+    held = {p: 1 for p in range(5000)}
+    big = HealthBook()
+    for p in range(0, 5000, 2):
+        big.report(Report(p, 1, f"{p}-123456789", 10**9, stalled=True), held, 0)
+    text = encode_summary(big.judge(held, 1.0))
+    assert text is not None and len(text.encode()) <= MAX_SUMMARY_BYTES
+    small = json.loads(text)
+    assert small["stalledCount"] == 2500 and "partitions" not in small
+    assert encode_summary([]) is None
+
+
+@pytest.mark.parametrize(("raw", "stalled"), [
+    ('{"stalled":"0-99999999","stalledCount":1}', tuple(range(8))),  # clipped, not expanded
+    ('{"stalled":"x"}', ()),
+    ("not json", None),
+    ("[1]", None),
+])
+def test_a_garbled_annotation_is_read_safely(raw: str, stalled: tuple[int, ...] | None) -> None:
+    summary = parse_summary(raw, partitions=8)
+    assert (summary.stalled if summary else None) == stalled
+
+
+@pytest.mark.parametrize(("item", "error"), [
+    ({"partition": 1, "token": 1, "lag": -1}, "lag must be"),
+    ({"partition": True, "token": 1}, "partition must be"),
+    ({"partition": 1, "token": "1"}, "token must be"),
+    ({"partition": 1, "token": 1, "stalled": "yes"}, "stalled must be"),
+    ({"partition": 1, "token": 1, "position": 5}, "position must be"),
+])
+def test_a_malformed_report_says_what_is_wrong(item: dict[str, Any], error: str) -> None:
+    assert error in str(parse_report(item))
+
+
+def test_the_renewal_carries_the_summary_and_drops_it_when_there_is_none() -> None:
+    case = Case()
+    case.observe(group(epoch=None), [])
+    case.start_session()
+    case.logic.health_summary = lambda: '{"stalledCount":0}'
+    sent: list[Any] = []
+
+    def answer(r: Request) -> Answer:
+        assert isinstance(r, ReplaceLease)
+        sent.append(r.body["metadata"]["annotations"].get("kgroup.dev/health"))
+        return Ok(written(r.body, str(60 + len(sent))))
+
+    case.now += 5.0
+    (chain,) = case.tick()
+    made = case.run(chain, answer)
+    assert len(made) == 1  # the renewal it makes anyway: no extra write
+    case.logic.health_summary = lambda: None
+    case.now += 5.0
+    (chain,) = case.tick()
+    case.run(chain, answer)
+    assert sent == ['{"stalledCount":0}', None]
+
+
+def stalled_by(member: str, partitions: str) -> dict[str, MemberLeaseObservation]:
+    note = json.dumps({"stalled": partitions, "stalledCount": 1, "reason": "sink refused"})
+    return {"a": MemberLeaseObservation("a", "s-a", "3", note if member == "a" else None),
+            "b": MemberLeaseObservation("b", "s-b", "3", note if member == "b" else None)}
+
+
+def test_a_stall_reported_by_the_holder_makes_the_group_stalled_and_not_ready() -> None:
+    st, problems = agg(member_leases=stalled_by("a", "1-2"))
+    assert st.stalled == 2 and st.stalled_partitions == "1-2"
+    assert cond(st, "Stalled") == ("True", "PartitionsStalled")
+    assert cond(st, "Ready") == ("False", "PartitionsStalled")
+    assert st.phase == "Degraded"
+    assert [p.reason for p in problems] == ["PartitionsStalled"]  # -> one Warning Event
+    assert "a (1-2): sink refused" in problems[0].message
+
+
+def test_a_stall_reported_by_a_member_that_does_not_hold_the_partition_is_ignored() -> None:
+    assert ALL_HELD[1] == "a"
+    st, problems = agg(member_leases=stalled_by("b", "1-2"))
+    assert st.stalled == 0 and problems == [] and st.phase == "Stable"
+    assert cond(st, "Stalled") == ("False", "Progressing")
+    assert cond(st, "Ready") == ("True", "AllPartitionsOwned")

@@ -1,0 +1,79 @@
+"""The app's per-partition health in the sidecar: reports in, summary and gauges out.
+
+``POST /v1/health`` feeds :class:`kgroup.core.health.HealthBook` (in memory only); each
+member-Lease renewal the sidecar writes anyway carries the book's summary
+(``kgroup.dev/health``), and ``/metrics`` shows per partition the reported lag and
+whether it is stalled (judged at scrape time, so a partition no longer held disappears).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kgroup.core.health import HealthBook, PartitionHealth, encode_summary, parse_report
+
+Held = Callable[[], Mapping[int, int]]
+"""-> partition: token of every partition the member holds now."""
+
+
+class SidecarHealth(Collector):
+    def __init__(self, *, group: str, held: Held, clock: Callable[[], float],
+                 stall_after: float) -> None:
+        self.group = group
+        self.held = held
+        self.clock = clock
+        self.book = HealthBook(stall_after=stall_after)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def report(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """``POST /v1/health``: -> (HTTP status, JSON answer)."""
+        items = body.get("partitions") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            return 400, {"error": 'body must be {"partitions": [{"partition": int, '
+                                  '"token": int, "position": str|null, "lag": int|null, '
+                                  '"stalled": bool, "reason": str}, ...]}'}
+        reports = [parse_report(item) for item in items]
+        bad = next((r for r in reports if isinstance(r, str)), None)
+        if bad is not None:
+            return 400, {"error": bad}
+        held, now = self.held(), self.clock()
+        refused = []
+        for report in reports:
+            assert not isinstance(report, str)
+            why = self.book.report(report, held, now)
+            if why is not None:
+                refused.append({"partition": report.partition, "error": why})
+        return 200, {"accepted": len(reports) - len(refused), "refused": refused}
+
+    def judge(self) -> list[PartitionHealth]:
+        return self.book.judge(self.held(), self.clock())
+
+    def summary(self) -> str | None:
+        """The ``kgroup.dev/health`` annotation for the next renewal."""
+        return encode_summary(self.judge())
+
+    def collect(self) -> Iterable[Metric]:
+        lag = GaugeMetricFamily(
+            "kgroup_sidecar_partition_lag",
+            "Lag the app last reported for a held partition (stream entries behind).",
+            labels=["consumergroup", "partition"])
+        stalled = GaugeMetricFamily(
+            "kgroup_sidecar_partition_stalled",
+            "1 while a held partition is stalled (reported so, or no progress with lag).",
+            labels=["consumergroup", "partition"])
+        for h in self.judge():
+            labels = [self.group, str(h.partition)]
+            if h.lag is not None:
+                lag.add_metric(labels, float(h.lag))
+            stalled.add_metric(labels, 1.0 if h.stalled else 0.0)
+        yield lag
+        yield stalled
+
+    def render(self) -> str:
+        return generate_latest(self.registry).decode()
