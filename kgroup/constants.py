@@ -23,6 +23,11 @@ ANNOTATION_SESSION = "kgroup.dev/session"
 ANNOTATION_EPOCH = "kgroup.dev/epoch"
 ANNOTATION_POSITION = "kgroup.dev/position"
 ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
+ANNOTATION_ASSIGNED = "kgroup.dev/assigned"
+"""On a partition Lease: the member the operator assigned the partition to (its target
+owner); only that member may acquire the lock (the chart's admission policy checks it)."""
+ROLE_LEADER = "operator-leader"
+"""kgroup.dev/role of the operator's leader-election Lease (it has no kgroup.dev/group)."""
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 

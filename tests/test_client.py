@@ -68,7 +68,7 @@ class Scripted:
             logic.target = Target(epoch, frozenset(target))
             logic.in_target = True
             for p in range(partitions):
-                logic.locks.setdefault(p, Lock(p, None, None, 0, "rv0"))
+                logic.locks.setdefault(p, Lock(p, None, None, 0, "rv0", assigned=POD))
             sc.dirty.set()
 
         self.call(apply())

@@ -108,7 +108,7 @@ def test_holder_reread_asks_the_tracker_and_keeps_safety() -> None:
     observation; with the old re-read (compare the fresh marker with the tracker's
     *current* one, which the first verification already moved) the second takes a live
     holder's lock. The shipped code feeds the read to the tracker and asks it instead."""
-    for seed in (4, 93):
+    for seed in (4, 81):  # (93 before the assignment marks, which made it safe)
         assert run_seed(seed, LOSSY).ok, seed
         old = run_seed(seed, SimConfig(**{**LOSSY.__dict__,
                                            "regressions": frozenset({"holder-marker-compare"})}))

@@ -36,10 +36,17 @@ class Recording(Kube):
     calls: list[tuple[str, str]]
 
     async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
-                                     duration: int) -> None:
+                                     duration: int, assigned: str | None = None) -> None:
         self.calls.append(("create-lease", str(partition)))
         await super().create_partition_lease(namespace=namespace, group=group,
-                                             partition=partition, duration=duration)
+                                             partition=partition, duration=duration,
+                                             assigned=assigned)
+
+    async def mark_partition_lease(self, *, namespace: str, group: str, partition: int,
+                                   member: str) -> Obj | None:
+        self.calls.append(("mark", f"{partition}={member}"))
+        return await super().mark_partition_lease(namespace=namespace, group=group,
+                                                  partition=partition, member=member)
 
     async def replace_status(self, body: Obj, status: Obj) -> Obj:
         self.calls.append(("replace-status", str(status.get("epoch"))))

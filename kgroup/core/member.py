@@ -33,7 +33,8 @@ Rules, in the order ``step`` applies them:
    nothing. The operator seeds an empty status from the current lock holders, so holding
    on moves nothing. Everything is revoked only on shutdown or when the group is deleted
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
-4. Acquire a targeted partition only when its lock exists (the operator creates it) and
+4. Acquire a targeted partition only when its lock exists (the operator creates it),
+   is marked for this member (``Lock.assigned``: the API server refuses anyone else) and
    is FREE or TAKEABLE; the new token is the observed token + 1, the write carries the
    observed resourceVersion. A lock held by our own *older* session is FREE to us.
 5. Acknowledge epoch E on the member Lease only when held == target(E) exactly.
@@ -380,8 +381,8 @@ class Member:
             if p in self._relinquished:
                 continue
             lock = snap.locks.get(p)
-            if lock is None:
-                continue  # the operator has not created it yet: wait for the watch
+            if lock is None or lock.assigned != self.member:
+                continue  # not created or not marked for us yet: wait for the operator
             own_old = lock.holder == self.member and lock.session != session
             state = (
                 LockState.FREE
