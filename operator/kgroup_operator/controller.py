@@ -165,8 +165,11 @@ class GroupController:
         return plan.wait
 
     async def _mark(self, marks: list[Mark]) -> None:
+        """The marks' patches, concurrently (a join moves many partitions at once and its
+        new owner waits for each mark); the first failure is raised once all are done."""
         namespace, name = self.key
-        for mark in marks:
+
+        async def one(mark: Mark) -> None:
             self.memory.mark_sent(mark)
             try:
                 stored = await self.kube.mark_partition_lease(
@@ -179,6 +182,11 @@ class GroupController:
                 self.memory.mark_failed(mark)
             else:
                 self.cache.put_lease(namespace, stored, self.clock())
+
+        results = await asyncio.gather(*(one(m) for m in marks), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _post(self, body: dict[str, Any], events: list[Event]) -> None:
         for event in events:
