@@ -334,3 +334,35 @@ def test_the_admin_is_judged_by_neither_policy(env: Env) -> None:
                  put("admin", f"{P}2", acquire("pod-a", 1)),
                  put("admin", f"{P}2", set_note("kgroup.dev/assigned", "pod-a"))):
         assert answer(env, call) == "allowed"
+
+
+def test_the_operators_leader_election_passes_its_policy_and_labels_its_lease(
+        env: Env) -> None:
+    """leader.py as shipped, under the operator's token: it takes over an unlabelled leader
+    Lease (as an older version left it), renews and releases it, and creates a new one
+    after a delete; every write is allowed and leaves kgroup's label on the Lease."""
+    from kgroup_operator.leader import LeaseElector
+
+    env.admin.delete_namespaced_lease(LEADER, env.ns)
+    env.admin.create_namespaced_lease(env.ns, _lease(LEADER))  # unlabelled, free
+    elector = LeaseElector(env.operator.api_client, namespace=env.ns, name=LEADER,
+                           identity="operator-1", duration=15)
+
+    def role() -> str | None:
+        labels: dict[str, str] = read(env, LEADER)["metadata"].get("labels") or {}
+        return labels.get("kgroup.dev/role")
+
+    assert role() is None
+    assert elector._try_acquire()  # a replace that adds the labels
+    assert role() == "operator-leader" and read(env, LEADER)["spec"]["holderIdentity"] == \
+        "operator-1"
+    assert elector._renew()
+    env.admin.delete_namespaced_lease(LEADER, env.ns)
+    assert elector._try_acquire()  # 404: a create, labelled
+    assert role() == "operator-leader"
+    env.admin.create_namespaced_lease(env.ns, _lease("kgroup-not-mine"))
+    stranger = LeaseElector(env.operator.api_client, namespace=env.ns, name="kgroup-not-mine",
+                            identity="operator-1", duration=15)
+    with pytest.raises(client.ApiException) as info:  # RBAC: only its own leader Lease
+        stranger._try_acquire()
+    assert info.value.status == 403
