@@ -57,11 +57,12 @@ class Env:
     operator: Any  # the operator's service account
 
 
-def _render(cluster: Cluster, ns: str, release: str) -> list[Lease]:
+def _render(cluster: Cluster, ns: str, release: str, *sets: str) -> list[Lease]:
+    argv = [f"--set={x}" for x in sets]
     out = cluster.helm(
         "template", release, str(CHART), "--namespace", ns, "--kube-version", "1.35.4",
         "--set", "crds.enabled=false", "--set", f"workerRbac.namespaces={{{ns}}}",
-        "--set", f"admissionPolicy.namespaces={{{ns}}}", check=False)
+        "--set", f"admissionPolicy.namespaces={{{ns}}}", *argv, check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in KINDS]
 
@@ -366,3 +367,47 @@ def test_the_operators_leader_election_passes_its_policy_and_labels_its_lease(
     with pytest.raises(client.ApiException) as info:  # RBAC: only its own leader Lease
         stranger._try_acquire()
     assert info.value.status == 403
+
+
+def test_with_watched_namespaces_the_operator_has_roles_there_and_nothing_elsewhere(
+        cluster: Cluster, kube: client.ApiClient, env: Env,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The other install mode (operator.watchNamespaces set): Roles in the watched
+    namespaces only. The operator writes kgroup's locks there; RBAC refuses it every other
+    namespace, kube-system included; the policy still refuses a non-kgroup Lease there."""
+    release = f"prw-{secrets.token_hex(3)}"
+    objs = [o for o in _render(cluster, env.ns, release, f"operator.watchNamespaces={{{env.ns}}}")
+            if "worker" not in o["metadata"]["name"]]
+    assert not [o for o in objs if o["kind"] == "ClusterRole"]
+    try:
+        out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
+        assert out.returncode == 0, out.stderr
+        sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+        with admin_api_client(cluster) as api:
+            token: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
+                sa, env.ns, client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+        path = tmp_path_factory.mktemp("roles") / "operator.kubeconfig"
+        path.write_text(token_kubeconfig_text(cluster, token=token.status.token,
+                                              user="operator-roles", namespace=env.ns))
+        with api_client_from_kubeconfig(path) as api:
+            roles = Env(env.ns, env.admin, env.worker, client.CoordinationV1Api(api))
+            wait_for("the second operator policy", lambda: answer(roles, create(
+                "operator", _lease("probe-roles"))).startswith("policy: "), timeout=60)
+            table = [
+                ("a lock in its namespace", create("operator", _lease(
+                    f"{P}90", labels=_partition_labels(90))), "allowed"),
+                ("a lock elsewhere", create("operator", _lease(
+                    f"{P}90", labels=_partition_labels(90)), ns="default"), "rbac"),
+                ("kube-system", create("operator", _lease(
+                    "x", labels=_partition_labels(1)), ns="kube-system"), "rbac"),
+                ("another app's Lease in its namespace", create("operator", _lease("app-2")),
+                 "policy"),
+            ]
+            got = {what: answer(roles, call).split(":")[0] for what, call, _ in table}
+            assert got == {what: expected for what, _, expected in table}
+    finally:
+        for o in objs:
+            if "namespace" not in o["metadata"] and o["kind"] != "ServiceAccount":
+                cluster.kubectl("delete", "--ignore-not-found", o["kind"].lower(),
+                                o["metadata"]["name"], check=False)
