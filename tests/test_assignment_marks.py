@@ -7,14 +7,17 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from test_member import ME, World, joined, of
 from test_operator_logic import Op, member_lease, pods
-from test_simulation import SMALL
+from test_simulation import SMALL, quiet
 
 from kgroup.core import lease_codec as codec
+from kgroup.core import operator_logic
 from kgroup.core.member import Acquire, Member, Snapshot, Target
 from kgroup.core.operator_logic import Mark
-from kgroup.sim.run import SimConfig
+from kgroup.sim import control
+from kgroup.sim.run import Fault, SimConfig
 from kgroup.sim.run import World as SimWorld
 from kgroup.sim.store import Store, WriteError, unassigned_acquisition
 
@@ -156,3 +159,29 @@ def test_the_simulation_checks_the_rule_a_member_ignoring_marks_is_refused() -> 
     broken = SimWorld(8, SimConfig(**{**SMALL.__dict__, "member_factory": IgnoresMarks}))
     broken.run()
     assert broken.store.refused > 0
+
+
+def test_marks_garbled_by_hand_are_repaired_and_a_shortcut_operator_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admin overwrites every lock's mark (kgroup.dev/assigned: mallory) while the group
+    is stable (then a member joins, or not). The shipped operator compares the marks with the target
+    on every pass and repairs them; the simulation's convergence includes the marks. An
+    operator that writes marks only when the target changes leaves them garbled for good
+    (the unmoved partitions' holders could never re-acquire after a fence)."""
+    edit = (Fault(12.0, "mark-edit"),)
+    for script in (edit, (*edit, Fault(14.0, "join"))):
+        shipped = SimWorld(0, quiet(script=script))
+        result = shipped.run()
+        assert result.ok, result.violations
+        assert result.faults.get("mark-edit") == 1 and shipped.store.refused == 0
+
+    def only_on_target_change(*args: Any, **kwargs: Any) -> Any:
+        plan = operator_logic.decide(*args, **kwargs)
+        if plan.decision is None or plan.decision.target is None:
+            plan.marks = []
+        return plan
+
+    monkeypatch.setattr(control, "decide", only_on_target_change)
+    shortcut = SimWorld(0, quiet(script=edit)).run()
+    assert [v.kind for v in shortcut.violations] == ["liveness"]
+    assert "marked for mallory" in shortcut.violations[0].detail
