@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stage import Stage, pct, wait_until
+from stage import Stage, apiserver_requests, pct, wait_until
 
 from kgroup.client import Partition, SidecarClient
 from kgroup.core.assignors import Member, lower_bound_moves
@@ -165,8 +165,12 @@ def join_round(st: Stage, m: Members, pod: str, n_after: int, partitions: int) -
     current = {mem: parse_ranges(r) for mem, r in before["assignment"].items()}
     members = [Member(x) for x in [*current, pod]]
     bound = lower_bound_moves(partitions, members, current, owner_before)
+    writes_before = apiserver_requests(st.cluster)
     m.join(pod)
     after = wait_until("stable after join", lambda: st.stable_with(n_after), timeout=180)
+    writes = {verb: n - writes_before.get(verb, 0.0)
+              for verb, n in apiserver_requests(st.cluster).items()
+              if verb in ("POST", "PUT", "PATCH", "DELETE")}
     owner_after = targets(after)
     moved = {p for p in owner_after if owner_after[p] != owner_before.get(p)}
     recs = audit(m)
@@ -178,7 +182,9 @@ def join_round(st: Stage, m: Members, pod: str, n_after: int, partitions: int) -
               and r["event"] in ("acquire", "release", "lost")
               and r["partition"] is not None and r["partition"] not in moved]
     return {"seconds": done - session, "moved": len(moved), "lower_bound": bound,
-            "unmoved_pauses": len(pauses)}
+            "unmoved_pauses": len(pauses), "lease_writes": writes,
+            "acquires": sum(1 for r in recs if r["event"] == "acquire" and r["mono"] >= session
+                            and r["mono"] <= done)}
 
 
 def depart_round(st: Stage, m: Members, pod: str, n_after: int, *, crash: bool) -> float:
@@ -237,6 +243,11 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
             "lower_bound": sorted({j["lower_bound"] for j in joins}),
             "moved_minus_bound_max": max(j["moved"] - j["lower_bound"] for j in joins),
             "unmoved_pauses": sum(j["unmoved_pauses"] for j in joins),
+            # Lease writes (all clients, cluster-wide) from the join to Stable; PATCH is
+            # the operator's assignment marks only (sidecars write with PUT/POST/DELETE)
+            "join_lease_writes_p50": {v: pct([j["lease_writes"].get(v, 0.0) for j in joins], 0.5)
+                                      for v in ("POST", "PUT", "PATCH", "DELETE")},
+            "join_acquires_p50": pct([j["acquires"] for j in joins], 0.5),
             "leave_p50_s": pct(leaves, 0.5), "leave_p95_s": pct(leaves, 0.95),
             "leave_runs": len(leaves),
             "crash_p50_s": pct(crashes, 0.5), "crash_p95_s": pct(crashes, 0.95),

@@ -69,7 +69,8 @@ class Scripted:
             logic.target = Target(epoch, frozenset(target))
             logic.in_target = True
             for p in range(partitions):
-                logic.locks.setdefault(p, Lock(p, None, None, 0, str(10 + p)))  # rv 10 + p
+                logic.locks.setdefault(p, Lock(p, None, None, 0, str(10 + p),  # rv 10 + p
+                                               assigned=POD))
             sc.dirty.set()
 
         self.call(apply())

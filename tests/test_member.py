@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -43,9 +44,14 @@ class World:
         self.target: Target | None = Target(1, frozenset())
         self.app: dict[int, AppRelease] = {}
         self.drain = 5.0
+        self.marks = True  # the operator marks each targeted lock for its target owner (ME)
 
     def snap(self, now: float) -> Snapshot:
-        return Snapshot(now, TIMING, self.drain, self.target, dict(self.locks), self.tracker,
+        locks = dict(self.locks)
+        if self.marks and self.target is not None:
+            locks = {p: lock if lock.assigned or p not in self.target.partitions
+                     else dataclasses.replace(lock, assigned=ME) for p, lock in locks.items()}
+        return Snapshot(now, TIMING, self.drain, self.target, locks, self.tracker,
                         dict(self.app))
 
     def set_lock(self, p: int, holder: str | None, session: str | None, token: int,

@@ -9,6 +9,7 @@ unanswered acquisitions, fencing). Pure: nothing here talks to an API server."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -90,6 +91,9 @@ class Cluster:
     def snap(self, now: float, only: frozenset[int] | None) -> Snapshot:
         locks = self.locks if only is None else {
             p: lock for p, lock in self.locks.items() if p in only}
+        if self.target is not None:  # the operator's marks: every targeted lock is ours
+            locks = {p: dataclasses.replace(lock, assigned=ME)
+                     if p in self.target.partitions else lock for p, lock in locks.items()}
         return Snapshot(now, TIMING, 5.0, self.target, dict(locks), self.tracker, dict(self.app))
 
     def churn(self, now: float) -> None:

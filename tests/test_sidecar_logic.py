@@ -55,8 +55,11 @@ def group(epoch: int | None = 1, mine: str = "0-1") -> Obj:
 
 
 def lock(p: int, *, token: int = 0, rv: str = "10", holder: str | None = None,
-         session: str | None = None) -> Obj:
+         session: str | None = None, assigned: str | None = ME) -> Obj:
+    """A partition Lease, marked for ``assigned`` (by default this member)."""
     notes = {"kgroup.dev/session": session} if session else {}
+    if assigned:
+        notes["kgroup.dev/assigned"] = assigned
     spec: Obj = {"leaseTransitions": token}
     if holder:
         spec["holderIdentity"] = holder
@@ -345,7 +348,8 @@ def test_a_revoked_partition_is_released_with_its_position_on_the_apps_word() ->
     assert shape(made) == [("ReplaceLease", "g-partition-0")]
     body = made[0].body  # type: ignore[union-attr]
     assert "holderIdentity" not in body["spec"] and body["metadata"]["resourceVersion"] == "70"
-    assert body["metadata"]["annotations"] == {"kgroup.dev/position": "p-17",
+    assert body["metadata"]["annotations"] == {"kgroup.dev/assigned": ME,
+                                               "kgroup.dev/position": "p-17",
                                                "kgroup.dev/position-token": "20",
                                                "kgroup.dev/token": "20"}  # kept
     assert 0 not in case.logic.member.owned
@@ -374,6 +378,34 @@ def test_a_release_refused_because_the_lock_moved_on_reads_it_and_gives_up() -> 
     assert shape(made) == [("ReplaceLease", "g-partition-0"), ("GetLease", "g-partition-0")]
     assert 0 not in case.logic.member.owned
     assert ("resolved", {"partition": 0, "token": 20, "ok": False}) in case.journal.events
+
+
+def test_a_release_refused_because_the_operator_moved_the_mark_is_retried_at_once() -> None:
+    """The operator's mark write (the partition now targets pod-b) changed the lock's
+    resourceVersion under the holder: the release reads it, still ours, and writes again
+    from the fresh version without waiting for a retry timer."""
+    case = holding_zero()
+    case.logic.app_release(0, 20, "p-17")
+    (chain,) = case.tick()
+    marked = lock(0, token=4, rv="75", holder=ME, session="S1", assigned="pod-b")
+    session = case.logic.member.session
+    marked["metadata"]["annotations"]["kgroup.dev/session"] = session
+    marked["metadata"]["annotations"]["kgroup.dev/token"] = "20"
+    puts: list[str] = []
+
+    def answer(r: Any) -> Any:
+        if isinstance(r, ReplaceLease):
+            puts.append(r.body["metadata"]["resourceVersion"])
+            return Refused(409) if len(puts) == 1 else Ok(written(r.body, "80"))
+        return Ok(marked)
+
+    made = case.run(chain, answer)
+    assert shape(made) == [("ReplaceLease", "g-partition-0"), ("GetLease", "g-partition-0"),
+                           ("ReplaceLease", "g-partition-0")]
+    assert puts == ["70", "75"] and 0 not in case.logic.member.owned
+    last = made[-1].body  # type: ignore[union-attr]
+    assert last["metadata"]["annotations"]["kgroup.dev/assigned"] == "pod-b"
+    assert ("resolved", {"partition": 0, "token": 20, "ok": True}) in case.journal.events
 
 
 def test_shutdown_ends_with_a_delete_of_the_member_lease() -> None:

@@ -130,7 +130,7 @@ def test_holder_reread_asks_the_tracker_and_keeps_safety() -> None:
     observation; with the old re-read (compare the fresh marker with the tracker's
     *current* one, which the first verification already moved) the second takes a live
     holder's lock. The shipped code feeds the read to the tracker and asks it instead."""
-    for seed in (4, 93):
+    for seed in (4, 81):  # (93 before the assignment marks, which made it safe)
         assert run_seed(seed, LOSSY).ok, seed
         old = run_seed(seed, SimConfig(**{**LOSSY.__dict__,
                                            "regressions": frozenset({"holder-marker-compare"})}))
@@ -142,7 +142,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
     it reports failed), then the write is applied: the lock carries the member's live
     session. The core adopts it (rule 2); without adoption it is skipped for ever and the
     group never converges."""
-    for seed in (3, 22):  # re-pinned when tokens became resourceVersions (runs changed)
+    for seed in (2, 22):  # seeds re-picked when the assignment marks changed the runs
         assert run_seed(seed, SMALL).ok, seed
         stuck = run_seed(seed, SimConfig(**{**SMALL.__dict__,
                                             "member_factory": NoAdoptionMember}))
@@ -152,7 +152,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
 def test_a_timed_out_acquisition_reported_failed_is_caught_up_by_adoption() -> None:
     """The old runtime reported every timed-out acquisition failed: the adoption alone
     keeps the group live, and with neither the re-read nor adoption it stalls."""
-    for seed in (5, 10):  # re-pinned when tokens became resourceVersions
+    for seed in (0, 1):  # re-picked with the assignment marks
         only = SimConfig(**{**SMALL.__dict__,
                             "regressions": frozenset({"acquire-timeout-fails"})})
         assert run_seed(seed, only).ok, seed
@@ -166,7 +166,7 @@ def test_a_release_on_a_cache_older_than_our_acquisition_re_reads_it() -> None:
     old runtime (the list replaced the newer cached lock, and the release then gave the
     lock up unwritten: still held by the live session, forgotten by the member) the group
     never converges; the cache now never goes back in time."""
-    for seed in (23, 40):  # 40 re-pinned when tokens became resourceVersions
+    for seed in (23, 44):  # re-picked with the assignment marks
         assert run_seed(seed, FAST_RELIST).ok, seed
         old = run_seed(seed, SimConfig(**{**FAST_RELIST.__dict__,
                                            "regressions": frozenset({"stale-relist"})}))

@@ -172,12 +172,14 @@ def _create(api: client.CoordinationV1Api, env: Env, lease: Lease) -> Lease:
 
 def _partition(env: Env, *, holder: str | None = None, transitions: int = 0,
                annotations: dict[str, str] | None = None) -> str:
-    """A fresh partition Lease created by the admin (as the operator would); its name."""
+    """A fresh partition Lease created by the admin (as the operator would, assigned to
+    pod-a unless ``annotations`` say otherwise); its name."""
     n = secrets.randbelow(10**6)
     name = f"{GROUP}-partition-{n}"
     _create(env.admin, env, _lease(
         name, "partition", holder=holder, transitions=transitions,
-        labels={"kgroup.dev/partition": str(n)}, annotations=annotations))
+        labels={"kgroup.dev/partition": str(n)},
+        annotations={"kgroup.dev/assigned": "pod-a", **(annotations or {})}))
     return name
 
 

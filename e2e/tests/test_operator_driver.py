@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.cluster import Cluster
 from kgroup_operator.cache import Cache
 from kgroup_operator.controller import GroupController
@@ -36,10 +37,17 @@ class Recording(Kube):
     calls: list[tuple[str, str]]
 
     async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
-                                     duration: int) -> None:
+                                     duration: int, assigned: str | None = None) -> None:
         self.calls.append(("create-lease", str(partition)))
         await super().create_partition_lease(namespace=namespace, group=group,
-                                             partition=partition, duration=duration)
+                                             partition=partition, duration=duration,
+                                             assigned=assigned)
+
+    async def mark_partition_lease(self, *, namespace: str, group: str, partition: int,
+                                   member: str) -> Obj | None:
+        self.calls.append(("mark", f"{partition}={member}"))
+        return await super().mark_partition_lease(namespace=namespace, group=group,
+                                                  partition=partition, member=member)
 
     async def replace_status(self, body: Obj, status: Obj) -> Obj:
         self.calls.append(("replace-status", str(status.get("epoch"))))
@@ -108,6 +116,12 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         leases: Any = client.CoordinationV1Api(kube).list_namespaced_lease(
             namespace, label_selector=f"{C.LABEL_ROLE}={C.ROLE_PARTITION}")
         assert len(leases.items) == 4
+        # created marked for their target owner (no write of their own)
+        assert {int(x.metadata.labels[C.LABEL_PARTITION]):
+                x.metadata.annotations[C.ANNOTATION_ASSIGNED]
+                for x in leases.items} == {0: "a", 1: "a", 2: "b", 3: "b"}
+        for x in leases.items:  # as the Lease watch would deliver them
+            cache.put_lease(namespace, kube.sanitize_for_serialization(x), now[0])  # type: ignore[no-untyped-call]
         stored = custom.get_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
                                                      C.PLURAL, GROUP)
         assert stored["status"]["assignment"] == {"a": "0-1", "b": "2-3"}
@@ -125,6 +139,29 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         assert calls == [("replace-status", "2"), ("409", ""), ("get-group", GROUP)]
         assert wait == 0.0
         calls, _ = await reconcile()
-        assert calls == [("replace-status", "2"), ("event", "RebalanceStarted")]
+        # the new target, its Event, then one mark per moved partition, after the write
+        stored = custom.get_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
+                                                     C.PLURAL, GROUP)
+        owner = {p: m for m, r in stored["status"]["assignment"].items()
+                 for p in parse_ranges(r)}
+        before = {0: "a", 1: "a", 2: "b", 3: "b"}
+        moved = sorted(p for p in owner if owner[p] != before[p])
+        assert moved and calls == [("replace-status", "2"), ("event", "RebalanceStarted")] + [
+            ("mark", f"{p}={owner[p]}") for p in moved]
+        leases = client.CoordinationV1Api(kube).list_namespaced_lease(
+            namespace, label_selector=f"{C.LABEL_ROLE}={C.ROLE_PARTITION}")
+        assert {int(x.metadata.labels[C.LABEL_PARTITION]):
+                x.metadata.annotations[C.ANNOTATION_ASSIGNED] for x in leases.items} == owner
+        assert (await reconcile())[0] == []  # the answers went into the cache: no re-mark
+        # a hand edit of a mark is repaired by the next pass
+        victim = moved[0]
+        client.CoordinationV1Api(kube).patch_namespaced_lease(
+            f"{GROUP}-partition-{victim}", namespace,
+            {"metadata": {"annotations": {C.ANNOTATION_ASSIGNED: "mallory"}}})
+        edited = client.CoordinationV1Api(kube).read_namespaced_lease(
+            f"{GROUP}-partition-{victim}", namespace)
+        cache.put_lease(namespace, kube.sanitize_for_serialization(edited),  # type: ignore[no-untyped-call]
+                        now[0])
+        assert (await reconcile())[0] == [("mark", f"{victim}={owner[victim]}")]
 
     asyncio.run(scenario())

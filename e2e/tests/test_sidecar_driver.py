@@ -105,6 +105,7 @@ def test_the_driver_makes_exactly_the_calls_each_decision_asks_for(drive: Drive)
     member, p0, p1 = f"{GROUP}-member-{POD}", f"{GROUP}-partition-0", f"{GROUP}-partition-1"
     drive.target.create(partitions=2, duration=15, renew=5, drain=10)
     drive.target.assign({POD: [0]})
+    drive.target.mark(1, POD)  # marked ahead, so the stale cache below differs by a note
     drive.observe()
 
     async def scenario() -> None:

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from kgroup.constants import (
+    ANNOTATION_ASSIGNED,
     ANNOTATION_EPOCH,
     ANNOTATION_POSITION,
     ANNOTATION_POSITION_TOKEN,
@@ -47,10 +48,13 @@ __all__ = [
     "Parsed",
     "acquired_partition_lease",
     "annotations_of",
+    "assigned_of",
+    "assignment_patch",
     "group_of",
     "is_member",
     "is_partition",
     "labels_of",
+    "marked_partition_lease",
     "meta",
     "micro_time",
     "new_member_lease",
@@ -137,8 +141,14 @@ def parse_partition_lease(obj: Obj) -> Parsed:
         resource_version=str(meta(obj).get("resourceVersion", "")),
         position=notes.get(ANNOTATION_POSITION),
         position_token=position_token,
+        assigned=notes.get(ANNOTATION_ASSIGNED) or None,
     )
     return Parsed(lock, tuple(problems))
+
+
+def assigned_of(obj: Obj) -> str | None:
+    """The member a partition Lease is marked for (``kgroup.dev/assigned``), or None."""
+    return annotations_of(obj).get(ANNOTATION_ASSIGNED) or None
 
 
 @dataclass(frozen=True)
@@ -235,11 +245,12 @@ def owner_reference(group: Obj, *, controller: bool = False) -> Obj:
     return ref
 
 
-def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration: int) -> Obj:
+def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration: int,
+                        assigned: str | None = None) -> Obj:
     """A free lock for ``partition`` (no holder, no token, ``leaseTransitions`` 0): the
-    operator's."""
+    operator's, marked for ``assigned`` (its target owner) when there is one."""
     name = meta(group)["name"]
-    return {
+    body: Obj = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
@@ -255,6 +266,23 @@ def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration:
         },
         "spec": {"leaseTransitions": 0, "leaseDurationSeconds": duration},
     }
+    if assigned:
+        body["metadata"]["annotations"] = {ANNOTATION_ASSIGNED: assigned}
+    return body
+
+
+def assignment_patch(member: str) -> Obj:
+    """The operator's one write when a partition's target owner changes: a JSON merge
+    patch that sets the mark and touches nothing else (holder, token, positions stay)."""
+    return {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member}}}
+
+
+def marked_partition_lease(last: Obj, member: str) -> Obj:
+    """``last`` with :func:`assignment_patch` applied (what the API server stores)."""
+    body = copy.deepcopy(last)
+    body.setdefault("metadata", {})["annotations"] = {**annotations_of(last),
+                                                      ANNOTATION_ASSIGNED: member}
+    return body
 
 
 def new_member_lease(

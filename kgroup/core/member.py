@@ -34,7 +34,8 @@ Rules, in the order ``step`` applies them:
    nothing. The operator seeds an empty status from the current lock holders, so holding
    on moves nothing. Everything is revoked only on shutdown or when the group is deleted
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
-4. Acquire a targeted partition only when its lock exists (the operator creates it) and
+4. Acquire a targeted partition only when its lock exists (the operator creates it),
+   is marked for this member (``Lock.assigned``: the API server refuses anyone else) and
    is FREE or TAKEABLE; the write carries the observed resourceVersion as its
    precondition, and that resourceVersion is the new token (:mod:`kgroup.core.tokens`:
    tokens of a partition never go backwards, even across a Lease deleted and created
@@ -396,8 +397,8 @@ class Member:
             if p in self._relinquished:
                 continue
             lock = snap.locks.get(p)
-            if lock is None:
-                continue  # the operator has not created it yet: wait for the watch
+            if lock is None or lock.assigned != self.member:
+                continue  # not created or not marked for us yet: wait for the operator
             own_old = lock.holder == self.member and lock.session != session
             state = (
                 LockState.FREE

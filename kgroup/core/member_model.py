@@ -33,6 +33,7 @@ class Lock:
     resource_version: str
     position: str | None = None
     position_token: int | None = None
+    assigned: str | None = None  # the operator's mark: the only member that may acquire it
 
 
 @dataclass(frozen=True)

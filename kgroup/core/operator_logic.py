@@ -14,9 +14,14 @@ Used by the kopf adapter (``kgroup_operator.controller``) and by the simulated o
 The driver performs the :class:`Plan` and reports back: :meth:`Memory.lease_created`
 after each create, :func:`written` after the status write succeeded (it returns the
 Events that belong after the write); a 409 is answered by re-reading the group and
-deciding again. Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time
-stamped into the status. The memory lives as long as the operator process: a restart
-starts from what it lists (the target is always read back from the status).
+deciding again. Assignment marks (``Plan.marks``: the ``kgroup.dev/assigned`` annotation
+that names the only member allowed to acquire a lock) are written after the status write
+succeeded, or at once when the pass writes no status, each reported with
+:meth:`Memory.mark_sent` / :meth:`Memory.mark_failed`; every pass compares the marks with
+the target again, so a lost write, a restart or a hand edit of a mark is repaired.
+Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
+status. The memory lives as long as the operator process: a restart starts from what it
+lists (the target is always read back from the status).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "FAILED_PASS_RETRY_SECONDS",
     "IDLE_RECHECK",
     "Event",
+    "Mark",
     "Memory",
     "Observation",
     "Plan",
@@ -94,6 +100,9 @@ class Memory:
     # so a Lease deleted later (by hand) is created again
     requested_leases: dict[int, float] = field(default_factory=dict)
     noticed_rv: str | None = None
+    # marks in flight or written, whose lock the cache has not seen change since:
+    # partition -> (member, the lock's resourceVersion when the mark was decided)
+    marks_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
     planned_generation: int | None = None  # spec generation the target reflects
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
@@ -125,6 +134,25 @@ class Memory:
         asked for again until the cache showed it, or :data:`LEASE_CREATE_RECHECK` later."""
         self.requested_leases[partition] = now
 
+    def mark_sent(self, mark: Mark) -> None:
+        """The mark's write is sent: not asked for again until the lock changes."""
+        self.marks_sent[mark.partition] = (mark.member, mark.seen_rv)
+
+    def mark_failed(self, mark: Mark) -> None:
+        """The mark's write was refused or not answered: the next pass decides again."""
+        if self.marks_sent.get(mark.partition) == (mark.member, mark.seen_rv):
+            del self.marks_sent[mark.partition]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Mark partition Lease ``partition`` as assigned to ``member`` (one merge patch of the
+    ``kgroup.dev/assigned`` annotation); ``seen_rv``: the lock's resourceVersion seen."""
+
+    partition: int
+    member: str
+    seen_rv: str
+
 
 @dataclass(frozen=True)
 class Event:
@@ -140,6 +168,8 @@ class Plan:
     wait: float | None  # seconds until the next pass (None: no deadline)
     now: float = 0.0  # the pass's clock reading
     create_partitions: list[int] = field(default_factory=list)
+    owners: dict[int, str] = field(default_factory=dict)  # target owners: new locks' marks
+    marks: list[Mark] = field(default_factory=list)  # write after the status write
     lease_duration: int = 15  # of the partition Leases to create
     events: list[Event] = field(default_factory=list)  # post now (before any write)
     status: dict[str, Any] | None = None  # write this status (rv precondition: the body's)
@@ -182,6 +212,24 @@ def _written_target(memory: Memory) -> tuple[dict[str, list[int]], int] | None:
 def _next(deadlines: list[float | None], now: float) -> float | None:
     future = [d for d in deadlines if d is not None]
     return (min(future) - now) if future else None
+
+
+def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases) -> list[Mark]:
+    """The existing locks whose mark differs from their target owner, less those already
+    sent for the lock as it is cached (an answer or watch event still to come). A partition
+    without an owner in the target keeps its mark (nobody is targeted to acquire it)."""
+    marks: list[Mark] = []
+    for p, member in sorted(owners.items()):
+        lock = leases.partitions.get(p)
+        if lock is None:
+            memory.marks_sent.pop(p, None)
+            continue
+        if lock.assigned == member:
+            continue
+        if memory.marks_sent.get(p) == (member, lock.resource_version):
+            continue
+        marks.append(Mark(p, member, lock.resource_version))
+    return marks
 
 
 def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
@@ -281,7 +329,9 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         if new_status.unowned and new_status.phase != "Degraded" else None,
         recheck,
     ]
-    plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create,
+    owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
+    plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create, owners=owners,
+                marks=marks_to_write(memory, owners, leases),
                 lease_duration=spec.lease.duration_seconds, decision=decision,
                 previous=status, new_status=new_status, problems=seen, generation=generation,
                 members=len(members), deadlines=deadlines)

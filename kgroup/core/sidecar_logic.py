@@ -568,23 +568,31 @@ class SidecarLogic:
             self.member.release_failed(p, action.session, now=self.clock(), still_ours=False)
             self._resolve(p, action.token, gone)
             return
-        body = codec.released_partition_lease(last, token=action.token, position=action.position)
-        answer = yield ReplaceLease(body, self.request_timeout())
-        if isinstance(answer, Ok) and answer.obj is not None:
-            self._store_partition(answer.obj)
-            self.journal.record("released", partition=p, token=action.token,
-                                position=action.position)
-            self.member.released(p, action.session)
-            self._resolve(p, action.token, True)
-            return
-        still_ours = True
-        if isinstance(answer, Refused) and answer.status in (404, 409):
-            reread = yield GetLease(codec.meta(body)["name"], self.request_timeout())
-            fresh = reread.obj if isinstance(reread, Ok) else None
-            if fresh is not None:
-                self._store_partition(fresh)
-            still_ours = fresh is not None and self._ours(
-                codec.parse_partition_lease(fresh).value, action)
+        # A 409 on a lock we still hold means someone wrote another field (the operator's
+        # assignment mark): release again at once from the fresh read, once.
+        for retry in (True, False):
+            body = codec.released_partition_lease(last, token=action.token,
+                                                  position=action.position)
+            answer = yield ReplaceLease(body, self.request_timeout())
+            if isinstance(answer, Ok) and answer.obj is not None:
+                self._store_partition(answer.obj)
+                self.journal.record("released", partition=p, token=action.token,
+                                    position=action.position)
+                self.member.released(p, action.session)
+                self._resolve(p, action.token, True)
+                return
+            still_ours = True  # unless a read shows otherwise (no answer: retried later)
+            if isinstance(answer, Refused) and answer.status in (404, 409):
+                fresh = found((yield GetLease(codec.meta(body)["name"], self.request_timeout())))
+                if not isinstance(fresh, Unknown):
+                    if fresh is not None:
+                        self._store_partition(fresh)
+                    still_ours = fresh is not None and self._ours(
+                        codec.parse_partition_lease(fresh).value, action)
+                    if still_ours and retry and fresh is not None:
+                        last = fresh
+                        continue
+            break
         self.journal.record("release-failed", partition=p, why=describe(answer))
         self.member.release_failed(p, action.session, now=self.clock(), still_ours=still_ours)
         if not still_ours:

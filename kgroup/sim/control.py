@@ -4,10 +4,12 @@ the simulated API server.
 Rule of this module: decide nothing. Like ``kgroup_operator.controller`` it keeps the
 caches (a :class:`~kgroup.core.group_cache.GroupLeases`, pods, the group), runs one pass
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
-the status written with the read ``resourceVersion`` (a 409 re-reads the group), Events
-counted, outcomes reported back to the memory. One pass at a time, as the controller
-awaits its writes. The operator's memory lives in one incarnation: an operator restart
-builds a new one that knows only what it lists from the store.
+the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
+assignment marks written after it (one atomic read-modify-write at the store, as the API
+server applies a merge patch), Events counted, outcomes reported back to the memory. One
+pass at a time, as the controller awaits its writes. The operator's memory lives in one
+incarnation: an operator restart builds a new one that knows only what it lists from the
+store.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import functools
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.group import PodObservation
 from kgroup.core.group_cache import GroupLeases, pod_observation
 from kgroup.core.operator_logic import (
     API_RETRY_SECONDS,
     IDLE_RECHECK,
+    Mark,
     Memory,
     Observation,
     Plan,
@@ -142,15 +146,17 @@ class SimOperator:
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
-            self._create(body, p, plan.lease_duration)
+            self._create(body, p, plan.lease_duration, plan.owners.get(p))
         if plan.status is None:
+            self._mark(body, plan.marks)
             return plan.wait
         self._write(body, plan)
         return None  # the write's outcome schedules the next pass
 
-    def _create(self, body: Obj, partition: int, duration: int) -> None:
+    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None) -> None:
         obj = codec.new_partition_lease(namespace=codec.meta(body)["namespace"], group=body,
-                                        partition=partition, duration=duration)
+                                        partition=partition, duration=duration,
+                                        assigned=assigned)
         # in flight: not asked for again meanwhile
         self.memory.lease_created(partition, self.proc.clock())
 
@@ -165,6 +171,28 @@ class SimOperator:
         self.world.request(self.proc, functools.partial(
             store.create, lease_key(obj["metadata"]["name"]), obj), created)
 
+    def _mark(self, body: Obj, marks: list[Mark]) -> None:
+        store = self.world.store
+        for mark in marks:
+            self.memory.mark_sent(mark)
+            self.world.count("mark")
+            key = lease_key(partition_lease_name(codec.meta(body)["name"], mark.partition))
+
+            def patch(key: str = key, member: str = mark.member) -> Obj | None:
+                current = store.get(key)
+                if current is None:
+                    raise WriteError(404, f"{key} not found")
+                return store.update(key, codec.marked_partition_lease(current, member))
+
+            def done(result: Any, mark: Mark = mark) -> None:
+                if isinstance(result, dict):
+                    self.leases.put(result, self.proc.clock())
+                else:
+                    self.memory.mark_failed(mark)
+                    self._after(API_RETRY_SECONDS)
+
+            self.world.request(self.proc, patch, done)
+
     def _write(self, body: Obj, plan: Plan) -> None:
         self.busy = True
         store = self.world.store
@@ -175,6 +203,7 @@ class SimOperator:
             if isinstance(result, dict):
                 self._put_group(result)
                 events = written(self.memory, plan, result, self.proc.clock())
+                self._mark(result, plan.marks)
                 if plan.decision is not None and plan.decision.target is not None:
                     self.world.count("epoch-bump")
                 for event in events:

@@ -423,6 +423,14 @@ class World:
             self.operator_proc.crash()
             self.kernel.after(fault.seconds, self.start_operator)
             return
+        if fault.kind == "mark-edit":  # an admin garbles every lock's assignment mark
+            self.count(fault.kind)
+            self.trace("fault", fault)
+            for p in range(self.spec.partitions):
+                key = lease_key(partition_lease_name(GROUP, p))
+                if (body := self.store.get(key)) is not None:
+                    self.store.update(key, codec.marked_partition_lease(body, "mallory"))
+            return
         if fault.kind == "spec-change":
             self.count(fault.kind)
             self.trace("fault", fault)
@@ -589,6 +597,8 @@ class World:
             sc = self.sidecars[owner[p]]
             if lock is None or lock.holder != owner[p] or lock.session != sc.member.session:
                 return f"partition {p} lock {lock} is not with {owner[p]}/{sc.member.session}"
+            if lock.assigned != owner[p]:
+                return f"partition {p} lock is marked for {lock.assigned}, not {owner[p]}"
         for m in live:
             body = self.store.get(lease_key(member_lease_name(GROUP, m)))
             lease = codec.parse_member_lease(body).value if body is not None else None

@@ -8,7 +8,9 @@ globally increasing ``metadata.resourceVersion`` (a decimal string) and keeps th
 object's ``uid`` (a create gets a new one); an update carrying another resourceVersion
 than the stored one is refused (409 Conflict), never merged; a create of an existing
 object is refused (409 AlreadyExists); an update or delete of a missing object is refused
-(404). Nothing here knows time, delays or faults: the simulation decides *when* a request
+(404). Like the chart's admission policy, an acquisition of a partition lock (a new holder,
+or the holder's new session) by a member the lock is not marked for (``kgroup.dev/assigned``)
+is refused (403). Nothing here knows time, delays or faults: the simulation decides *when* a request
 reaches the store and whether its answer ever reaches the caller. Every commit is
 reported to one hook, from which the simulation fans out watch events and runs its
 store-level checks. Stored dicts are never mutated: a write stores a new dict.
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kgroup.core.lease_codec import is_member
+from kgroup.core.lease_codec import is_member, is_partition, parse_partition_lease
 
 __all__ = ["Obj", "Store", "WriteError", "lease_key", "streams_of"]
 
@@ -43,11 +45,26 @@ def streams_of(key: str, obj: Obj) -> tuple[str, ...]:
 
 
 class WriteError(Exception):
-    """A refused write: ``status`` is the HTTP status (404 or 409)."""
+    """A refused write: ``status`` is the HTTP status (403, 404 or 409)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+def unassigned_acquisition(old: Obj, new: Obj) -> str | None:
+    """Why the admission policy refuses this partition-lock update, or None: the lock's
+    holder (or the holder's session) changes to a member it is not marked for."""
+    if not is_partition(new) or not is_partition(old):
+        return None
+    before, after = parse_partition_lease(old).value, parse_partition_lease(new).value
+    if before is None or after is None or not after.holder:
+        return None
+    if (after.holder, after.session) == (before.holder, before.session):
+        return None
+    if before.assigned == after.holder:
+        return None
+    return f"{after.holder} may not take a lock assigned to {before.assigned or 'nobody'}"
 
 
 CommitHook = Callable[[str, "Obj | None", "Obj | None"], None]
@@ -59,6 +76,7 @@ class Store:
         self.rv = 0
         self.uids = 0
         self.writes = 0
+        self.refused = 0  # writes the admission rule refused
         self._on_commit = on_commit
 
     def get(self, key: str) -> Obj | None:
@@ -101,6 +119,10 @@ class Store:
         stored = old["metadata"]["resourceVersion"]
         if expected is not None and expected != stored:
             raise WriteError(409, f"{key}: resourceVersion {expected} is not {stored}")
+        refused = unassigned_acquisition(old, obj)
+        if refused is not None:
+            self.refused += 1
+            raise WriteError(403, f"{key}: {refused}")
         new = self._commit(key, obj)
         assert new is not None
         return new

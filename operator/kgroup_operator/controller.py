@@ -6,6 +6,8 @@ Rules of this module: it decides nothing. It gathers the observation from the
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
+Assignment marks are written after the status write succeeded (or at once when the pass
+writes none); each stored Lease goes into the cache at once.
 The simulated operator (``kgroup.sim.control``) drives the same decisions.
 """
 
@@ -30,6 +32,7 @@ from kgroup.core.operator_logic import (
     FAILED_PASS_RETRY_SECONDS,
     IDLE_RECHECK,
     Event,
+    Mark,
     Memory,
     Observation,
     decide,
@@ -128,13 +131,15 @@ class GroupController:
             return plan.wait
         for p in plan.create_partitions:
             await self.kube.create_partition_lease(
-                namespace=namespace, group=body, partition=p, duration=plan.lease_duration)
+                namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
+                assigned=plan.owners.get(p))
             self.memory.lease_created(p, plan.now)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body))
         await self._post(body, plan.events)
         if plan.status is None:
+            await self._mark(plan.marks)
             return plan.wait
         try:
             stored = await self.kube.replace_status(body, plan.status)
@@ -156,7 +161,32 @@ class GroupController:
         if any(e.reason == "RebalanceCompleted" for e in events) and done is not None:
             self.metrics.completed(self.key, done.duration_seconds or 0.0)
         await self._post(stored, events)
+        await self._mark(plan.marks)
         return plan.wait
+
+    async def _mark(self, marks: list[Mark]) -> None:
+        """The marks' patches, concurrently (a join moves many partitions at once and its
+        new owner waits for each mark); the first failure is raised once all are done."""
+        namespace, name = self.key
+
+        async def one(mark: Mark) -> None:
+            self.memory.mark_sent(mark)
+            try:
+                stored = await self.kube.mark_partition_lease(
+                    namespace=namespace, group=name, partition=mark.partition,
+                    member=mark.member)
+            except BaseException:
+                self.memory.mark_failed(mark)
+                raise
+            if stored is None:
+                self.memory.mark_failed(mark)
+            else:
+                self.cache.put_lease(namespace, stored, self.clock())
+
+        results = await asyncio.gather(*(one(m) for m in marks), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _post(self, body: dict[str, Any], events: list[Event]) -> None:
         for event in events:

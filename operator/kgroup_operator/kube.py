@@ -1,10 +1,11 @@
 """Kubernetes calls of the operator: every request it makes lives here.
 
 Rules: the operator never changes a lock's holder (sidecars alone do); it creates
-partition Leases with no holder, writes the group's status only through the status
-subresource with the read ``resourceVersion`` (a 409 is raised as :class:`Conflict` for
-the caller to re-read and recompute), and posts core/v1 Events. The blocking client runs
-in threads so the kopf event loop never stalls.
+partition Leases with no holder (marked for their target owner), moves a lock's
+assignment mark with one merge patch of that annotation alone, writes the group's status
+only through the status subresource with the read ``resourceVersion`` (a 409 is raised as
+:class:`Conflict` for the caller to re-read and recompute), and posts core/v1 Events. The
+blocking client runs in threads so the kopf event loop never stalls.
 """
 
 from __future__ import annotations
@@ -84,11 +85,14 @@ class Kube:
         return await asyncio.to_thread(call)
 
     async def create_partition_lease(
-        self, *, namespace: str, group: dict[str, Any], partition: int, duration: int
+        self, *, namespace: str, group: dict[str, Any], partition: int, duration: int,
+        assigned: str | None = None,
     ) -> None:
-        """Create a free lock for `partition` (no holder, leaseTransitions 0); exists → ok."""
+        """Create a free lock for `partition` (no holder, leaseTransitions 0) marked for
+        `assigned`; exists → ok (a later pass marks it)."""
         body = lease_codec.new_partition_lease(namespace=namespace, group=group,
-                                               partition=partition, duration=duration)
+                                               partition=partition, duration=duration,
+                                               assigned=assigned)
 
         def call() -> None:
             try:
@@ -98,6 +102,25 @@ class Kube:
                     raise
 
         await asyncio.to_thread(call)
+
+    async def mark_partition_lease(
+        self, *, namespace: str, group: str, partition: int, member: str
+    ) -> dict[str, Any] | None:
+        """PATCH (JSON merge) the lock's ``kgroup.dev/assigned`` mark to `member`; the
+        stored Lease, or None when it is gone (the next pass creates it)."""
+        name = C.partition_lease_name(group, partition)
+        body = lease_codec.assignment_patch(member)
+
+        def call() -> dict[str, Any] | None:
+            try:
+                out = self.coord.patch_namespaced_lease(name, namespace, body)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return self._plain(out)
+
+        return await asyncio.to_thread(call)
 
     async def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
         def call() -> list[dict[str, Any]]:

@@ -6,6 +6,10 @@ only when the marker stayed unchanged for a full lease duration on the standby's
 monotonic clock does it take the Lease, with a resourceVersion precondition. The leader
 renews every third of the duration and stops itself (sets the stop flag) if it could not
 renew within two thirds of it, so it is gone before any standby may take over.
+
+The Lease carries kgroup's labels (``kgroup.dev/role=operator-leader``): the chart's
+admission policy lets the operator write no Lease without them (a Lease left unlabelled by
+an older version is labelled at the next write).
 """
 
 from __future__ import annotations
@@ -19,11 +23,23 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kgroup.constants import LABEL_ROLE, MANAGED_BY, ROLE_LEADER
+
 log = logging.getLogger(__name__)
+
+
+LABELS = {LABEL_ROLE: ROLE_LEADER, MANAGED_BY: "kgroup-operator"}
+"""The leader Lease's labels (no kgroup.dev/group: it is no group's Lease)."""
 
 
 def _now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _labelled(lease: Any) -> Any:
+    """A read Lease (client model) with kgroup's labels added, for a replace."""
+    lease.metadata.labels = {**(lease.metadata.labels or {}), **LABELS}
+    return lease
 
 
 class LeaseElector:
@@ -41,7 +57,8 @@ class LeaseElector:
 
     def _body(self, rv: str | None, transitions: int) -> dict[str, Any]:
         now = _now_micro()
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
+                                "labels": dict(LABELS)}
         if rv:
             meta["resourceVersion"] = rv
         return {
@@ -119,7 +136,7 @@ class LeaseElector:
         if lease.spec is None or lease.spec.holder_identity != self.identity:
             return False
         lease.spec.renew_time = datetime.now(UTC)
-        self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+        self.coord.replace_namespaced_lease(self.name, self.namespace, _labelled(lease))
         return True
 
     async def hold(self, stop: asyncio.Event) -> None:
@@ -153,7 +170,8 @@ class LeaseElector:
                     lease.spec.holder_identity = None
                     lease.spec.renew_time = None
                     lease.spec.acquire_time = None
-                    self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
+                    self.coord.replace_namespaced_lease(self.name, self.namespace,
+                                                        _labelled(lease))
             except Exception as exc:  # best effort: a standby takes over after a duration
                 log.warning("could not release the leader Lease: %s", exc)
 

@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes import client
 
 from kgroup.constants import (
+    ANNOTATION_ASSIGNED,
     API_GROUP,
     API_VERSION,
     KIND,
@@ -180,15 +181,30 @@ class ScriptedTarget:
             })
         return obj
 
-    def assign(self, assignment: Mapping[str, Sequence[int]]) -> int:
-        """Write a new target with the next epoch through the status subresource."""
+    def assign(self, assignment: Mapping[str, Sequence[int]], *, mark: bool = True) -> int:
+        """Write a new target with the next epoch through the status subresource, then (as
+        the operator does, after the status write) mark each lock whose owner changed
+        (``kgroup.dev/assigned``): a sidecar acquires only a lock marked for it."""
         self.epoch += 1
         status = {"epoch": self.epoch,
                   "assignment": {m: format_ranges(ps) for m, ps in assignment.items()}}
         self.custom.patch_namespaced_custom_object_status(
             API_GROUP, API_VERSION, self.namespace, PLURAL, self.group,
             {"status": status})
+        if mark:
+            for member, partitions in assignment.items():
+                for p in partitions:
+                    self.mark(p, member)
         return self.epoch
+
+    def mark(self, partition: int, member: str) -> None:
+        """The operator's one write per moved partition: a merge patch of the mark."""
+        if (self.lock(partition)["metadata"].get("annotations") or {}).get(
+                ANNOTATION_ASSIGNED) == member:
+            return
+        self.leases.patch_namespaced_lease(
+            partition_lease_name(self.group, partition), self.namespace,
+            {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member}}})
 
     def lock(self, partition: int) -> Obj:
         raw = self.leases.read_namespaced_lease(

@@ -1,11 +1,14 @@
 {{/*
 kgroup.workerRbac: the ServiceAccount, Role and RoleBinding of kgroup worker pods in one
 namespace. The Role is exactly what the sidecar needs in its own namespace: its session
-and the partition locks (leases), the ConsumerGroup it serves (read-only), and Events
-(create, and patch to count a repeat) on its own pod: fenced, partition lost, handoff timed
-out. Nothing else: no pods, no secrets, no status. What a worker may do to a Lease beyond this RBAC
-(only its own member Lease, only locks it holds or acquires) is enforced by the chart's
-ValidatingAdmissionPolicy.
+and the partition locks (leases: get, list, watch, create, update, delete, the calls of
+worker_sidecar/kgroup_sidecar/kube.py; no patch), the ConsumerGroup it serves (read-only),
+and Events (create, and patch to count a repeat) on its own pod: fenced, partition lost,
+handoff timed out. Nothing else: no pods, no secrets, no status. RBAC cannot name the Leases a
+worker may write; the chart's ValidatingAdmissionPolicy (<release>-lease-ownership) does:
+only its own member Lease, only locks marked for it (kgroup.dev/assigned) to acquire, only
+locks it holds to release; every other Lease of the namespace (another application's
+leader lock, the operator's leader Lease) is refused.
 
 Usage (also from a chart that depends on kgroup):
   {{ include "kgroup.workerRbac" (dict "root" $ "namespace" "orders") }}
@@ -35,7 +38,7 @@ metadata:
 rules:
   - apiGroups: ["coordination.k8s.io"]
     resources: ["leases"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "watch", "create", "update", "delete"]
   - apiGroups: ["kgroup.dev"]
     resources: ["consumergroups"]
     verbs: ["get", "list", "watch"]

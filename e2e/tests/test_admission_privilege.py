@@ -1,0 +1,413 @@
+"""Least privilege on a real API server: tables of (caller, request, expected answer).
+
+Rule: each row is one request as a real caller would send it, with the answer the chart
+promises: ``allowed``, refused by a kgroup admission policy (its message names the rule),
+or refused by RBAC. Writes that would change something outside this test's namespace are
+server-side dry runs (admission runs, nothing is stored).
+
+Callers: a worker pod (service account kgroup-worker, a pod-bound token of pod-a; pod-b is
+another member) and the operator (its service account, a plain token), with the chart as
+installed by default: operator.watchNamespaces empty, so a ClusterRole. Findings of issue
+17 these rows answer: a worker writing another app's Lease or the operator's leader Lease;
+a worker taking a lock assigned to another member; the operator writing kube-system's or
+kube-node-lease's Leases or another app's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from kgroup_devcluster.cluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
+from kgroup_devcluster.tokens import (
+    admin_api_client,
+    api_client_from_kubeconfig,
+    pod_kubeconfig,
+    token_kubeconfig_text,
+)
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kgroup"
+WORKER_SA = "kgroup-worker"
+GROUP = "g"
+LEADER = "kgroup-operator-leader"  # the chart's default operator.leaderElection.leaseName
+KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+Lease = dict[str, Any]
+DRY = "All"
+
+
+@dataclass
+class Env:
+    ns: str
+    # CoordinationV1Api clients, typed Any: the tests send and read plain JSON dicts
+    admin: Any
+    worker: Any  # pod-a's pod-bound token
+    operator: Any  # the operator's service account
+
+
+def _render(cluster: Cluster, ns: str, release: str, *sets: str) -> list[Lease]:
+    argv = [f"--set={x}" for x in sets]
+    out = cluster.helm(
+        "template", release, str(CHART), "--namespace", ns, "--kube-version", "1.35.4",
+        "--set", "crds.enabled=false", "--set", f"workerRbac.namespaces={{{ns}}}",
+        "--set", f"admissionPolicy.namespaces={{{ns}}}", *argv, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in KINDS]
+
+
+def _lease(name: str, *, labels: dict[str, str] | None = None, holder: str | None = None,
+           token: int = 0, notes: dict[str, str] | None = None) -> Lease:
+    spec: Lease = {"leaseDurationSeconds": 15, "leaseTransitions": token}
+    if holder:
+        spec["holderIdentity"] = holder
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "labels": labels or {}, "annotations": notes or {}},
+            "spec": spec}
+
+
+def _partition_labels(n: int) -> dict[str, str]:
+    return {"kgroup.dev/group": GROUP, "kgroup.dev/role": "partition",
+            "kgroup.dev/partition": str(n)}
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    core = client.CoreV1Api(kube)
+    ns = f"t-privilege-{secrets.token_hex(3)}"
+    release = f"prv-{secrets.token_hex(3)}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=ns, labels={"kgroup.dev/e2e": "true"})))
+    objs = _render(cluster, ns, release)
+    assert {o["kind"] for o in objs} == KINDS
+    clients: list[client.ApiClient] = []
+    try:
+        out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
+        assert out.returncode == 0, out.stderr
+        tmp = tmp_path_factory.mktemp("privilege")
+        pod: Any = core.create_namespaced_pod(ns, client.V1Pod(
+            metadata=client.V1ObjectMeta(name="pod-a"),
+            spec=client.V1PodSpec(
+                service_account_name=WORKER_SA,
+                node_selector={"kgroup.dev/no-such-node": "true"},  # never run
+                containers=[client.V1Container(name="app", image="registry.invalid/app")])))
+        worker_api = api_client_from_kubeconfig(pod_kubeconfig(
+            cluster, namespace=ns, service_account=WORKER_SA, pod_name="pod-a",
+            pod_uid=str(pod.metadata.uid), path=tmp / "pod-a.kubeconfig"))
+        operator_sa = next(o["metadata"]["name"] for o in objs
+                           if o["kind"] == "ServiceAccount" and "operator" in o["metadata"]["name"])
+        with admin_api_client(cluster) as api:
+            token: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
+                operator_sa, ns, client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+        path = tmp / "operator.kubeconfig"
+        path.write_text(token_kubeconfig_text(cluster, token=token.status.token,
+                                              user="operator", namespace=ns))
+        operator_api = api_client_from_kubeconfig(path)
+        clients += [worker_api, operator_api]
+        e = Env(ns, client.CoordinationV1Api(kube), client.CoordinationV1Api(worker_api),
+                client.CoordinationV1Api(operator_api))
+        # the objects the rows act on, made by the admin
+        e.admin.create_namespaced_lease(ns, _lease("other-app-leader", holder="other-app-0"))
+        e.admin.create_namespaced_lease(ns, _lease(
+            LEADER, labels={"kgroup.dev/role": "operator-leader"}, holder="operator-0"))
+        for n, notes in ((1, {"kgroup.dev/assigned": "pod-a"}),
+                         (2, {"kgroup.dev/assigned": "pod-b"}), (3, {})):
+            e.admin.create_namespaced_lease(ns, _lease(
+                f"{GROUP}-partition-{n}", labels=_partition_labels(n), notes=notes))
+        e.admin.create_namespaced_lease(ns, _lease(  # held by pod-b, live, assigned to it
+            f"{GROUP}-partition-4", labels=_partition_labels(4), holder="pod-b", token=3,
+            notes={"kgroup.dev/assigned": "pod-b", "kgroup.dev/session": "s-b"}))
+        e.admin.create_namespaced_lease(ns, _lease(  # held by pod-a, moved to pod-b
+            f"{GROUP}-partition-5", labels=_partition_labels(5), holder="pod-a", token=2,
+            notes={"kgroup.dev/assigned": "pod-b", "kgroup.dev/session": "s-a"}))
+        _wait_until_enforced(e)
+        yield e
+    finally:
+        for api in clients:
+            api.close()  # type: ignore[no-untyped-call]
+        for o in objs:
+            if "namespace" not in o["metadata"] and o["kind"] != "ServiceAccount":
+                cluster.kubectl("delete", "--ignore-not-found", o["kind"].lower(),
+                                o["metadata"]["name"], check=False)
+        core.delete_namespace(ns, propagation_policy="Background")
+
+
+def _wait_until_enforced(env: Env) -> None:
+    """Policies take effect a moment after they are created: poll with refused dry runs."""
+    def refused(api: Any, ns: str) -> bool:
+        try:
+            api.create_namespaced_lease(ns, _lease(f"probe-{secrets.token_hex(3)}"),
+                                        dry_run=DRY)
+        except client.ApiException as exc:
+            return exc.status == 403 and "ValidatingAdmissionPolicy" in str(exc.body)
+        return False
+    wait_for("the worker policy", lambda: refused(env.worker, env.ns), timeout=60)
+    wait_for("the operator policy", lambda: refused(env.operator, env.ns), timeout=60)
+
+
+# ---- requests: (description, call) -----------------------------------------------------
+
+Request = Callable[[Env], object]
+
+
+def read(env: Env, name: str, ns: str | None = None) -> Lease:
+    raw = env.admin.read_namespaced_lease(name, ns or env.ns, _preload_content=False)
+    body: Lease = json.loads(raw.data)
+    body["metadata"].setdefault("annotations", {})
+    return body
+
+
+def put(who: str, name: str, change: Callable[[Lease], None]) -> Request:
+    """Read ``name`` as the admin, change it, replace it as ``who`` (a dry run)."""
+    def call(env: Env) -> object:
+        body = read(env, name)
+        change(body)
+        api = getattr(env, who)
+        return api.replace_namespaced_lease(name, env.ns, body, dry_run=DRY)
+    return call
+
+
+def patch(who: str, name: str, body: Lease) -> Request:
+    def call(env: Env) -> object:
+        api = getattr(env, who)
+        return api.patch_namespaced_lease(name, env.ns, body, dry_run=DRY)
+    return call
+
+
+def create(who: str, lease: Lease, ns: str | None = None) -> Request:
+    def call(env: Env) -> object:
+        api = getattr(env, who)
+        return api.create_namespaced_lease(ns or env.ns, lease, dry_run=DRY)
+    return call
+
+
+def delete(who: str, name: str) -> Request:
+    def call(env: Env) -> object:
+        api = getattr(env, who)
+        return api.delete_namespaced_lease(name, env.ns, dry_run=DRY)
+    return call
+
+
+def acquire(holder: str, token: int, session: str = "s-new") -> Callable[[Lease], None]:
+    def change(lease: Lease) -> None:
+        lease["spec"]["holderIdentity"] = holder
+        lease["spec"]["leaseTransitions"] = token
+        lease["metadata"]["annotations"]["kgroup.dev/session"] = session
+    return change
+
+
+def release(lease: Lease) -> None:
+    lease["spec"].pop("holderIdentity", None)
+    lease["metadata"]["annotations"].pop("kgroup.dev/session", None)
+
+
+def set_note(key: str, value: str) -> Callable[[Lease], None]:
+    return lambda lease: lease["metadata"]["annotations"].__setitem__(key, value)
+
+
+def answer(env: Env, call: Request) -> str:
+    """``allowed``, ``rbac``, or ``policy: <message>``."""
+    try:
+        call(env)
+    except client.ApiException as exc:
+        body = json.loads(exc.body or "{}")
+        assert exc.status == 403, body
+        message = str(body.get("message", ""))
+        return f"policy: {message}" if "ValidatingAdmissionPolicy" in message else "rbac"
+    return "allowed"
+
+
+P = f"{GROUP}-partition-"
+MEMBER = {"kgroup.dev/group": GROUP, "kgroup.dev/role": "member", "kgroup.dev/member": "pod-a"}
+
+WORKER_TABLE: list[tuple[str, Request, str]] = [
+    # another application's Lease, the operator's leader Lease: never the worker's
+    ("create another app's Lease", create("worker", _lease("app-lock", holder="pod-a")),
+     "is not a kgroup Lease"),
+    ("take another app's leader lock", put("worker", "other-app-leader",
+                                           acquire("pod-a", 1)), "is not a kgroup Lease"),
+    ("delete another app's Lease", delete("worker", "other-app-leader"),
+     "is not a kgroup Lease"),
+    ("take the operator's leader Lease", put("worker", LEADER, acquire("pod-a", 1)),
+     "is not a kgroup Lease"),
+    ("create a kgroup-looking Lease without labels",
+     create("worker", _lease(f"{P}77", holder="pod-a")), "is not a kgroup Lease"),
+    # its own member Lease, the locks assigned to it
+    ("create its own member Lease", create("worker", _lease(
+        f"{GROUP}-member-pod-a", labels=MEMBER, holder="pod-a",
+        notes={"kgroup.dev/session": "s-a"})), "allowed"),
+    ("acquire a free lock assigned to it", put("worker", f"{P}1", acquire("pod-a", 1)),
+     "allowed"),
+    ("acquire a free lock assigned to pod-b", put("worker", f"{P}2", acquire("pod-a", 1)),
+     'the operator assigned it to "pod-b"'),
+    ("acquire a free lock assigned to nobody", put("worker", f"{P}3", acquire("pod-a", 1)),
+     "assigned it to nobody yet"),
+    ("steal pod-b's live lock with token + 1", put("worker", f"{P}4", acquire("pod-a", 4)),
+     'the operator assigned it to "pod-b"'),
+    ("re-acquire its own lock with a new session after the move",
+     put("worker", f"{P}5", acquire("pod-a", 3)), 'the operator assigned it to "pod-b"'),
+    ("release its own lock after the move", put("worker", f"{P}5", release), "allowed"),
+    ("mark a lock for itself", patch("worker", f"{P}2", {"metadata": {"annotations": {
+        "kgroup.dev/assigned": "pod-a"}}}), "rbac"),  # no patch verb at all
+    ("mark a lock for itself (update)", put("worker", f"{P}2",
+                                            set_note("kgroup.dev/assigned", "pod-a")),
+     "may not change the kgroup.dev/assigned mark"),
+    ("create a partition lock held by itself", create("worker", _lease(
+        f"{P}78", labels=_partition_labels(78), holder="pod-a", token=1,
+        notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-a"})),
+     "may not create partition Lease"),
+]
+
+OPERATOR_TABLE: list[tuple[str, Request, str]] = [
+    ("create a partition lock, marked", create("operator", _lease(
+        f"{P}80", labels=_partition_labels(80), notes={"kgroup.dev/assigned": "pod-a"})),
+     "allowed"),
+    ("move a lock's mark (merge patch)", patch("operator", f"{P}4", {"metadata": {
+        "annotations": {"kgroup.dev/assigned": "pod-a"}}}), "allowed"),
+    ("set a lock's holder (merge patch)", patch("operator", f"{P}4", {"spec": {
+        "holderIdentity": "pod-a"}}), "may change only the annotations"),
+    ("strip a lock's labels (merge patch)", patch("operator", f"{P}4", {"metadata": {
+        "labels": {"kgroup.dev/role": None}}}), "may write only kgroup partition locks"),
+    ("update a lock (PUT)", put("operator", f"{P}4", set_note("x", "y")), "rbac"),
+    ("delete a lock", delete("operator", f"{P}4"), "rbac"),
+    ("create another app's Lease", create("operator", _lease("app-lock")),
+     "may write only kgroup partition locks"),
+    ("patch another app's Lease", patch("operator", "other-app-leader", {"spec": {
+        "holderIdentity": "operator-0"}}), "may write only kgroup partition locks"),
+    ("label another app's Lease as a lock", patch("operator", "other-app-leader", {
+        "metadata": {"labels": _partition_labels(9)}}), "may write only kgroup partition"),
+    ("create a member Lease", create("operator", _lease(
+        f"{GROUP}-member-pod-a", labels=MEMBER, holder="pod-a")),
+     "may write only kgroup partition locks"),
+    ("create a Lease in kube-system", create("operator", _lease(
+        "kube-controller-manager-x", labels=_partition_labels(1)), ns="kube-system"),
+     "kube-system and kube-node-lease"),
+    ("create a Lease in kube-node-lease", create("operator", _lease(
+        "node-x", labels=_partition_labels(1)), ns="kube-node-lease"),
+     "kube-system and kube-node-lease"),
+    ("create its leader Lease under another name", create("operator", _lease(
+        "kgroup-other-leader", labels={"kgroup.dev/role": "operator-leader"})),
+     "may write only kgroup partition locks"),
+    ("renew its leader Lease (PUT, by name)", put("operator", LEADER,
+                                                 acquire("operator-1", 1)), "allowed"),
+    ("take another app's Lease (PUT)", put("operator", "other-app-leader",
+                                           acquire("operator-1", 1)), "rbac"),
+]
+
+
+@pytest.mark.parametrize(("what", "request_", "expected"), WORKER_TABLE,
+                         ids=[row[0] for row in WORKER_TABLE])
+def test_a_worker_writes_only_its_member_lease_and_the_locks_assigned_to_it(
+        env: Env, what: str, request_: Request, expected: str) -> None:
+    got = answer(env, request_)
+    if expected in ("allowed", "rbac"):
+        assert got == expected, (what, got)
+    else:
+        assert got.startswith("policy: ") and expected in got, (what, got)
+
+
+@pytest.mark.parametrize(("what", "request_", "expected"), OPERATOR_TABLE,
+                         ids=[row[0] for row in OPERATOR_TABLE])
+def test_the_operator_writes_only_kgroups_leases(
+        env: Env, what: str, request_: Request, expected: str) -> None:
+    got = answer(env, request_)
+    if expected in ("allowed", "rbac"):
+        assert got == expected, (what, got)
+    else:
+        assert got.startswith("policy: ") and expected in got, (what, got)
+
+
+def test_the_admin_is_judged_by_neither_policy(env: Env) -> None:
+    for call in (create("admin", _lease("app-lock-2")),
+                 put("admin", f"{P}2", acquire("pod-a", 1)),
+                 put("admin", f"{P}2", set_note("kgroup.dev/assigned", "pod-a"))):
+        assert answer(env, call) == "allowed"
+
+
+def test_the_operators_leader_election_passes_its_policy_and_labels_its_lease(
+        env: Env) -> None:
+    """leader.py as shipped, under the operator's token: it takes over an unlabelled leader
+    Lease (as an older version left it), renews and releases it, and creates a new one
+    after a delete; every write is allowed and leaves kgroup's label on the Lease."""
+    from kgroup_operator.leader import LeaseElector
+
+    env.admin.delete_namespaced_lease(LEADER, env.ns)
+    env.admin.create_namespaced_lease(env.ns, _lease(LEADER))  # unlabelled, free
+    elector = LeaseElector(env.operator.api_client, namespace=env.ns, name=LEADER,
+                           identity="operator-1", duration=15)
+
+    def role() -> str | None:
+        labels: dict[str, str] = read(env, LEADER)["metadata"].get("labels") or {}
+        return labels.get("kgroup.dev/role")
+
+    assert role() is None
+    assert elector._try_acquire()  # a replace that adds the labels
+    assert role() == "operator-leader" and read(env, LEADER)["spec"]["holderIdentity"] == \
+        "operator-1"
+    assert elector._renew()
+    env.admin.delete_namespaced_lease(LEADER, env.ns)
+    assert elector._try_acquire()  # 404: a create, labelled
+    assert role() == "operator-leader"
+    env.admin.create_namespaced_lease(env.ns, _lease("kgroup-not-mine"))
+    stranger = LeaseElector(env.operator.api_client, namespace=env.ns, name="kgroup-not-mine",
+                            identity="operator-1", duration=15)
+    with pytest.raises(client.ApiException) as info:  # RBAC: only its own leader Lease
+        stranger._try_acquire()
+    assert info.value.status == 403
+
+
+def test_with_watched_namespaces_the_operator_has_roles_there_and_nothing_elsewhere(
+        cluster: Cluster, kube: client.ApiClient, env: Env,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The other install mode (operator.watchNamespaces set): Roles in the watched
+    namespaces only. The operator writes kgroup's locks there; RBAC refuses it every other
+    namespace, kube-system included; the policy still refuses a non-kgroup Lease there."""
+    release = f"prw-{secrets.token_hex(3)}"
+    objs = [o for o in _render(cluster, env.ns, release, f"operator.watchNamespaces={{{env.ns}}}")
+            if "worker" not in o["metadata"]["name"]]
+    assert not [o for o in objs if o["kind"] == "ClusterRole"]
+    try:
+        out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
+        assert out.returncode == 0, out.stderr
+        sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+        with admin_api_client(cluster) as api:
+            token: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
+                sa, env.ns, client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
+        path = tmp_path_factory.mktemp("roles") / "operator.kubeconfig"
+        path.write_text(token_kubeconfig_text(cluster, token=token.status.token,
+                                              user="operator-roles", namespace=env.ns))
+        with api_client_from_kubeconfig(path) as api:
+            roles = Env(env.ns, env.admin, env.worker, client.CoordinationV1Api(api))
+            wait_for("the second operator policy", lambda: answer(roles, create(
+                "operator", _lease("probe-roles"))).startswith("policy: "), timeout=60)
+            table = [
+                ("a lock in its namespace", create("operator", _lease(
+                    f"{P}90", labels=_partition_labels(90))), "allowed"),
+                ("a lock elsewhere", create("operator", _lease(
+                    f"{P}90", labels=_partition_labels(90)), ns="default"), "rbac"),
+                ("kube-system", create("operator", _lease(
+                    "x", labels=_partition_labels(1)), ns="kube-system"), "rbac"),
+                ("another app's Lease in its namespace", create("operator", _lease("app-2")),
+                 "policy"),
+            ]
+            got = {what: answer(roles, call).split(":")[0] for what, call, _ in table}
+            assert got == {what: expected for what, _, expected in table}
+    finally:
+        for o in objs:
+            if "namespace" not in o["metadata"] and o["kind"] != "ServiceAccount":
+                cluster.kubectl("delete", "--ignore-not-found", o["kind"].lower(),
+                                o["metadata"]["name"], check=False)
