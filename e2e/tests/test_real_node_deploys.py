@@ -36,6 +36,7 @@ from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.real_group import RealGroup
 from kgroup_devcluster.real_node import example_pdb
 from kgroup_devcluster.stack import apply
+from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
 from kgroup_sidecar.testing import (
@@ -192,6 +193,11 @@ def test_an_evicted_worker_hands_over_within_its_grace_and_the_budget_refuses_a_
     assert grace == 45  # the example's
     owned = sorted(p for p, h in g.holders().items() if h == victim)
     assert owned
+    # a position to hand over: the sink has committed each of them (else None is right)
+    sink = redis.Redis.from_url(g.redis_url, decode_responses=True)
+    wait_for("a committed offset for each of the victim's partitions", lambda: all(
+        sink.hget(StreamKeys(STREAM).sink_partition(p), "offset") for p in owned),
+        timeout=60)
     t0 = time.monotonic()
     _evict(g, victim)
 
