@@ -239,8 +239,9 @@ def burst_round(st: Stage, m: Members, joiners: list[str], members: int,
     owner_after = targets(after)
     moved = {p for p in owner_after if owner_after[p] != owner_before.get(p)}
     recs = audit(m)
-    first = min(r["mono"] for r in recs if r["member"] in joiners and r["event"] == "session"
-                and r["mono"] >= t0 - 1)
+    sessions = [r["mono"] for r in recs if r["member"] in joiners and r["event"] == "session"
+                and r["mono"] >= t0 - 1]
+    first = min(sessions)
     done = max((r["mono"] for r in recs if r["event"] == "acquire" and r["partition"] in moved
                 and r["member"] == owner_after[r["partition"]] and r["mono"] >= first),
                default=first)
@@ -258,7 +259,8 @@ def burst_round(st: Stage, m: Members, joiners: list[str], members: int,
     gone = {p for p in targets(back) if owner_after.get(p) in joiners}
     left = max((r["mono"] for r in recs if r["event"] == "acquire" and r["partition"] in gone
                 and r["member"] not in joiners and r["mono"] >= t1), default=t1)
-    return {"seconds": done - first, "joins_spread_s": spread, "epochs": epochs,
+    return {"seconds": done - first, "joins_spread_s": spread,
+            "sessions_spread_s": max(sessions) - first, "epochs": epochs,
             "moved": len(moved), "lower_bound": bound, "leave_seconds": left - t1,
             "leave_epochs": int(back["epoch"]) - int(after["epoch"])}
 
