@@ -349,6 +349,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write every result here (JSON)")
     args = ap.parse_args()
     results: list[Obj] = []
+    facts = machine()  # the load average at the start
     for settings in args.settings.split(","):
         print(f"[rebalance] settings {settings}", flush=True)
         result = run(partitions=args.partitions, members=args.members, rounds=args.rounds,
@@ -360,7 +361,7 @@ def main() -> None:
               flush=True)
         if args.out is not None:
             args.out.write_text(json.dumps(
-                {"machine": machine(), "command": " ".join(
+                {"machine": facts, "command": " ".join(
                     ["bench/bench_rebalance.py", *sys.argv[1:]]), "runs": results},
                 indent=1) + "\n")
 
