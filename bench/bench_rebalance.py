@@ -1,23 +1,30 @@
 """Rebalance figures on the real API server: real sidecars, the real operator, audit trails.
 
 Rule: timings live here, never in tests; this prints and returns figures, asserts nothing.
-Default group settings except ``stabilizationWindowSeconds: 0`` (the window is a policy
-delay added on top of every figure below: report it apart). Every time comes from the
-sidecars' audit lines (CLOCK_MONOTONIC, shared by every process on the host):
+Each setting of ``--settings`` is one labelled run on a group of its own: ``defaults`` (the
+group leaves every setting to the CRD's defaults: what a user gets) and ``window0`` (the
+defaults but ``stabilizationWindowSeconds: 0``; lease 15 s / renew 5 s, drain 30 s). Every
+time comes from the sidecars' audit lines (CLOCK_MONOTONIC, shared by every process on the
+host):
 
 - join: from the new member's ``session`` line to the last ``acquire`` of a partition whose
   target owner changed, by its new owner; moves vs ``lower_bound_moves``; and every
   ``release``/``acquire`` of a partition whose owner did NOT change in that span (a pause
   of an unmoved partition: must be none);
-- leave (SIGTERM) and crash (SIGKILL): from the signal to the departed member's last
-  partition acquired by another member (a crash waits one lease duration, 15 s here).
+- leave (SIGTERM) and node loss (SIGKILL: the member stops renewing and is not
+  restarted; its pod stays): from the signal to the departed member's last partition
+  acquired by another member (a crash waits one lease duration, 15 s by default);
+- burst (``--burst-rounds``): 10 members join within 3 s (one every 0.3 s): from the first
+  join to the last moved partition acquired by its new owner, the rebalances it cost
+  (epochs), moves vs the lower bound; then the 10 leave together (SIGTERM), timed alike.
 
 Members are separate ``kgroup-sidecar`` processes whose app acknowledges revocations at
 once (``--members procs``), or the in-process swarm (``--members swarm``: the same sidecar
 code, one process — used where 32 processes would not fit on 2 cores).
 
     .venv/bin/python bench/bench_rebalance.py [--partitions 64 --members 4 --rounds 10]
-        [--crash-rounds 3] [--swarm]
+        [--crash-rounds 3] [--burst-rounds 2] [--settings defaults,window0] [--swarm]
+        [--out docs/bench/rebalance_defaults.json]
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stage import Stage, apiserver_requests, pct, wait_until
+from stage import Stage, apiserver_requests, machine, pct, wait_until
 
 from kgroup.client import Partition, SidecarClient
 from kgroup.core.assignors import Member, lower_bound_moves
@@ -200,13 +207,80 @@ def depart_round(st: Stage, m: Members, pod: str, n_after: int, *, crash: bool) 
     return float(last - t0)
 
 
-def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm: bool) -> Obj:
+BURST = 10
+BURST_SPACING = 0.3  # s between two joins of a burst: 10 within 3 s
+SETTINGS: dict[str, Obj] = {
+    # a setting None is left out of the group: the CRD's default applies
+    "defaults": {"window": None, "duration": None, "renew": None, "drain": None},
+    "window0": {"window": 0, "duration": 15, "renew": 5, "drain": 30},
+}
+
+
+def group_settings(st: Stage) -> Obj:
+    """The settings the API server stored (defaults filled in), as the figures' label."""
+    spec = st.custom.get_namespaced_custom_object(
+        "kgroup.dev", "v1alpha1", st.ns, "consumergroups", st.group)["spec"]
+    return {k: spec.get(k) for k in ("stabilizationWindowSeconds",
+                                     "stabilizationMaxDelaySeconds", "lease", "handoff",
+                                     "restartGraceSeconds")}
+
+
+def burst_round(st: Stage, m: Members, joiners: list[str], members: int,
+                partitions: int) -> Obj:
+    """BURST joins BURST_SPACING apart, then the same BURST leaving at once."""
+    before = st.stable_with(members)
+    assert before is not None
+    owner_before = targets(before)
+    current = {mem: parse_ranges(r) for mem, r in before["assignment"].items()}
+    bound = lower_bound_moves(partitions, [Member(x) for x in [*current, *joiners]],
+                              current, owner_before)
+    t0 = time.monotonic()
+    for i, pod in enumerate(joiners):
+        m.join(pod)
+        if i + 1 < len(joiners):
+            time.sleep(max(0.0, t0 + (i + 1) * BURST_SPACING - time.monotonic()))
+    spread = time.monotonic() - t0
+    after = wait_until("stable after the burst", lambda: st.stable_with(members + len(joiners)),
+                       timeout=300)
+    owner_after = targets(after)
+    moved = {p for p in owner_after if owner_after[p] != owner_before.get(p)}
+    recs = audit(m)
+    sessions = [r["mono"] for r in recs if r["member"] in joiners and r["event"] == "session"
+                and r["mono"] >= t0 - 1]
+    first = min(sessions)
+    done = max((r["mono"] for r in recs if r["event"] == "acquire" and r["partition"] in moved
+                and r["member"] == owner_after[r["partition"]] and r["mono"] >= first),
+               default=first)
+    epochs = int(after["epoch"]) - int(before["epoch"])
+    # the burst leaves together (SIGTERM): time to every partition owned by the remaining
+    t1 = time.monotonic()
+    threads = [threading.Thread(target=m.leave, args=(pod,)) for pod in joiners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    back = wait_until("stable after the burst left", lambda: st.stable_with(members),
+                      timeout=300)
+    recs = audit(m)
+    gone = {p for p in targets(back) if owner_after.get(p) in joiners}
+    left = max((r["mono"] for r in recs if r["event"] == "acquire" and r["partition"] in gone
+                and r["member"] not in joiners and r["mono"] >= t1), default=t1)
+    return {"seconds": done - first, "joins_spread_s": spread,
+            "sessions_spread_s": max(sessions) - first, "epochs": epochs,
+            "moved": len(moved), "lower_bound": bound, "leave_seconds": left - t1,
+            "leave_epochs": int(back["epoch"]) - int(after["epoch"])}
+
+
+def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm: bool,
+        settings: str = "window0", burst_rounds: int = 0) -> Obj:
     st = Stage("bench-rebalance")
     m: Members | None = None
     try:
         pods = [f"w-{i}" for i in range(members + 1)]
-        st.pods(pods)
-        st.create_group(partitions=partitions, window=0)
+        joiners = [f"b-{i}" for i in range(BURST)] if burst_rounds else []
+        st.pods(pods + joiners)
+        st.create_group(partitions=partitions, **SETTINGS[settings])
+        stored = group_settings(st)
         st.start_operator()
         m = Swarmed(st) if swarm else Procs(st)
         for pod in pods[:members]:
@@ -229,15 +303,21 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
                   f"unmoved pauses {joins[-1]['unmoved_pauses']})"
                   + (f", crash {crashes[-1]:.2f} s" if i < crash_rounds
                      else f", leave {leaves[-1]:.2f} s"), flush=True)
+        bursts = []
+        for i in range(burst_rounds):
+            bursts.append(burst_round(st, m, joiners, members, partitions))
+            print(f"  burst {i + 1}: {bursts[-1]}", flush=True)
         recs, ended = lives(audit(m), m.kills)
         violations = safety_violations(recs, ended_at=ended)
         for line in violations[:5]:
             print(f"  SAFETY: {line}", flush=True)
         js = [j["seconds"] for j in joins]
+        bs = [b["seconds"] for b in bursts]
         return {
+            "settings": settings, "group_spec": stored,
             "partitions": partitions, "members": f"{members}->{members + 1}",
             "mode": "swarm (one process)" if swarm else "one process per sidecar",
-            "window_seconds": 0, "lease": "15 s / renew 5 s", "initial_stable_s": initial,
+            "initial_stable_s": initial,
             "join_p50_s": pct(js, 0.5), "join_p95_s": pct(js, 0.95), "join_runs": len(js),
             "moved": sorted({j["moved"] for j in joins}),
             "lower_bound": sorted({j["lower_bound"] for j in joins}),
@@ -253,7 +333,12 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
             "crash_p50_s": pct(crashes, 0.5), "crash_p95_s": pct(crashes, 0.95),
             "crash_max_s": max(crashes, default=float("nan")),
             "crash_runs": len(crashes), "safety_violations": len(violations),
-            "joins": js, "leaves": leaves, "crashes": crashes,
+            "burst_p50_s": pct(bs, 0.5), "burst_p95_s": pct(bs, 0.95), "burst_runs": len(bs),
+            "burst_epochs": [b["epochs"] for b in bursts],
+            "burst_moved_minus_bound": [b["moved"] - b["lower_bound"] for b in bursts],
+            "burst_leave_s": [b["leave_seconds"] for b in bursts],
+            "burst_leave_epochs": [b["leave_epochs"] for b in bursts],
+            "joins": js, "leaves": leaves, "crashes": crashes, "bursts": bursts,
         }
     finally:
         if m is not None:
@@ -267,12 +352,29 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--crash-rounds", type=int, default=3)
+    ap.add_argument("--burst-rounds", type=int, default=0,
+                    help=f"bursts of {BURST} joins within 3 s (then {BURST} leaves)")
+    ap.add_argument("--settings", default="window0",
+                    help="comma-separated, each its own group: defaults, window0")
     ap.add_argument("--swarm", action="store_true", help="in-process swarm, not processes")
+    ap.add_argument("--out", type=Path, default=None, help="write every result here (JSON)")
     args = ap.parse_args()
-    result = run(partitions=args.partitions, members=args.members, rounds=args.rounds,
-                 crash_rounds=args.crash_rounds, swarm=args.swarm)
-    print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("joins", "leaves", "crashes")}, indent=1))
+    results: list[Obj] = []
+    facts = machine()  # the load average at the start
+    for settings in args.settings.split(","):
+        print(f"[rebalance] settings {settings}", flush=True)
+        result = run(partitions=args.partitions, members=args.members, rounds=args.rounds,
+                     crash_rounds=args.crash_rounds, swarm=args.swarm, settings=settings,
+                     burst_rounds=args.burst_rounds)
+        results.append(result)
+        print(json.dumps({k: v for k, v in result.items()
+                          if k not in ("joins", "leaves", "crashes", "bursts")}, indent=1),
+              flush=True)
+        if args.out is not None:
+            args.out.write_text(json.dumps(
+                {"machine": facts, "command": " ".join(
+                    ["bench/bench_rebalance.py", *sys.argv[1:]]), "runs": results},
+                indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,11 @@ def test_what_happened_outside_the_window_is_left_out() -> None:
     fig = rollout_figures(intervals, 1, t0=3.5, t1=50)
     assert fig["moves"] == 1 and fig["longest_pause_s"] == 0.0 and fig["max_unowned"] == 0
     assert rollout_figures([iv("a", 0, 10, 99)], 1, t0=5, t1=50)["max_unowned"] == 1
+
+
+def test_a_pod_coming_back_under_its_name_is_a_pause_not_a_move() -> None:
+    """A StatefulSet pod replaced by a rollout keeps its name: a partition it gets back is
+    not moved, but the time it was unowned counts."""
+    intervals = [Interval("w-0", "old", 0, 1, 0, 10), Interval("w-0", "new", 0, 2, 14, 99)]
+    fig = rollout_figures(intervals, 1, t0=5, t1=50)
+    assert fig["moves"] == 0 and fig["longest_pause_s"] == 4.0 and fig["max_unowned"] == 1

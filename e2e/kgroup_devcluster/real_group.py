@@ -23,7 +23,7 @@ from kgroup.constants import LABEL_GROUP, LABEL_PARTITION, LABEL_ROLE
 
 from . import node, stack
 from .cluster import Cluster
-from .real_node import example_group, example_workers
+from .real_node import EXAMPLE, STATEFULSET_EXAMPLE, example_group, example_workers
 
 Obj = dict[str, Any]
 APP = "orders-worker"  # the example's names
@@ -37,7 +37,8 @@ def _ready(pod: Any) -> bool:
 
 @dataclass
 class RealGroup:
-    """One namespace: the chart's release, a ConsumerGroup and its worker Deployment."""
+    """One namespace: the chart's release, a ConsumerGroup and its workers: the example's
+    Deployment, or its StatefulSet (`kind="StatefulSet"`)."""
 
     cluster: Cluster
     api: client.ApiClient
@@ -45,8 +46,11 @@ class RealGroup:
     release: str
     redis_url: str
     audit: Path | None = None
+    kind: str = "Deployment"
 
     def __post_init__(self) -> None:
+        if self.kind not in ("Deployment", "StatefulSet"):
+            raise ValueError(f"workers are a Deployment or a StatefulSet, not {self.kind}")
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.coord = client.CoordinationV1Api(self.api)
@@ -62,16 +66,23 @@ class RealGroup:
         stack.helm_install(self.cluster, release=self.release, namespace=self.namespace,
                            real_node=True)
 
+    @property
+    def workload(self) -> str:
+        """The workers as kubectl names them: deployment/orders-worker, statefulset/..."""
+        return f"{self.kind.lower()}/{APP}"
+
     def apply(self, *, partitions: int, replicas: int, command: list[str],
               stream: str, sidecar_env: dict[str, str] | None = None,
               **group_spec: Any) -> None:
-        """`kubectl apply` the example ConsumerGroup and worker Deployment."""
+        """`kubectl apply` the example ConsumerGroup and worker Deployment (StatefulSet)."""
         docs = [example_group(redis_url=self.redis_url, stream=stream, partitions=partitions,
                               **group_spec)]
         docs += example_workers(api_port=self.cluster.ports["apiserver"],
                                 redis_url=self.redis_url, stream=stream, replicas=replicas,
                                 command=command, small_requests=True, audit_dir=self.audit,
-                                sidecar_env=sidecar_env)
+                                sidecar_env=sidecar_env,
+                                path=EXAMPLE if self.kind == "Deployment"
+                                else STATEFULSET_EXAMPLE)
         for d in docs:
             d["metadata"]["namespace"] = self.namespace
         if self.audit is not None:  # the sidecars' hostPath audit dir; they run as 10001
@@ -96,15 +107,10 @@ class RealGroup:
 
     def settled(self, members: int) -> Obj | None:
         """The group's status once Stable with `members` members owning their targets, the
-        Deployment rolled out with every pod Ready (readiness = ownership), all on the real
-        node; else None."""
+        Deployment (StatefulSet) rolled out with every pod Ready (readiness = ownership),
+        all on the real node; else None."""
         status = self.watcher.stable_with(members)
-        if status is None:
-            return None
-        dep: Any = self.apps.read_namespaced_deployment(APP, self.namespace)
-        s = dep.status
-        if not (s.ready_replicas == s.replicas == s.updated_replicas == members
-                and (s.observed_generation or 0) >= dep.metadata.generation):
+        if status is None or not self.rolled_out(members):
             return None
         pods = self.pods()
         if sorted(p.metadata.name for p in pods) != sorted(status["assignment"]):
@@ -113,6 +119,19 @@ class RealGroup:
         if misplaced:
             raise AssertionError(f"worker pods off the real node: {misplaced}")
         return status
+
+    def rolled_out(self, replicas: int) -> bool:
+        """The workers' controller saw its latest spec and every replica is updated and
+        Ready (a StatefulSet: its current revision is the update revision)."""
+        if self.kind == "Deployment":
+            w: Any = self.apps.read_namespaced_deployment(APP, self.namespace)
+            revised = True
+        else:
+            w = self.apps.read_namespaced_stateful_set(APP, self.namespace)
+            revised = w.status.current_revision == w.status.update_revision
+        s = w.status
+        return bool(revised and s.ready_replicas == s.replicas == s.updated_replicas == replicas
+                    and (s.observed_generation or 0) >= w.metadata.generation)
 
     def holders(self) -> dict[int, str | None]:
         """Every partition lock's holder (one list of the group's partition Leases)."""

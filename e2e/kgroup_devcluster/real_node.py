@@ -2,7 +2,8 @@
 without a pod network needs, nothing else.
 
 The chart's own objects take `e2e/values-real-node.yaml`; the worker Deployment of
-`examples/worker-deployment.yaml` is the user's, so the same settings are added here, each
+`examples/worker-deployment.yaml` (or the StatefulSet of `examples/worker-statefulset.yaml`,
+the same pod) is the user's, so the same settings are added here, each
 one a field a user of such a node would add by hand (the example's header lists them):
 hostNetwork with the node's resolver, the API server on loopback for the sidecar, the
 real node's label and taint, images that are never pulled, and where Redis is.
@@ -21,6 +22,9 @@ from .cluster import REPO
 
 Obj = dict[str, Any]
 EXAMPLE = REPO / "examples" / "worker-deployment.yaml"
+STATEFULSET_EXAMPLE = REPO / "examples" / "worker-statefulset.yaml"
+PDB_EXAMPLE = REPO / "examples" / "worker-pdb.yaml"
+WORKLOADS = ("Deployment", "StatefulSet")
 GROUP_EXAMPLE = REPO / "examples" / "consumergroup.yaml"
 NODE_LABEL = "kgroup.dev/node"
 NODE_VALUE = "real"
@@ -38,7 +42,8 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
                     command: list[str] | None = None, small_requests: bool = False,
                     audit_dir: Path | None = None,
                     sidecar_env: dict[str, str] | None = None) -> list[Obj]:
-    """The example's ConfigMap and Deployment, placed on the real node.
+    """The example's ConfigMap and Deployment (or, with `path=STATEFULSET_EXAMPLE`, its
+    ConfigMap, headless Service and StatefulSet), placed on the real node.
 
     The keyword arguments are what a test or the demo changes beyond placement: the app's
     command (the PySpark job instead of the light worker), small resource requests, an
@@ -51,7 +56,7 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
             doc["data"]["KGROUP_REDIS_URL"] = redis_url
             if stream is not None:
                 doc["data"]["KGROUP_STREAM"] = stream
-        elif doc["kind"] == "Deployment":
+        elif doc["kind"] in WORKLOADS:
             if replicas is not None:
                 doc["spec"]["replicas"] = replicas
             pod = doc["spec"]["template"]["spec"]
@@ -86,6 +91,12 @@ def _add_audit(pod: Obj, sidecar: Obj, audit_dir: Path) -> None:
         {"name": "kgroup-audit", "mountPath": "/var/run/kgroup-audit"})
     sidecar["env"].append({"name": "KGROUP_AUDIT_FILE",
                            "value": "/var/run/kgroup-audit/$(KGROUP_POD_NAME).jsonl"})
+
+
+def example_pdb(path: Path = PDB_EXAMPLE) -> Obj:
+    """examples/worker-pdb.yaml as it is (a PodDisruptionBudget needs no placement)."""
+    pdb: Obj = yaml.safe_load(path.read_text())
+    return pdb
 
 
 def example_group(*, redis_url: str, stream: str, partitions: int | None = None,
