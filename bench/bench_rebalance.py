@@ -1,8 +1,9 @@
 """Rebalance figures on the real API server: real sidecars, the real operator, audit trails.
 
 Rule: timings live here, never in tests; this prints and returns figures, asserts nothing.
-Default group settings except ``stabilizationWindowSeconds: 0`` (the window is a policy
-delay added on top of every figure below: report it apart). Every time comes from the
+Group settings: ``stabilizationWindowSeconds: 0`` and lease 15 s / renew 5 s unless told
+(``--defaults``: nothing given, the CRD's defaults apply, as a user gets them; ``--window``,
+``--lease D/R`` set one). Every time comes from the
 sidecars' audit lines (CLOCK_MONOTONIC, shared by every process on the host):
 
 - join: from the new member's ``session`` line to the last ``acquire`` of a partition whose
@@ -10,14 +11,18 @@ sidecars' audit lines (CLOCK_MONOTONIC, shared by every process on the host):
   ``release``/``acquire`` of a partition whose owner did NOT change in that span (a pause
   of an unmoved partition: must be none);
 - leave (SIGTERM) and crash (SIGKILL): from the signal to the departed member's last
-  partition acquired by another member (a crash waits one lease duration, 15 s here).
+  partition acquired by another member (a crash waits about one lease duration);
+- burst (``--burst``, once, at the end): ``--burst`` members join 0.3 s apart; the
+  rebalances it cost (epoch bumps), the partitions each moved (the operator's
+  RebalanceStarted Events) against the lower bound of going there in one step, and the
+  time from the first new session to Stable.
 
 Members are separate ``kgroup-sidecar`` processes whose app acknowledges revocations at
 once (``--members procs``), or the in-process swarm (``--members swarm``: the same sidecar
 code, one process — used where 32 processes would not fit on 2 cores).
 
     .venv/bin/python bench/bench_rebalance.py [--partitions 64 --members 4 --rounds 10]
-        [--crash-rounds 3] [--swarm]
+        [--crash-rounds 3] [--swarm] [--defaults | --window 5 --lease 15/5] [--burst 10]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import bisect
 import contextlib
 import json
+import re
 import signal
 import sys
 import threading
@@ -36,6 +42,7 @@ from typing import Any, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import Stage, pct, wait_until
 
+from kgroup import constants as C
 from kgroup.client import Partition, SidecarClient
 from kgroup.core.assignors import Member, lower_bound_moves
 from kgroup.core.ranges import parse_ranges
@@ -194,13 +201,60 @@ def depart_round(st: Stage, m: Members, pod: str, n_after: int, *, crash: bool) 
     return float(last - t0)
 
 
-def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm: bool) -> Obj:
+_STARTED = re.compile(r"^epoch (\d+): .* \((\d+) partitions move\)$")
+
+
+def rebalances(st: Stage, after_epoch: int) -> list[tuple[int, int]]:
+    """(epoch, partitions moved) of each RebalanceStarted Event above ``after_epoch``."""
+    listing: Any = st.core.list_namespaced_event(
+        st.ns, field_selector=f"involvedObject.name={st.group},reason=RebalanceStarted")
+    out = set()
+    for ev in listing.items:
+        m = _STARTED.match(ev.message or "")
+        if m and int(m[1]) > after_epoch:
+            out.add((int(m[1]), int(m[2])))
+    return sorted(out)
+
+
+def burst_round(st: Stage, m: Members, pods: list[str], n_before: int, partitions: int,
+                gap: float = 0.3) -> Obj:
+    before = st.stable_with(n_before)
+    assert before is not None
+    current = {mem: parse_ranges(r) for mem, r in before["assignment"].items()}
+    bound = lower_bound_moves(partitions, [Member(x) for x in [*current, *pods]], current,
+                              targets(before))
+    for pod in pods:
+        m.join(pod)
+        time.sleep(gap)
+    after = wait_until("stable after burst", lambda: st.stable_with(n_before + len(pods)),
+                       timeout=300, interval=0.2)
+    recs = audit(m)
+    sessions = [max(r["mono"] for r in recs if r["member"] == p and r["event"] == "session")
+                for p in pods]
+    last_acquire = max(r["mono"] for r in recs if r["event"] == "acquire")
+    moved = wait_until("rebalance Events", lambda: (
+        r if len(r := rebalances(st, before["epoch"])) >= after["epoch"] - before["epoch"]
+        else None), timeout=30)
+    return {"joins": len(pods), "join_spread_s": max(sessions) - min(sessions),
+            "rebalances": after["epoch"] - before["epoch"],
+            "moved_per_rebalance": [n for _, n in moved],
+            "moved_total": sum(n for _, n in moved), "one_step_lower_bound": bound,
+            "first_session_to_owned_s": last_acquire - min(sessions)}
+
+
+def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm: bool,
+        settings: Obj | None = None, burst: int = 0) -> Obj:
+    """``settings``: ``Stage.create_group`` keywords (None: window 0, lease 15/5)."""
+    settings = settings or {}
     st = Stage("bench-rebalance")
     m: Members | None = None
     try:
         pods = [f"w-{i}" for i in range(members + 1)]
-        st.pods(pods)
-        st.create_group(partitions=partitions, window=0)
+        extra_pods = [f"b-{i}" for i in range(burst)]
+        st.pods(pods + extra_pods)
+        st.create_group(partitions=partitions, **settings)
+        spec = st.custom.get_namespaced_custom_object(
+            C.API_GROUP, C.API_VERSION, st.ns, C.PLURAL, st.group)["spec"]
         st.start_operator()
         m = Swarmed(st) if swarm else Procs(st)
         for pod in pods[:members]:
@@ -223,6 +277,9 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
                   f"unmoved pauses {joins[-1]['unmoved_pauses']})"
                   + (f", crash {crashes[-1]:.2f} s" if i < crash_rounds
                      else f", leave {leaves[-1]:.2f} s"), flush=True)
+        burst_result = burst_round(st, m, extra_pods, members, partitions) if burst else None
+        if burst_result is not None:
+            print(f"  burst: {burst_result}", flush=True)
         recs, ended = lives(audit(m), m.kills)
         violations = safety_violations(recs, ended_at=ended)
         for line in violations[:5]:
@@ -231,7 +288,11 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
         return {
             "partitions": partitions, "members": f"{members}->{members + 1}",
             "mode": "swarm (one process)" if swarm else "one process per sidecar",
-            "window_seconds": 0, "lease": "15 s / renew 5 s", "initial_stable_s": initial,
+            "window_seconds": spec["stabilizationWindowSeconds"],
+            "lease": f"{spec['lease']['durationSeconds']} s / renew "
+                     f"{spec['lease']['renewIntervalSeconds']} s",
+            "settings": "CRD defaults" if settings and not any(settings.values())
+                        else "given", "initial_stable_s": initial,
             "join_p50_s": pct(js, 0.5), "join_p95_s": pct(js, 0.95), "join_runs": len(js),
             "moved": sorted({j["moved"] for j in joins}),
             "lower_bound": sorted({j["lower_bound"] for j in joins}),
@@ -241,7 +302,8 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
             "leave_runs": len(leaves),
             "crash_p50_s": pct(crashes, 0.5), "crash_p95_s": pct(crashes, 0.95),
             "crash_max_s": max(crashes, default=float("nan")),
-            "crash_runs": len(crashes), "safety_violations": len(violations),
+            "crash_runs": len(crashes), "burst": burst_result,
+            "safety_violations": len(violations),
             "joins": js, "leaves": leaves, "crashes": crashes,
         }
     finally:
@@ -257,9 +319,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--crash-rounds", type=int, default=3)
     ap.add_argument("--swarm", action="store_true", help="in-process swarm, not processes")
+    ap.add_argument("--defaults", action="store_true",
+                    help="create the group with the CRD's defaults (window, lease, drain)")
+    ap.add_argument("--window", type=int, help="stabilizationWindowSeconds (default 0)")
+    ap.add_argument("--lease", help="durationSeconds/renewIntervalSeconds (default 15/5)")
+    ap.add_argument("--burst", type=int, default=0, help="members joining 0.3 s apart, once")
     args = ap.parse_args()
+    settings: Obj = {"window": None, "duration": None, "renew": None, "drain": None} \
+        if args.defaults else {}
+    if args.window is not None:
+        settings["window"] = args.window
+    if args.lease:
+        duration, renew = (int(x) for x in args.lease.split("/"))
+        settings.update(duration=duration, renew=renew)
     result = run(partitions=args.partitions, members=args.members, rounds=args.rounds,
-                 crash_rounds=args.crash_rounds, swarm=args.swarm)
+                 crash_rounds=args.crash_rounds, swarm=args.swarm, settings=settings,
+                 burst=args.burst)
     print(json.dumps({k: v for k, v in result.items()
                       if k not in ("joins", "leaves", "crashes")}, indent=1))
 

@@ -159,16 +159,24 @@ class Stage:
 
         wait_until(f"{len(want)} pods Running", ready, timeout=300, interval=0.5)
 
-    def create_group(self, *, partitions: int, window: int = 0, duration: int = 15,
-                     renew: int = 5, drain: int = 30) -> Obj:
+    def create_group(self, *, partitions: int, window: int | None = 0,
+                     duration: int | None = 15, renew: int | None = 5,
+                     drain: int | None = 30) -> Obj:
+        """A setting given as None is left out: the CRD's default applies."""
+        spec: Obj = {"partitions": partitions,
+                     "selector": {"matchLabels": {"app": self.group}}}
+        if window is not None:
+            spec["stabilizationWindowSeconds"] = window
+        lease = {k: v for k, v in (("durationSeconds", duration),
+                                   ("renewIntervalSeconds", renew)) if v is not None}
+        if lease:
+            spec["lease"] = lease
+        if drain is not None:
+            spec["handoff"] = {"drainTimeoutSeconds": drain}
         obj: Obj = self.custom.create_namespaced_custom_object(
             C.API_GROUP, C.API_VERSION, self.ns, C.PLURAL, {
                 "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}", "kind": C.KIND,
-                "metadata": {"name": self.group},
-                "spec": {"partitions": partitions, "selector": {"matchLabels": {"app": self.group}},
-                         "stabilizationWindowSeconds": window,
-                         "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew},
-                         "handoff": {"drainTimeoutSeconds": drain}}})
+                "metadata": {"name": self.group}, "spec": spec})
         return obj
 
     def start_operator(self) -> subprocess.Popen[bytes]:
