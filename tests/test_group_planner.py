@@ -59,6 +59,17 @@ def test_a_join_soon_after_another_change_waits_for_the_window() -> None:
     assert d.target is not None and d.epoch == 5 and d.reason == "member joined: d"
 
 
+def test_a_join_right_after_a_leave_is_acted_upon_at_once() -> None:
+    """The leave acted at once and batches nothing: only joins open a window."""
+    p, s = GroupPlanner(), spec()
+    three = {"a": [0, 1, 2], "b": [4, 5, 6], "c": [3, 7]}
+    plan(p, s, target=three, epoch=3, members={"a", "b", "c"}, now=0)
+    left = plan(p, s, target=three, epoch=3, members={"a", "b"}, now=10)
+    assert left.target is not None and set(left.target) == {"a", "b"}
+    d = plan(p, s, target=left.target, epoch=4, members={"a", "b", "d"}, now=11)
+    assert d.target is not None and d.reason == "member joined: d"
+
+
 def test_a_join_seen_at_the_operators_start_waits_for_the_window() -> None:
     """First sight is no quiet period (an operator restart may be mid-burst)."""
     p, s = GroupPlanner(), spec()

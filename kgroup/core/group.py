@@ -13,8 +13,8 @@ The decisions, in the order the operator takes them:
    :class:`kgroup.core.locks.SessionTracker` on the operator's own clock; this module
    only receives its verdict as ``live_sessions``).
 2. **Stabilisation** (:class:`GroupPlanner`, the rule in :func:`window_end`): the first
-   membership change after membership was quiet for ``stabilizationWindowSeconds`` is
-   acted upon at once (the leading edge); what follows within the window is batched until
+   join after no member joined for ``stabilizationWindowSeconds`` is acted upon at once
+   (the leading edge); joins that follow within the window are batched until
    membership has been quiet for the window, or at the latest
    ``stabilizationMaxDelaySeconds`` after the first pending change, so a burst of joins
    costs one or two rebalances and constant churn cannot starve the group. Two kinds of
@@ -201,7 +201,9 @@ class GroupPlanner:
     _observed: frozenset[str] | None = None
     _changed_at: float = 0.0
     _pending_since: float | None = None
-    _pending_quiet: float = 0.0  # how long membership was quiet when the change began
+    _pending_quiet: float = 0.0  # how long no member had joined when the change began
+    _joined_at: float = 0.0  # when (caller's clock) membership last gained a member
+    _join_quiet: float = 0.0  # how long no member had joined before that
     _departed: dict[str, float] = field(default_factory=dict)
     _pods: dict[str, PodObservation] = field(default_factory=dict)  # last seen, by name
     _present: frozenset[str] | None = None  # names of the pods that exist (None: unknown)
@@ -236,11 +238,12 @@ class GroupPlanner:
         self._see(pods, current)
         effective, grace_deadline = self._effective_members(spec, current, members, now)
         if self._observed is None or effective != self._observed:
-            quiet = 0.0 if self._observed is None else now - self._changed_at
+            if self._observed is None or effective - self._observed:  # a join
+                self._join_quiet = 0.0 if self._observed is None else now - self._joined_at
+                self._joined_at = now
             self._observed = frozenset(effective)
             self._changed_at = now
-        else:
-            quiet = now - self._changed_at
+        quiet = self._join_quiet if self._joined_at == now else now - self._joined_at
         if spec.paused:
             self._pending_since = None
             return Decision(epoch=epoch, next_check=grace_deadline)
@@ -337,11 +340,12 @@ def window_end(
 ) -> float:
     """The stabilisation window: when (caller's clock) a pending membership change may
     become a new target. ``changed_at``: the membership last changed; ``pending_since``:
-    the membership first differed from the target's members; ``quiet_before``: how long
-    membership had been unchanged when that pending change began. A change after a quiet
-    window is due at once (the leading edge: a lone join is not delayed); otherwise the
-    window restarts with every change (``stabilizationWindowSeconds``, so a burst is
-    batched) but never delays a pending change more than ``stabilizationMaxDelaySeconds``.
+    the membership first differed from the target's members; ``quiet_before``: how long no
+    member had joined when that pending change began. A change after a window without a
+    join is due at once (the leading edge: a lone join is not delayed, also right after a
+    leave, which acted at once and batches nothing); otherwise the window restarts with
+    every change (``stabilizationWindowSeconds``, so a burst of joins is batched) but never
+    delays a pending change more than ``stabilizationMaxDelaySeconds``.
     The one place that says so (:meth:`GroupPlanner.plan` adds the changes that never
     wait: a departure with partitions, a change that moves nothing)."""
     window = spec.stabilization_window_seconds
