@@ -139,3 +139,36 @@ def test_the_planner_admits_a_waiting_pod_at_once_and_hands_it_the_leavers_share
     left = p.plan(spec=s, target=joined.target, epoch=3, members={"b", "n"}, holders={},
                   now=3, pods=[deploy("a", "1", terminating=True), old[1], deploy("n", "2")])
     assert left.target == {"b": [4, 5, 6, 7], "n": [0, 1, 2, 3]} and left.moved == 4
+
+
+# ---- a pod that merely turned unready ------------------------------------------------
+
+
+def test_a_member_whose_app_turned_unready_keeps_its_partitions_for_the_window() -> None:
+    """Its session is live and its pod is there, not terminating (an app container
+    restarting): the departure waits for the window, as before, and moves nothing if the
+    app is back within it. With the session gone the same departure acts at once."""
+    two = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+    pods = [deploy("a", "1"), deploy("b", "1")]
+    for sessions, acted in (({"a", "b"}, False), ({"a"}, True)):
+        p, s = GroupPlanner(), spec()
+        p.plan(spec=s, target=two, epoch=2, members={"a", "b"}, holders={}, now=0, pods=pods,
+               sessions={"a", "b"})
+        d = p.plan(spec=s, target=two, epoch=2, members={"a"}, holders={}, now=10, pods=pods,
+                   sessions=sessions)
+        assert (d.target is not None) is acted
+        if not acted:
+            assert d.next_check == 15
+            back = p.plan(spec=s, target=two, epoch=2, members={"a", "b"}, holders={}, now=12,
+                          pods=pods, sessions={"a", "b"})
+            assert back.target is None
+
+
+def test_a_terminating_pod_is_handed_out_at_once_even_with_its_session_live() -> None:
+    p, s = GroupPlanner(), spec()
+    two = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+    p.plan(spec=s, target=two, epoch=2, members={"a", "b"}, holders={}, now=0,
+           pods=[deploy("a", "1"), deploy("b", "1")], sessions={"a", "b"})
+    d = p.plan(spec=s, target=two, epoch=2, members={"a"}, holders={}, now=1,
+               pods=[deploy("a", "1"), deploy("b", "1", terminating=True)], sessions={"a", "b"})
+    assert d.target == {"a": list(range(8))}

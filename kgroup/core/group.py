@@ -19,11 +19,12 @@ The decisions, in the order the operator takes them:
    ``stabilizationMaxDelaySeconds`` after the first pending change, so a burst of joins
    costs one or two rebalances and constant churn cannot starve the group. Two kinds of
    change never wait for the window: a departed member that held partitions (they would
-   wait for an owner) and a change that moves nothing (a rollout's new pod joining to
-   wait, a member with nothing leaving). A member that left (pod gone or session expired)
-   keeps its target while its name may come back (:func:`kgroup.core.rollout.
-   restart_grace`): a pod that comes back under the same name in that time finds its
-   partitions untouched and no epoch bump happened.
+   wait for an owner; unless its session is live and its pod merely turned unready: that
+   waits the window, so an app container's restart moves nothing) and a change that moves
+   nothing (a rollout's new pod joining to wait, a member with nothing leaving). A member
+   that left (pod gone or session expired) keeps its target while its name may come back
+   (:func:`kgroup.core.rollout.restart_grace`): a pod that comes back under the same name
+   in that time finds its partitions untouched and no epoch bump happened.
 3. **Target** (:meth:`GroupPlanner.plan`): the assignor computes the next target from
    the current one and the live lock holders; during a Deployment's rollout, a departed
    old pod's partitions go whole to a new pod (:func:`kgroup.core.rollout.replacements`).
@@ -35,7 +36,7 @@ The decisions, in the order the operator takes them:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kgroup.api import ConsumerGroupSpec, LabelSelector
@@ -224,6 +225,7 @@ class GroupPlanner:
         now: float,
         spec_changed: bool = False,
         pods: Iterable[PodObservation] | None = None,
+        sessions: Collection[str] | None = None,
     ) -> Decision:
         """Decide whether the target changes now; see the module docstring.
 
@@ -232,7 +234,11 @@ class GroupPlanner:
         changed from sticky to range) is recomputed at once. It is never set on first
         sight, so an operator restart recomputes nothing that membership does not call for.
         `pods`: every pod observed now (None: unknown; then no pod's kind or revision is
-        known and ``restartGraceSeconds`` applies to every departed member).
+        known and ``restartGraceSeconds`` applies to every departed member). `sessions`:
+        the members whose session is live (None: unknown). A departed member whose
+        session is live and whose pod is still there, not terminating, only turned
+        unready (its app container restarting, a flapping probe): its departure waits
+        for the window, as joins do, rather than moving its partitions at once.
         """
         current = normalize_target(target)
         self._see(pods, current)
@@ -264,9 +270,12 @@ class GroupPlanner:
                 self._pending_quiet = quiet
             left = set(current) - effective
             joined = effective - set(current)
-            urgent = any(current[m] for m in left) or joined <= rollout.waiting
+            flaps = {m for m in left if self._flapping(m, sessions)}
+            urgent = any(current[m] for m in left - flaps) or (
+                joined <= rollout.waiting and not flaps)
             due = window_end(spec, changed_at=self._changed_at,
-                             pending_since=self._pending_since, quiet_before=self._pending_quiet)
+                             pending_since=self._pending_since,
+                             quiet_before=0.0 if flaps else self._pending_quiet)
             if not urgent and now < due:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
@@ -302,6 +311,13 @@ class GroupPlanner:
             moved=moved_partitions(before, after),
             next_check=grace_deadline,
         )
+
+    def _flapping(self, member: str, sessions: Collection[str] | None) -> bool:
+        """Departed with its session live and its pod there, not terminating: unready."""
+        pod = self._pods.get(member)
+        return (sessions is not None and member in sessions and pod is not None
+                and not pod.terminating and self._present is not None
+                and member in self._present)
 
     def _see(self, pods: Iterable[PodObservation] | None, current: Target) -> None:
         """Remember the pods seen now, and the last sight of departed targeted members."""
