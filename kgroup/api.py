@@ -70,8 +70,8 @@ class LabelSelector(_Model):
 
 
 class LeaseSettings(_Model):
-    duration_seconds: int = Field(default=15, ge=2, le=3600)
-    renew_interval_seconds: int = Field(default=5, ge=1, le=3600)
+    duration_seconds: int = Field(default=8, ge=2, le=3600)
+    renew_interval_seconds: int = Field(default=2, ge=1, le=3600)
 
 
 class HandoffSettings(_Model):
@@ -87,6 +87,7 @@ class ConsumerGroupSpec(_Model):
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     handoff: HandoffSettings = Field(default_factory=HandoffSettings)
     restart_grace_seconds: int = Field(default=0, ge=0, le=86400)
+    stateful_set_restart_grace_seconds: int = Field(default=30, ge=0, le=86400)
     paused: bool = False
     source: dict[str, Any] = Field(default_factory=dict)
 

@@ -49,8 +49,9 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                                      "range (contiguous blocks by member name). Default: "
                                      "sticky."},
     "spec.stabilizationWindowSeconds": {
-        "description": "Seconds the membership must stay unchanged before a rebalance; 0 to "
-                       "3600. Default: 5."},
+        "description": "Seconds that batch joins: the first join after this long without "
+                       "one acts at once, later joins wait until no member joined for this "
+                       "long (leaves act at once); 0 to 3600. Default: 5."},
     "spec.stabilizationMaxDelaySeconds": {
         "description": "Seconds after the first membership change by which a rebalance "
                        "happens even if changes keep coming; 0 to 86400. Default: 30."},
@@ -58,10 +59,10 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                                   "renewIntervalSeconds must be less than durationSeconds."},
     "spec.lease.durationSeconds": {
         "description": "Seconds a member's session stays valid without a renewal; a crashed "
-                       "pod's partitions are taken over after it. 2 to 3600. Default: 15."},
+                       "pod's partitions are taken over after it. 2 to 3600. Default: 8."},
     "spec.lease.renewIntervalSeconds": {
         "description": "Seconds between renewals of a member's session (one API write "
-                       "each); 1 to 3600. Default: 5."},
+                       "each); 1 to 3600. Default: 2."},
     "spec.handoff": {"description": "How a revoked partition is handed over."},
     "spec.handoff.drainTimeoutSeconds": {
         "description": "Seconds a revoking partition waits for the application to finish "
@@ -69,8 +70,13 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "it without a position. 0 to 86400. Default: 30."},
     "spec.restartGraceSeconds": {
         "description": "Seconds a member that comes back under the same pod name keeps its "
-                       "partitions (static membership, e.g. a StatefulSet pod); 0 to 86400. "
+                       "partitions (a pod still there or a bare pod; a Deployment's pod once "
+                       "terminating never comes back and gets none); 0 to 86400. "
                        "Default: 0 (off)."},
+    "spec.statefulSetRestartGraceSeconds": {
+        "description": "The same grace for the pods of a StatefulSet (the larger of this and "
+                       "restartGraceSeconds applies): a rollout restart of a StatefulSet moves "
+                       "no partition; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
     "spec.source": {"description": "Opaque to kgroup: passed to the workers as is (stream "

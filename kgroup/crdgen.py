@@ -100,7 +100,11 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
         "description": "Longest a revoking partition waits for the application."
     },
     "spec.restartGraceSeconds": {
-        "description": "A member back under the same name within this keeps its partitions."
+        "description": "A member back under the same name within this keeps its partitions "
+        "(not a Deployment's pod once deleted: its name never comes back)."
+    },
+    "spec.statefulSetRestartGraceSeconds": {
+        "description": "The same grace for pods of a StatefulSet (the larger of the two)."
     },
     "spec.paused": {"description": "Freeze the target assignment."},
     "spec.source": {"description": "Opaque; passed to the workers (stream, redis URL, ...)."},

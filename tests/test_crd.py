@@ -164,7 +164,7 @@ def test_crd_defaulting_yields_the_models_defaults() -> None:
     defaulted = _apply_defaults(schema()["properties"]["spec"], minimal)
     assert defaulted == api.ConsumerGroupSpec.model_validate(minimal).to_wire()
     assert defaulted["assignor"] == "sticky"
-    assert defaulted["lease"] == {"durationSeconds": 15, "renewIntervalSeconds": 5}
+    assert defaulted["lease"] == {"durationSeconds": 8, "renewIntervalSeconds": 2}
 
 
 def test_validation_rules_carry_the_messages_people_read() -> None:

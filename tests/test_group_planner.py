@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kgroup.api import ConsumerGroupSpec
+from kgroup.core.assignors import Member, lower_bound_moves
 from kgroup.core.group import Decision, GroupPlanner, correct_hand_edit, rebalance_reason
 
 
@@ -37,22 +38,43 @@ def plan(
 TWO = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
 
 
-def test_a_join_is_not_acted_upon_before_the_window_ends() -> None:
+def test_the_first_join_after_a_quiet_window_is_acted_upon_at_once() -> None:
     p, s = GroupPlanner(), spec()
     plan(p, s, target=TWO, epoch=3, members={"a", "b"}, now=0)
     d = plan(p, s, target=TWO, epoch=3, members={"a", "b", "c"}, now=10)
-    assert d.target is None
-    assert d.next_check == 15
-
-
-def test_a_join_bumps_the_epoch_by_one_once_the_window_is_quiet() -> None:
-    p, s = GroupPlanner(), spec()
-    plan(p, s, target=TWO, epoch=3, members={"a", "b"}, now=0)
-    plan(p, s, target=TWO, epoch=3, members={"a", "b", "c"}, now=10)
-    d = plan(p, s, target=TWO, epoch=3, members={"a", "b", "c"}, now=15)
     assert d.target is not None and set(d.target) == {"a", "b", "c"}
     assert d.epoch == 4
     assert d.reason == "member joined: c"
+
+
+def test_a_join_soon_after_another_change_waits_for_the_window() -> None:
+    p, s = GroupPlanner(), spec()
+    three = {"a": [0, 1, 2], "b": [4, 5, 6], "c": [3, 7]}
+    plan(p, s, target=TWO, epoch=3, members={"a", "b"}, now=0)
+    assert plan(p, s, target=TWO, epoch=3, members={"a", "b", "c"}, now=10).target
+    d = plan(p, s, target=three, epoch=4, members={"a", "b", "c", "d"}, now=12)
+    assert d.target is None
+    assert d.next_check == 17
+    d = plan(p, s, target=three, epoch=4, members={"a", "b", "c", "d"}, now=17)
+    assert d.target is not None and d.epoch == 5 and d.reason == "member joined: d"
+
+
+def test_a_join_right_after_a_leave_is_acted_upon_at_once() -> None:
+    """The leave acted at once and batches nothing: only joins open a window."""
+    p, s = GroupPlanner(), spec()
+    three = {"a": [0, 1, 2], "b": [4, 5, 6], "c": [3, 7]}
+    plan(p, s, target=three, epoch=3, members={"a", "b", "c"}, now=0)
+    left = plan(p, s, target=three, epoch=3, members={"a", "b"}, now=10)
+    assert left.target is not None and set(left.target) == {"a", "b"}
+    d = plan(p, s, target=left.target, epoch=4, members={"a", "b", "d"}, now=11)
+    assert d.target is not None and d.reason == "member joined: d"
+
+
+def test_a_join_seen_at_the_operators_start_waits_for_the_window() -> None:
+    """First sight is no quiet period (an operator restart may be mid-burst)."""
+    p, s = GroupPlanner(), spec()
+    d = plan(p, s, target=TWO, epoch=3, members={"a", "b", "c"}, now=0)
+    assert d.target is None and d.next_check == 5
 
 
 def test_a_join_moves_only_what_balance_needs() -> None:
@@ -87,21 +109,27 @@ def test_constant_churn_is_rebalanced_at_the_max_delay() -> None:
     assert t == 30
 
 
-def test_a_burst_of_joins_gives_exactly_one_epoch_bump() -> None:
-    p, s = GroupPlanner(), spec(partitions=64, stabilizationWindowSeconds=1)
-    target = {"a": list(range(64))}
-    members = {"a"}
-    bumps = 0
+def test_a_burst_of_ten_joins_within_three_seconds_costs_two_rebalances() -> None:
+    """The first join is acted upon at once (leading edge), the nine that follow within
+    the window together once the window is quiet; each rebalance moves the lower bound."""
+    p, s = GroupPlanner(), spec(partitions=64)
+    target = {"a": list(range(32)), "b": list(range(32, 64))}
+    members = {"a", "b"}
+    plan(p, s, target=target, epoch=1, members=members, now=0)
+    bumps: list[float] = []
     epoch = 1
-    for i in range(20):  # ten pods join within 2 s, observed every 0.2 s
-        if i < 10:
-            members = members | {f"p{i}"}
-        d = plan(p, s, target=target, epoch=epoch, members=set(members), now=i * 0.2)
+    for i in range(100):  # ten pods join 0.3 s apart from t=10, observed every 0.1 s
+        t = 10 + i * 0.1
+        if i % 3 == 0 and i < 30:
+            members = members | {f"p{i // 3}"}
+        d = plan(p, s, target=target, epoch=epoch, members=set(members), now=t)
         if d.target is not None:
-            bumps += 1
+            bound = lower_bound_moves(64, [Member(m) for m in members], target, {})
+            assert d.moved == bound
+            bumps.append(round(t, 1))
             target, epoch = d.target, d.epoch
-    assert bumps == 1
-    assert len(target) == 11
+    assert bumps == [10.0, 17.7]  # the first join; last join at 12.7 + the 5 s window
+    assert len(target) == 12
 
 
 def test_an_unchanged_membership_never_bumps_the_epoch() -> None:
@@ -143,12 +171,15 @@ def test_an_empty_status_is_seeded_from_the_live_lock_holders() -> None:
     assert d.reason.startswith("seeded from current lock holders")
 
 
-def test_a_crashed_member_is_a_leave_after_the_window() -> None:
+def test_a_departed_members_partitions_are_handed_out_at_once() -> None:
+    """Its partitions would otherwise wait for an owner: no window, even mid-burst."""
     p, s = GroupPlanner(), spec()
-    plan(p, s, target=TWO, epoch=2, members={"a"}, now=0)
-    d = plan(p, s, target=TWO, epoch=2, members={"a"}, now=5)
-    assert d.target == {"a": list(range(8))}
-    assert d.reason == "member left: b"
+    plan(p, s, target=TWO, epoch=2, members={"a", "b"}, now=0)
+    plan(p, s, target=TWO, epoch=2, members={"a", "b", "c"}, now=1)  # first sight: waits
+    d = plan(p, s, target=TWO, epoch=2, members={"a", "c"}, now=2)
+    assert d.target is not None and set(d.target) == {"a", "c"}
+    assert d.reason == "member joined: c; member left: b"
+    assert d.moved == lower_bound_moves(8, [Member("a"), Member("c")], TWO, {})
 
 
 def test_a_member_returning_within_restart_grace_keeps_its_partitions() -> None:

@@ -166,12 +166,19 @@ def test_a_pending_membership_change_waits_for_the_window() -> None:
     op.write(target, "12")
     op.leases.put(member_lease("b", "40"), op.now)
     op.pods = pods("a", "b")
-    seen = op.decide()  # the window starts when the operator sees the change
-    assert seen.status is None and seen.wait == 1.0  # a count update: rate-limited
+    lone = op.decide()  # membership was quiet a whole window: acted upon at once
+    assert lone.status is not None and lone.status["epoch"] == 2
+    op.write(lone, "13")
+    op.now += 1.0
+    op.leases.put(member_lease("c", "41"), op.now)
+    op.pods = pods("a", "b", "c")
+    seen = op.decide()  # a second join within the window: the window starts now
+    assert seen.status is not None and seen.status["epoch"] == 2  # counts only
+    assert seen.wait == 3.0  # the window's end
+    op.write(seen, "14")
     op.now += 2.9
     early = op.decide()
-    assert early.status is not None and early.status["epoch"] == 1  # counts only
-    op.write(early, "13")
+    assert early.status is None or early.status["epoch"] == 2
     op.now += 0.1
     late = op.decide()
-    assert late.status is not None and late.status["epoch"] == 2
+    assert late.status is not None and late.status["epoch"] == 3

@@ -3,13 +3,16 @@ core bug pinned, and proof that the checker fails when the protocol is broken.""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from kgroup.api import ConsumerGroupSpec
+from kgroup.constants import partition_lease_name
 from kgroup.core.member import Member
 from kgroup.sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main, run_many
-from kgroup.sim.run import HAND_EDIT_KINDS, World
+from kgroup.sim.run import GROUP, HAND_EDIT_KINDS, World, lease_key
 from kgroup.sim.variants import (
     NoAdoptionMember,
     NoFencingMember,
@@ -63,6 +66,16 @@ def quiet(**overrides: object) -> SimConfig:
 def tokens(world: World) -> dict[int, int]:
     locks = [world.lock(p) for p in range(world.spec.partitions)]
     return {lock.partition: lock.token for lock in locks if lock is not None}
+
+
+def acquisitions(world: World) -> dict[int, int]:
+    """Partition -> its lock's leaseTransitions (the count of acquisitions)."""
+    out: dict[int, int] = {}
+    for p in range(world.spec.partitions):
+        obj = world.store.get(lease_key(partition_lease_name(GROUP, p)))
+        if obj is not None:
+            out[p] = int((obj.get("spec") or {}).get("leaseTransitions") or 0)
+    return out
 
 
 # ---- many seeds -------------------------------------------------------------------------
@@ -142,7 +155,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
     it reports failed), then the write is applied: the lock carries the member's live
     session. The core adopts it (rule 2); without adoption it is skipped for ever and the
     group never converges."""
-    for seed in (2, 22):  # seeds re-picked when the assignment marks changed the runs
+    for seed in (2, 21, 22):  # re-picked when marks, tokens and the window changed the runs
         assert run_seed(seed, SMALL).ok, seed
         stuck = run_seed(seed, SimConfig(**{**SMALL.__dict__,
                                             "member_factory": NoAdoptionMember}))
@@ -152,7 +165,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
 def test_a_timed_out_acquisition_reported_failed_is_caught_up_by_adoption() -> None:
     """The old runtime reported every timed-out acquisition failed: the adoption alone
     keeps the group live, and with neither the re-read nor adoption it stalls."""
-    for seed in (0, 1):  # re-picked with the assignment marks
+    for seed in (0, 1, 4):  # re-picked when marks, tokens and the window changed the runs
         only = SimConfig(**{**SMALL.__dict__,
                             "regressions": frozenset({"acquire-timeout-fails"})})
         assert run_seed(seed, only).ok, seed
@@ -356,6 +369,41 @@ def test_a_group_deleted_and_applied_again_keeps_tokens_rising_and_converges() -
     old = World(0, quiet(script=script, member_factory=TransitionsTokenMember))
     caught = old.run()
     assert {"sink", "token-order"} & {v.kind for v in caught.violations}, caught.violations
+
+
+def _rollout(revision: str) -> tuple[World, int]:
+    """A Deployment's rollout, maxSurge 1 / maxUnavailable 0: three times a new-revision
+    pod joins, then an old one leaves (after the new one is admitted). Returns the world
+    and how many owner changes the targets made from the rollout's start on."""
+    script = tuple(f for i in range(3) for f in (Fault(10.0 + 6 * i, "rollout-join"),
+                                                 Fault(13.0 + 6 * i, "leave", member=0)))
+    world = World(5, quiet(revision=revision, script=script))
+    result = world.run()
+    assert result.ok, result.violations
+    history = [a for t, _, a in world.epochs if t < 10.0][-1:] + \
+        [a for t, _, a in world.epochs if t >= 10.0]
+    moves = sum(1 for before, after in pairwise(history)
+                for p, m in _owners(after).items() if _owners(before).get(p) != m)
+    return world, moves
+
+
+def test_a_rollout_moves_each_partition_exactly_once() -> None:
+    """New-revision pods join and old ones leave: each old pod's partitions go whole to a
+    new pod (old owner -> new owner), and every lock changed hands exactly once."""
+    world, moves = _rollout("r1")
+    assert sorted(world.epochs[-1][2]) == ["m04", "m05", "m06"]
+    assert moves == world.spec.partitions == 8
+    base = World(5, quiet(revision="r1"))
+    assert base.run().ok
+    assert acquisitions(world) == {p: n + 1 for p, n in acquisitions(base).items()}  # one more
+    assert all(tokens(world)[p] > t for p, t in tokens(base).items())
+
+
+def test_a_rollout_of_pods_without_a_revision_moves_partitions_twice() -> None:
+    """The same rollout with bare pods (no controller, no revision): a leaver's partitions
+    go to the survivors, then some again to the next new pod. The count above can fail."""
+    _, moves = _rollout("")
+    assert moves > 8
 
 
 def _owners(target: dict[str, str]) -> dict[int, str]:

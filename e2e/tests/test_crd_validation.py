@@ -64,11 +64,12 @@ def test_a_valid_group_is_accepted_and_defaulted(
     create(api, namespace, group(source={"stream": "orders", "redis": {"db": 3}}))
     spec = get(api, namespace, "orders")["spec"]
     assert spec["assignor"] == "sticky"
-    assert spec["lease"] == {"durationSeconds": 15, "renewIntervalSeconds": 5}
+    assert spec["lease"] == {"durationSeconds": 8, "renewIntervalSeconds": 2}
     assert spec["handoff"] == {"drainTimeoutSeconds": 30}
     assert spec["stabilizationWindowSeconds"] == 5
     assert spec["stabilizationMaxDelaySeconds"] == 30
     assert spec["restartGraceSeconds"] == 0
+    assert spec["statefulSetRestartGraceSeconds"] == 30
     assert spec["paused"] is False
     assert spec["source"] == {"stream": "orders", "redis": {"db": 3}}, "unknown fields kept"
 
@@ -79,7 +80,7 @@ def test_a_partly_given_lease_gets_the_other_default(
     create(api, namespace, group(lease={"durationSeconds": 60}))
     assert get(api, namespace, "orders")["spec"]["lease"] == {
         "durationSeconds": 60,
-        "renewIntervalSeconds": 5,
+        "renewIntervalSeconds": 2,
     }
 
 
@@ -101,7 +102,7 @@ INVALID: list[tuple[str, Body, list[str]]] = [
     ),
     (
         "default renew above a short duration",
-        {"lease": {"durationSeconds": 3}},
+        {"lease": {"durationSeconds": 2}},
         ["lease.renewIntervalSeconds must be less than lease.durationSeconds"],
     ),
     (
@@ -155,7 +156,7 @@ def test_an_update_breaking_the_lease_rule_is_refused(
     api: client.CustomObjectsApi, namespace: str
 ) -> None:
     create(api, namespace, group())
-    message = refused(lambda: patch_spec(api, namespace, {"lease": {"durationSeconds": 4}}))
+    message = refused(lambda: patch_spec(api, namespace, {"lease": {"durationSeconds": 2}}))
     assert "lease.renewIntervalSeconds must be less than lease.durationSeconds" in message
 
 

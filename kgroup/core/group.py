@@ -12,26 +12,36 @@ The decisions, in the order the operator takes them:
    observer still considers live (that liveness is measured by
    :class:`kgroup.core.locks.SessionTracker` on the operator's own clock; this module
    only receives its verdict as ``live_sessions``).
-2. **Stabilisation** (:class:`GroupPlanner`): a membership change is acted upon once
-   membership has been quiet for ``stabilizationWindowSeconds``, or at the latest
-   ``stabilizationMaxDelaySeconds`` after the first pending change, so constant churn
-   cannot starve the group. A member that left (pod gone or session expired) keeps its
-   target for ``restartGraceSeconds``: a pod that comes back under the same name in that
-   time finds its partitions untouched and no epoch bump happened.
+2. **Stabilisation** (:class:`GroupPlanner`, the rule in :func:`window_end`): the first
+   join after no member joined for ``stabilizationWindowSeconds`` is acted upon at once
+   (the leading edge); joins that follow within the window are batched until
+   membership has been quiet for the window, or at the latest
+   ``stabilizationMaxDelaySeconds`` after the first pending change, so a burst of joins
+   costs one or two rebalances and constant churn cannot starve the group. Two kinds of
+   change never wait for the window: a departed member that held partitions (they would
+   wait for an owner; unless its session is live and its pod merely turned unready: that
+   waits the window, so an app container's restart moves nothing) and a change that moves
+   nothing (a rollout's new pod joining to wait, a member with nothing leaving). A member
+   that left (pod gone or session expired) keeps its target while its name may come back
+   (:func:`kgroup.core.rollout.restart_grace`): a pod that comes back under the same name
+   in that time finds its partitions untouched and no epoch bump happened.
 3. **Target** (:meth:`GroupPlanner.plan`): the assignor computes the next target from
-   the current one and the live lock holders. The epoch is bumped *only* when the target
-   changed; an unchanged target is never rewritten. A paused group's target is frozen.
-   A group with no target yet (a fresh group, or one migrated from an older operator) is
-   seeded from the live lock holders, so nothing that is held moves.
+   the current one and the live lock holders; during a Deployment's rollout, a departed
+   old pod's partitions go whole to a new pod (:func:`kgroup.core.rollout.replacements`).
+   The epoch is bumped *only* when the target changed; an unchanged target is never
+   rewritten. A paused group's target is frozen. A group with no target yet (a fresh
+   group, or one migrated from an older operator) is seeded from the live lock holders,
+   so nothing that is held moves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kgroup.api import ConsumerGroupSpec, LabelSelector
 from kgroup.core.assignors import Member, get_assignor, moved_partitions
+from kgroup.core.rollout import replacements, restart_grace
 
 __all__ = [
     "Decision",
@@ -54,13 +64,23 @@ Target = dict[str, list[int]]
 
 @dataclass(frozen=True)
 class PodObservation:
-    """What the operator needs to know about one pod."""
+    """What the operator needs to know about one pod.
+
+    ``owner_kind``: the kind of its controller (``ReplicaSet``, ``StatefulSet``, ...; ""
+    for a bare pod). ``workload``: what a rollout replaces pods of, ``Deployment/<name>``
+    for a Deployment's pods (whatever their ReplicaSet), else ``<kind>/<name>`` of the
+    controller ("" for a bare pod). ``revision``: the pod template's revision
+    (``pod-template-hash`` or ``controller-revision-hash``; "" when unknown).
+    """
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     running: bool = True
     ready: bool = True
     terminating: bool = False
+    owner_kind: str = ""
+    workload: str = ""
+    revision: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,15 +193,21 @@ class GroupPlanner:
     """Per-group memory of the stabiliser and of departed members; one per group.
 
     The planner remembers only timings (when membership last changed, when a change first
-    became pending, when each member left). The target and epoch themselves always come
-    from the group's status, so an operator restart loses nothing that matters: at worst
-    a pending change waits one more window.
+    became pending, when each member left) and the pods it last saw (a departed member's
+    pod says whether its name can come back and which revision it ran). The target and
+    epoch themselves always come from the group's status, so an operator restart loses
+    nothing that matters: at worst a pending join waits one more window.
     """
 
     _observed: frozenset[str] | None = None
     _changed_at: float = 0.0
     _pending_since: float | None = None
+    _pending_quiet: float = 0.0  # how long no member had joined when the change began
+    _joined_at: float = 0.0  # when (caller's clock) membership last gained a member
+    _join_quiet: float = 0.0  # how long no member had joined before that
     _departed: dict[str, float] = field(default_factory=dict)
+    _pods: dict[str, PodObservation] = field(default_factory=dict)  # last seen, by name
+    _present: frozenset[str] | None = None  # names of the pods that exist (None: unknown)
 
     @property
     def last_membership_change(self) -> float:
@@ -198,6 +224,8 @@ class GroupPlanner:
         holders: Mapping[int, str],
         now: float,
         spec_changed: bool = False,
+        pods: Iterable[PodObservation] | None = None,
+        sessions: Collection[str] | None = None,
     ) -> Decision:
         """Decide whether the target changes now; see the module docstring.
 
@@ -205,12 +233,23 @@ class GroupPlanner:
         Then a target that is not the assignor's fixed point (say, after ``assignor``
         changed from sticky to range) is recomputed at once. It is never set on first
         sight, so an operator restart recomputes nothing that membership does not call for.
+        `pods`: every pod observed now (None: unknown; then no pod's kind or revision is
+        known and ``restartGraceSeconds`` applies to every departed member). `sessions`:
+        the members whose session is live (None: unknown). A departed member whose
+        session is live and whose pod is still there, not terminating, only turned
+        unready (its app container restarting, a flapping probe): its departure waits
+        for the window, as joins do, rather than moving its partitions at once.
         """
         current = normalize_target(target)
+        self._see(pods, current)
         effective, grace_deadline = self._effective_members(spec, current, members, now)
         if self._observed is None or effective != self._observed:
+            if self._observed is None or effective - self._observed:  # a join
+                self._join_quiet = 0.0 if self._observed is None else now - self._joined_at
+                self._joined_at = now
             self._observed = frozenset(effective)
             self._changed_at = now
+        quiet = self._join_quiet if self._joined_at == now else now - self._joined_at
         if spec.paused:
             self._pending_since = None
             return Decision(epoch=epoch, next_check=grace_deadline)
@@ -224,22 +263,34 @@ class GroupPlanner:
             self._pending_since = None
             return Decision(epoch=epoch, next_check=grace_deadline)
 
+        rollout = replacements(current=current, members=effective, pods=self._pods)
         if membership_pending:
             if self._pending_since is None:
                 self._pending_since = now
-            due = window_end(spec, changed_at=self._changed_at, pending_since=self._pending_since)
-            if now < due:
+                self._pending_quiet = quiet
+            left = set(current) - effective
+            joined = effective - set(current)
+            flaps = {m for m in left if self._flapping(m, sessions)}
+            urgent = any(current[m] for m in left - flaps) or (
+                joined <= rollout.waiting and not flaps)
+            due = window_end(spec, changed_at=self._changed_at,
+                             pending_since=self._pending_since,
+                             quiet_before=0.0 if flaps else self._pending_quiet)
+            if not urgent and now < due:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
         seeded = not current and epoch == 0 and bool(holders)
         assignor = get_assignor(spec.assignor)
         after = normalize_target(
-            assignor.assign(
-                spec.partitions,
-                [Member(id=m) for m in sorted(effective)],
-                current,
-                dict(holders),
-            )
+            {
+                **assignor.assign(
+                    spec.partitions,
+                    [Member(id=m) for m in sorted(effective - rollout.waiting)],
+                    rollout.current,
+                    dict(holders),
+                ),
+                **{m: [] for m in rollout.waiting},
+            }
         )
         self._pending_since = None
         if after == current:
@@ -261,6 +312,22 @@ class GroupPlanner:
             next_check=grace_deadline,
         )
 
+    def _flapping(self, member: str, sessions: Collection[str] | None) -> bool:
+        """Departed with its session live and its pod there, not terminating: unready."""
+        pod = self._pods.get(member)
+        return (sessions is not None and member in sessions and pod is not None
+                and not pod.terminating and self._present is not None
+                and member in self._present)
+
+    def _see(self, pods: Iterable[PodObservation] | None, current: Target) -> None:
+        """Remember the pods seen now, and the last sight of departed targeted members."""
+        if pods is None:
+            return
+        seen = {p.name: p for p in pods}
+        self._present = frozenset(seen)
+        keep = {m: p for m, p in self._pods.items() if m in current and m not in seen}
+        self._pods = {**keep, **seen}
+
     def _effective_members(
         self, spec: ConsumerGroupSpec, current: Target, members: set[str], now: float
     ) -> tuple[set[str], float | None]:
@@ -273,22 +340,34 @@ class GroupPlanner:
         for m in list(self._departed):
             if m not in current:
                 del self._departed[m]
-        grace = spec.restart_grace_seconds
-        graced = {m for m, t in self._departed.items() if grace > 0 and now < t + grace}
-        deadline = min((self._departed[m] + grace for m in graced), default=None)
+        graced: set[str] = set()
+        deadline: float | None = None
+        for m, left_at in self._departed.items():
+            present = self._present is None or m in self._present
+            grace = restart_grace(spec, self._pods.get(m), present=present)
+            if grace > 0 and now < left_at + grace:
+                graced.add(m)
+                deadline = _earliest(deadline, left_at + grace)
         return members | graced, deadline
 
 
-def window_end(spec: ConsumerGroupSpec, *, changed_at: float, pending_since: float) -> float:
+def window_end(
+    spec: ConsumerGroupSpec, *, changed_at: float, pending_since: float, quiet_before: float
+) -> float:
     """The stabilisation window: when (caller's clock) a pending membership change may
     become a new target. ``changed_at``: the membership last changed; ``pending_since``:
-    the membership first differed from the target's members. The window restarts with
-    every change (``stabilizationWindowSeconds``) but never delays a pending change more
-    than ``stabilizationMaxDelaySeconds``. The one place that says so."""
-    return min(
-        changed_at + spec.stabilization_window_seconds,
-        pending_since + spec.stabilization_max_delay_seconds,
-    )
+    the membership first differed from the target's members; ``quiet_before``: how long no
+    member had joined when that pending change began. A change after a window without a
+    join is due at once (the leading edge: a lone join is not delayed, also right after a
+    leave, which acted at once and batches nothing); otherwise the window restarts with
+    every change (``stabilizationWindowSeconds``, so a burst of joins is batched) but never
+    delays a pending change more than ``stabilizationMaxDelaySeconds``.
+    The one place that says so (:meth:`GroupPlanner.plan` adds the changes that never
+    wait: a departure with partitions, a change that moves nothing)."""
+    window = spec.stabilization_window_seconds
+    if quiet_before >= window:
+        return pending_since
+    return min(changed_at + window, pending_since + spec.stabilization_max_delay_seconds)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

@@ -43,13 +43,35 @@ def pod_observation(body: Mapping[str, Any]) -> PodObservation:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or []
         )
+    labels = dict(meta.get("labels") or {})
+    kind, workload, revision = _controller(meta, labels)
     return PodObservation(
         name=meta.get("name", ""),
-        labels=dict(meta.get("labels") or {}),
+        labels=labels,
         running=status.get("phase") == "Running",
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
+        owner_kind=kind,
+        workload=workload,
+        revision=revision,
     )
+
+
+def _controller(meta: Mapping[str, Any], labels: Mapping[str, str]) -> tuple[str, str, str]:
+    """(controller kind, workload, revision) from the pod's controller ownerReference and
+    its revision label. A Deployment's ReplicaSet is named ``<deployment>-<pod-template-
+    hash>``, so its pods' workload is the Deployment whatever the revision; a
+    StatefulSet's revision is its ``controller-revision-hash`` label."""
+    ref = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    if ref is None:
+        return "", "", ""
+    kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+    if kind == "ReplicaSet":
+        revision = labels.get("pod-template-hash", "")
+        if revision and name.endswith(f"-{revision}"):
+            return kind, f"Deployment/{name[: -len(revision) - 1]}", revision
+        return kind, f"{kind}/{name}", revision
+    return kind, f"{kind}/{name}", labels.get("controller-revision-hash", "")
 
 
 @dataclass

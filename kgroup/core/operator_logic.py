@@ -292,7 +292,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     if decision is None:
         decision = memory.planner.plan(
             spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
-            now=now,
+            now=now, pods=obs.pods, sessions=live.keys(),
             spec_changed=(memory.planned_generation is not None
                           and generation != memory.planned_generation),
         )

@@ -44,6 +44,8 @@ HAND_EDIT_KINDS = ("lock-deleted", "group-reapplied")
 """Process faults drawn at random; message faults (lost/duplicated events, lost
 requests or answers, slow messages) are drawn per message during the fault phase.
 Scripted only: ``lose-answer`` (the member's next answer from the API server is lost),
+``rollout-join`` (a member joins with the next revision of the Deployment: a rollout's
+new pod; ``SimConfig.revision`` gives the first members' pods a Deployment's revision),
 ``status-reset`` (the group's status is emptied, as by a restore from a backup
 without status, and the operator restarts ``seconds`` later), ``spec-change`` (the
 spec is edited: ``member`` more partitions, a new generation), ``lock-deleted`` (an admin
@@ -90,6 +92,9 @@ class SimConfig:
     # partition watch); False: every Lease of the group, as the runtime does beyond
     # MAX_SELECTED_PARTITIONS (and as every sidecar did when the pinned seeds were found).
     scoped_watch: bool = True
+    # "": members' pods are bare (no controller); else pods of a Deployment at this
+    # revision (ownerReferences + pod-template-hash), as a rollout needs.
+    revision: str = ""
     verbose: bool = False
 
 
@@ -177,6 +182,7 @@ class World:
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
         self.logic = logic_with(cfg.regressions)
+        self.revisions: dict[str, str] = {}  # member name -> its pod's revision
 
     # ---- services for the simulated processes ---------------------------------------
 
@@ -338,10 +344,12 @@ class World:
         self.operator = SimOperator(self, proc)
         self.watch(proc, self.operator, ("group", "lease", "pod"))
 
-    def start_member(self, name: str | None = None) -> SimSidecar:
+    def start_member(self, name: str | None = None, revision: str | None = None
+                     ) -> SimSidecar:
         if name is None:
             self.names += 1
             name = f"m{self.names:02d}"
+        self.revisions.setdefault(name, self.cfg.revision if revision is None else revision)
         proc = self._process(name)
         self.incarnations += 1
         sc = SimSidecar(self, proc, logic=self.logic, factory=self.cfg.member_factory)
@@ -353,11 +361,17 @@ class World:
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
 
-    def _put_pod(self, name: str, *, ready: bool) -> None:
+    def _put_pod(self, name: str, *, ready: bool, terminating: bool = False) -> None:
         key = f"pods/{name}"
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": NAMESPACE,
-                            "labels": dict(self.spec.selector.match_labels)},
+        meta: Obj = {"name": name, "namespace": NAMESPACE,
+                     "labels": dict(self.spec.selector.match_labels)}
+        if rev := self.revisions.get(name):
+            meta["labels"]["pod-template-hash"] = rev
+            meta["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"worker-{rev}",
+                                        "controller": True}]
+        if terminating:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                "status": {"phase": "Running", "conditions": [
                    {"type": "Ready", "status": "True" if ready else "False"}]}}
         if self.store.get(key) is None:
@@ -462,11 +476,12 @@ class World:
                                    if k in ("name", "namespace", "generation")}
             self.kernel.after(fault.seconds, self._apply_group, {**applied, "status": {}})
             return
-        if fault.kind == "join":
+        if fault.kind in ("join", "rollout-join"):
             if len(names) < self.cfg.members + 2:
                 self.count(fault.kind)
                 self.trace("fault", fault)
-                self.start_member()
+                self.start_member(revision=None if fault.kind == "join" else
+                                  f"{self.cfg.revision}-next")
             return
         if not names or (fault.kind == "leave" and len(names) <= 1):
             return
@@ -496,7 +511,7 @@ class World:
         elif fault.kind == "net-cut":
             sc.proc.cut_until = max(sc.proc.cut_until, end)
         elif fault.kind == "leave":
-            self._put_pod(name, ready=False)
+            self._put_pod(name, ready=False, terminating=True)  # a pod being deleted
             sc.begin_shutdown()
 
     def _collect_garbage(self) -> None:
