@@ -7,6 +7,8 @@ import asyncio
 import threading
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from kgroup.client import AsyncSidecarClient, Rebalance, Report, SidecarClient
 from tests.test_client import Scripted, raw, scripted, wait
 
@@ -66,8 +68,15 @@ def test_health_reports_reach_the_metrics_and_the_summary(scripted: Scripted) ->
                                   "error": "partition 3 is not held by this member"}]
     status, text = raw(scripted, "/metrics")
     assert status == 200
-    assert 'kgroup_sidecar_partition_lag{consumergroup="g",partition="0"} 12.0' in text
-    assert 'kgroup_sidecar_partition_stalled{consumergroup="g",partition="1"} 1.0' in text
+    st = scripted.sc.settings
+    who = {"group_namespace": st.namespace, "group": st.group, "member": st.pod_name}
+    samples = {(smp.name, smp.labels["partition"]): smp.value
+               for fam in text_string_to_metric_families(text) for smp in fam.samples
+               if smp.name.startswith("kgroup_sidecar_partition_")
+               and {k: smp.labels.get(k) for k in who} == who}
+    assert samples[("kgroup_sidecar_partition_lag", "0")] == 12.0
+    assert samples[("kgroup_sidecar_partition_stalled", "1")] == 1.0
+    assert samples[("kgroup_sidecar_partition_stalled", "0")] == 0.0
     assert scripted.sc.health.summary() == (
         '{"lag":12,"partitions":{"0":[12,"5-0"],"1":[0,"7-0"]},'
         '"reason":"sink refused token","stalled":"1","stalledCount":1}')

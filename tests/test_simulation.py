@@ -12,7 +12,9 @@ from kgroup.constants import partition_lease_name
 from kgroup.core.member import Member
 from kgroup.sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main, run_many
-from kgroup.sim.run import GROUP, HAND_EDIT_KINDS, World, lease_key
+from kgroup.sim.run import HAND_EDIT_KINDS, World
+from kgroup.sim.sidecar import GROUP
+from kgroup.sim.store import lease_key
 from kgroup.sim.variants import (
     NoAdoptionMember,
     NoFencingMember,
@@ -143,7 +145,7 @@ def test_holder_reread_asks_the_tracker_and_keeps_safety() -> None:
     observation; with the old re-read (compare the fresh marker with the tracker's
     *current* one, which the first verification already moved) the second takes a live
     holder's lock. The shipped code feeds the read to the tracker and asks it instead."""
-    for seed in (4, 81):  # (93 before the assignment marks, which made it safe)
+    for seed in (41, 43):  # re-picked as marks, tokens and the window changed the runs
         assert run_seed(seed, LOSSY).ok, seed
         old = run_seed(seed, SimConfig(**{**LOSSY.__dict__,
                                            "regressions": frozenset({"holder-marker-compare"})}))
@@ -155,7 +157,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
     it reports failed), then the write is applied: the lock carries the member's live
     session. The core adopts it (rule 2); without adoption it is skipped for ever and the
     group never converges."""
-    for seed in (2, 21, 22):  # re-picked when marks, tokens and the window changed the runs
+    for seed in (4, 18):  # re-picked when marks, tokens and the window changed the runs
         assert run_seed(seed, SMALL).ok, seed
         stuck = run_seed(seed, SimConfig(**{**SMALL.__dict__,
                                             "member_factory": NoAdoptionMember}))
@@ -165,7 +167,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
 def test_a_timed_out_acquisition_reported_failed_is_caught_up_by_adoption() -> None:
     """The old runtime reported every timed-out acquisition failed: the adoption alone
     keeps the group live, and with neither the re-read nor adoption it stalls."""
-    for seed in (0, 1, 4):  # re-picked when marks, tokens and the window changed the runs
+    for seed in (0, 2):  # re-picked when marks, tokens and the window changed the runs
         only = SimConfig(**{**SMALL.__dict__,
                             "regressions": frozenset({"acquire-timeout-fails"})})
         assert run_seed(seed, only).ok, seed

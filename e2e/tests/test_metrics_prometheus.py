@@ -33,6 +33,7 @@ from kubernetes import client
 from operator_harness import OperatorProcess
 
 from kgroup import constants as C
+from kgroup.client import Report, SidecarClient
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_sidecar.testing import SidecarProcess
@@ -238,6 +239,18 @@ def test_promtool_and_prometheus_read_every_endpoint_and_log_levels_hold(
     owners = {r["metric"]["partition"]: r["metric"]["member"] for r in per_partition}
     print(f"PromQL kgroup_sidecar_partition_token -> owner by partition {owners}")
     assert sorted(owners) == [str(p) for p in range(PARTITIONS)]
+    # lag per partition, as the apps report it through the client (no API write)
+    for sc, _ in sidecars.values():
+        app = SidecarClient(sc.url)
+        view = app.assignment()
+        answer = app.report_health([Report(p.partition, p.token, None, lag=100 + p.partition)
+                                    for p in view.partitions])
+        assert answer["refused"] == [], answer
+    lag_q = f'max by (partition) (kgroup_sidecar_partition_lag{{group="{GROUP}"}})'
+    want = {str(p): 100.0 + p for p in range(PARTITIONS)}
+    wait_for("lag per partition in Prometheus",
+             lambda: by_label(prom.query(lag_q), "partition") == want, timeout=30)
+    print(f"PromQL {lag_q} -> {by_label(prom.query(lag_q), 'partition')}")
     leaders = by_label(prom.query("kgroup_operator_leader"), "instance")
     assert leaders == {f"127.0.0.1:{leader.metrics_port}": 1.0,
                        f"127.0.0.1:{standby.metrics_port}": 0.0}

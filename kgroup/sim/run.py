@@ -255,6 +255,11 @@ class World:
             ):
                 self.checker.store_acquired(lock.partition, was.token if was else -1,
                                             lock.token, lock.holder, self.kernel.now)
+                if not self._session_exists(lock.holder, lock.session):
+                    # acquired under a session whose member Lease was deleted (by hand or
+                    # by the garbage collector) before the holder saw it: others may take
+                    # the lock at once; the token alone fences the holder's writes
+                    self.checker.revoke(lock.partition, lock.token)
         if "group" in streams and new is not None:
             epoch = (new.get("status") or {}).get("epoch")
             if old is None or epoch != (old.get("status") or {}).get("epoch"):
@@ -513,6 +518,11 @@ class World:
         elif fault.kind == "leave":
             self._put_pod(name, ready=False, terminating=True)  # a pod being deleted
             sc.begin_shutdown()
+
+    def _session_exists(self, member: str, session: str | None) -> bool:
+        obj = self.store.get(lease_key(member_lease_name(GROUP, member)))
+        parsed = codec.parse_member_lease(obj).value if obj is not None else None
+        return parsed is not None and parsed.session == session
 
     def _collect_garbage(self) -> None:
         """The garbage collector: every Lease whose owner (the group) is gone."""

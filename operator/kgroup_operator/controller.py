@@ -136,7 +136,8 @@ class GroupController:
             self.memory.lease_created(p, plan.now)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
-                                  members=plan.members, partitions=_partitions(body))
+                                  members=plan.members, partitions=_partitions(body),
+                                  stalled=plan.new_status.stalled)
         await self._post(body, plan.events)
         if plan.status is None:
             await self._mark(plan.marks)

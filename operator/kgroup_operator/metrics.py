@@ -66,9 +66,12 @@ class Metrics:
         self.members = Gauge("kgroup_members", "Members of the group.", LABELS, registry=r)
         self.partitions = Gauge("kgroup_partitions", "Partitions of the group (spec).", LABELS,
                                 registry=r)
+        self.stalled = Gauge("kgroup_stalled_partitions",
+                             "Partitions whose owner's app reports no progress (status.stalled).",
+                             LABELS, registry=r)
         self._families: tuple[Counter | Gauge | Histogram, ...] = (
             self.rebalances, self.moved, self.status_writes, self.durations, self.unowned,
-            self.members, self.partitions)
+            self.members, self.partitions, self.stalled)
 
     def set_leader(self, leader: bool) -> None:
         self.leader.set(1 if leader else 0)
@@ -84,8 +87,9 @@ class Metrics:
         self.durations.labels(*key).observe(seconds)
 
     def observed(self, key: Key, *, unowned: int, members: int,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None, stalled: int = 0) -> None:
         self.unowned.labels(*key).set(unowned)
+        self.stalled.labels(*key).set(stalled)
         self.members.labels(*key).set(members)
         if partitions is not None:
             self.partitions.labels(*key).set(partitions)

@@ -11,25 +11,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kgroup.core.health import HealthBook, PartitionHealth, encode_summary, parse_report
+from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
 """-> partition: token of every partition the member holds now."""
 
 
 class SidecarHealth(Collector):
-    def __init__(self, *, group: str, held: Held, clock: Callable[[], float],
-                 stall_after: float) -> None:
-        self.group = group
+    """Registered in the sidecar's metrics registry (``kgroup_sidecar.metrics``), so the
+    lag and stall gauges carry the same identity labels and are served wherever the other
+    sidecar metrics are (the local API's ``/metrics`` and ``KGROUP_METRICS_LISTEN``)."""
+
+    def __init__(self, *, identity: tuple[str, str, str], held: Held,
+                 clock: Callable[[], float], stall_after: float,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.identity = identity  # (group_namespace, group, member): metrics.IDENTITY
         self.held = held
         self.clock = clock
         self.book = HealthBook(stall_after=stall_after)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
+        # called once per partition when it turns stalled (the runtime posts an Event)
+        self.on_stalled: Callable[[PartitionHealth], None] | None = None
+        self._stalled: set[int] = set()
+        if registry is not None:
+            registry.register(self)
 
     def report(self, body: Any) -> tuple[int, dict[str, Any]]:
         """``POST /v1/health``: -> (HTTP status, JSON answer)."""
@@ -55,25 +64,36 @@ class SidecarHealth(Collector):
         return self.book.judge(self.held(), self.clock())
 
     def summary(self) -> str | None:
-        """The ``kgroup.dev/health`` annotation for the next renewal."""
-        return encode_summary(self.judge())
+        """The ``kgroup.dev/health`` annotation for the next renewal; a partition that
+        turned stalled since the last one is passed to ``on_stalled`` (once per stall)."""
+        judged = self.judge()
+        stalled = {h.partition: h for h in judged if h.stalled}
+        if self.on_stalled is not None:
+            for p in sorted(set(stalled) - self._stalled):
+                self.on_stalled(stalled[p])
+        self._stalled = set(stalled)
+        return encode_summary(judged)
 
     def collect(self) -> Iterable[Metric]:
         lag = GaugeMetricFamily(
             "kgroup_sidecar_partition_lag",
             "Lag the app last reported for a held partition (stream entries behind).",
-            labels=["consumergroup", "partition"])
+            labels=[*IDENTITY, "partition"])
         stalled = GaugeMetricFamily(
             "kgroup_sidecar_partition_stalled",
             "1 while a held partition is stalled (reported so, or no progress with lag).",
-            labels=["consumergroup", "partition"])
+            labels=[*IDENTITY, "partition"])
         for h in self.judge():
-            labels = [self.group, str(h.partition)]
+            labels = [*self.identity, str(h.partition)]
             if h.lag is not None:
                 lag.add_metric(labels, float(h.lag))
             stalled.add_metric(labels, 1.0 if h.stalled else 0.0)
         yield lag
         yield stalled
 
-    def render(self) -> str:
-        return generate_latest(self.registry).decode()
+    def describe(self) -> Iterable[Metric]:
+        """The families without samples: registering reads no state (held() may not work
+        before the sidecar runs)."""
+        yield GaugeMetricFamily("kgroup_sidecar_partition_lag", "", labels=[*IDENTITY, "partition"])
+        yield GaugeMetricFamily("kgroup_sidecar_partition_stalled", "",
+                                labels=[*IDENTITY, "partition"])

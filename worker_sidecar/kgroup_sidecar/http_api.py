@@ -118,8 +118,8 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
-    return web.Response(text=sidecar.metrics.render() + sidecar.health.render(),
-                        content_type="text/plain")
+    body, content_type = sidecar.metrics.exposition(request.headers.get("Accept", ""))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 def build_app(sidecar: Sidecar) -> web.Application:

@@ -63,8 +63,13 @@ class Sidecar:
             new_session=lambda: secrets.token_hex(8), journal=self,
             termination_grace=settings.termination_grace_seconds,
         )
-        self.health = SidecarHealth(group=settings.group, held=self.held, clock=clock,
-                                    stall_after=settings.stall_after_seconds)
+        self.health = SidecarHealth(identity=self.metrics.identity, held=self.held,
+                                    clock=clock, stall_after=settings.stall_after_seconds,
+                                    registry=self.metrics.registry)
+        self.health.on_stalled = lambda h: self.post_event(
+            "Warning", "PartitionStalled",
+            f"partition {h.partition} (token {h.token}) makes no progress: "
+            f"{h.reason or 'no reason given'}")
         self.logic.health_summary = self.health.summary
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None

@@ -158,7 +158,9 @@ exec:
   livenessProbe:
     {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
     periodSeconds: 10
-    timeoutSeconds: 3
+    # the probe starts a Python process: on a starved node that alone can take seconds, and
+    # a restarted sidecar fences its session (every partition moves): be slow to kill
+    timeoutSeconds: 10
     failureThreshold: 3
   readinessProbe:
     {{- include "kgroup.sidecarProbe" (dict "path" "/readyz") | nindent 4 }}
