@@ -350,9 +350,11 @@ def test_an_acquisition_token_must_be_the_resource_version_it_replaces(env: Env,
     assert int(taken["metadata"]["resourceVersion"]) > rv  # the next acquisition's is higher
 
 
-def test_a_patch_without_precondition_cannot_carry_a_stale_token(env: Env) -> None:
-    # A merge patch has no resourceVersion precondition: the token is still checked
-    # against the version the API server replaces, so an old read cannot be replayed.
+def test_a_write_without_precondition_cannot_carry_a_stale_token(env: Env) -> None:
+    # A worker may not patch at all (RBAC: the sidecar never patches), and a Lease update
+    # must carry a resourceVersion (the API server refuses an unconditional one): a write
+    # is always conditional on the version whose number becomes the token, so an old read
+    # cannot be replayed.
     name = _partition(env)
     stale = _version(env, name)
     _update(env.admin, env, name, lambda lease: lease["metadata"]["annotations"].update(
@@ -360,8 +362,18 @@ def test_a_patch_without_precondition_cannot_carry_a_stale_token(env: Env) -> No
     patch = {"spec": {"holderIdentity": "pod-a", "leaseTransitions": 1},
              "metadata": {"annotations": {"kgroup.dev/session": "s-pod-a",
                                           "kgroup.dev/token": stale}}}
-    message = _denied(lambda: env.a.patch_namespaced_lease(name, env.namespace, patch))
-    assert "kgroup.dev/token" in message
+    with pytest.raises(client.ApiException) as info:
+        env.a.patch_namespaced_lease(name, env.namespace, patch)
+    assert info.value.status == 403 and "cannot patch resource" in str(info.value.body)
+
+    def replay(lease: Lease) -> None:
+        _acquire("pod-a", 1, token=stale)(lease)
+        del lease["metadata"]["resourceVersion"]  # no precondition
+    with pytest.raises(client.ApiException) as info:
+        _update(env.a, env, name, replay)
+    assert info.value.status == 422 and "resourceVersion" in str(info.value.body)
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-a", 1, token=stale)))
+    assert "kgroup.dev/token" in message  # the current version, not the stale one
 
 
 def test_a_holder_cannot_change_the_fencing_token_while_holding(env: Env) -> None:
@@ -385,7 +397,9 @@ def test_a_worker_cannot_create_a_lock_with_a_token(env: Env) -> None:
                    labels={"kgroup.dev/partition": str(n)},
                    annotations={"kgroup.dev/session": "s-pod-a", "kgroup.dev/token": "999999999"})
     message = _denied(lambda: _create(env.a, env, lease))
-    assert "a worker does not create a lock with one" in message
+    # workers create no partition Lease at all (the operator creates them, marked for the
+    # member it assigns); a lock with a token is refused either way
+    assert "may not create partition Lease" in message
 
 
 def test_a_pod_takes_over_a_dead_holders_lock_only_for_itself(env: Env) -> None:

@@ -201,11 +201,15 @@ def delete(who: str, name: str) -> Request:
     return call
 
 
-def acquire(holder: str, token: int, session: str = "s-new") -> Callable[[Lease], None]:
+def acquire(holder: str, transitions: int, session: str = "s-new") -> Callable[[Lease], None]:
+    """An acquisition as the sidecar writes it: one more transition, and the fencing token
+    (kgroup.dev/token) is the resourceVersion the write replaces."""
     def change(lease: Lease) -> None:
         lease["spec"]["holderIdentity"] = holder
-        lease["spec"]["leaseTransitions"] = token
-        lease["metadata"]["annotations"]["kgroup.dev/session"] = session
+        lease["spec"]["leaseTransitions"] = transitions
+        notes = lease["metadata"]["annotations"]
+        notes["kgroup.dev/session"] = session
+        notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"]
     return change
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kgroup_devcluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
 
 pytestmark = pytest.mark.cluster
 SCHEMA = "dev.kgroup.v1alpha1.ConsumerGroup"
@@ -33,8 +34,14 @@ def fields(doc: dict[str, Any], node: dict[str, Any], path: str = ""
 
 def test_every_field_has_a_description_in_the_published_openapi(
         cluster: Cluster, crd: list[str]) -> None:
-    doc = json.loads(cluster.kubectl("get", "--raw",
-                                     "/openapi/v3/apis/kgroup.dev/v1alpha1").stdout)
+    def published() -> dict[str, Any] | None:
+        # a CRD just created reaches the OpenAPI v3 document a few seconds later
+        got = cluster.kubectl("get", "--raw", "/openapi/v3/apis/kgroup.dev/v1alpha1",
+                              check=False)
+        return json.loads(got.stdout) if got.returncode == 0 else None
+
+    doc = wait_for("the CRD's OpenAPI v3 document", published, timeout=60)
+    assert doc is not None
     schema = doc["components"]["schemas"][SCHEMA]
     found = list(fields(doc, schema))
     missing = [p for p, node in found if not node.get("description")]
@@ -44,7 +51,7 @@ def test_every_field_has_a_description_in_the_published_openapi(
 
 
 @pytest.mark.parametrize(("field", "says"), [
-    ("consumergroup.spec.lease.durationSeconds", "Default: 15"),
+    ("consumergroup.spec.lease.durationSeconds", "Default: 8"),
     ("consumergroup.spec.handoff.drainTimeoutSeconds", "Seconds a revoking partition"),
     ("consumergroup.status.stalled", "kgroup.dev/health"),
 ])
