@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -250,12 +251,13 @@ def test_a_restarted_kubelet_keeps_the_loopback_address_and_the_running_containe
 
 
 @pytest.mark.slow
-def test_cluster_down_leaves_no_process_mount_or_cgroup_behind(
-    tmp_path: Path, cluster: Cluster
-) -> None:
+def test_cluster_down_leaves_no_process_mount_or_cgroup_behind(cluster: Cluster) -> None:
     """A throwaway cluster of its own (other state dir, ports, cgroupRoot, socket) with a
     pod running on its real node, then `stop`: nothing of it is left on the host."""
-    state = tmp_path / "cluster"
+    # a short base, not tmp_path: the kubelet's sockets live under the state dir, and a Unix
+    # socket path over 107 bytes cannot be bound (pytest's numbered dirs grow with runs)
+    base = Path(tempfile.mkdtemp(prefix="kg-", dir="/tmp"))
+    state = base / "cluster"
     extra = ensure_up(state_dir=state, who="pytest")
     try:
         cgroup = node.cgroup_root(state)
@@ -274,9 +276,10 @@ def test_cluster_down_leaves_no_process_mount_or_cgroup_behind(
 
     assert {"kubelet", "containerd", "kube-apiserver", "etcd"} <= set(stopped)
     assert [p for p in pids | set(shims) if _runs(p)] == []
-    assert hostclean.mounts_under(tmp_path) == []
+    assert hostclean.mounts_under(base) == []
     assert hostclean.cgroup_dirs(cgroup) == []
     assert not state.exists()
     links = [p for p in node.CONTAINER_LOG_LINKS.glob("*")
-             if p.is_symlink() and str(tmp_path) in os.readlink(p)]
+             if p.is_symlink() and str(base) in os.readlink(p)]
     assert links == []
+    base.rmdir()  # empty: stop() removed the state dir
