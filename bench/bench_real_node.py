@@ -176,6 +176,7 @@ def rollout(g: RealGroup, partitions: int) -> Obj:
     assert g.audit is not None
     epoch0 = int((g.settled(WORKERS) or {}).get("epoch", 0))
     t0 = time.monotonic()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     g.kubectl("rollout", "restart", g.workload)
     g.kubectl("rollout", "status", g.workload, "--timeout=600s", timeout=620)
     t_done = time.monotonic()
@@ -185,6 +186,20 @@ def rollout(g: RealGroup, partitions: int) -> Obj:
     fig: Obj = dict(handoff_figures(intervals, partitions, t0, t1))
     fig["duration_s"] = t_done - t0
     fig["epochs"] = int(status["epoch"]) - epoch0
+    since = f"--since={int(t1 - t0) + 5}s"
+    operator = g.operator_ready()[0].metadata.name
+    fig["epoch_log"] = [line[-220:] for line in
+                        g.kubectl("logs", operator, since).splitlines() if ": epoch " in line]
+    # a worker's readiness probe that failed during the rollout: its pod counted as
+    # unavailable, which the Deployment controller may scale down first
+    events = json.loads(g.kubectl("get", "events", "-o", "json",
+                                  "--field-selector", "reason=Unhealthy"))["items"]
+    fig["probe_failures"] = sorted(
+        f"{e['involvedObject']['name']}: {e.get('message', '')[:120]}" for e in events
+        # "probe errored ... context canceled": the kubelet's probe cut short as the
+        # container stops, not an answer of the sidecar
+        if "Readiness probe failed" in e.get("message", "")
+        and e.get("lastTimestamp", "") >= started)
     return fig
 
 

@@ -9,7 +9,8 @@ duplicated and the sidecars' audit shows no overlapping owners.
 
 Each test has its own namespace, release and group, and waits for conditions, never a
 fixed time. What the partition moves of a rollout are is the assignor's business (and
-changes with it): these tests print them and assert only what must hold.
+changes with it): these tests print them and assert only what must hold, and what kgroup
+promises: a StatefulSet's rollout moves no partition.
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ def test_a_statefulset_rollout_restart_completes_with_the_verifier_clean(
     figures = handoff_figures(ownership_intervals(workers.audit(), now=t1), PARTITIONS, t0, t1)
     print(f"StatefulSet rollout of {REPLICAS} x {PARTITIONS} partitions: {figures}, "
           f"epochs {settled['epoch']} -> {status['epoch']}")
+    # each pod came back under its name within statefulSetRestartGraceSeconds (30 s) and
+    # took its own partitions back: no move, no rebalance (the group's target untouched)
+    assert figures["moves"] == 0, figures
+    assert (status["epoch"], status["assignment"]) == (settled["epoch"], settled["assignment"])
     workers.check_clean()
 
 
