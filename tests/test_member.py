@@ -155,6 +155,27 @@ def test_epoch_is_acknowledged_only_when_held_equals_target() -> None:
     assert m.view(0.3).acked_epoch == 3
 
 
+def test_the_acknowledged_partitions_follow_the_written_epoch_not_the_one_in_flight() -> None:
+    w = World()
+    w.target = Target(3, frozenset({0, 1}))
+    m = joined(w)
+    acquire_all(m, w, 0.1)
+    [ack] = of(m.step(w.snap(0.2)), AckEpoch)
+    def acked() -> frozenset[int] | None:  # read anew each time (no narrowing)
+        return m.acked_partitions
+
+    assert acked() is None  # sent, not written yet
+    m.renewed("S1", sent_at=0.2, timing=TIMING, epoch=ack.epoch, now=0.3)
+    assert (m.view(0.3).acked_epoch, acked()) == (3, frozenset({0, 1}))
+    # epoch 4 leaves {0, 1} alone (another member joined): acknowledged again, same set
+    w.target = Target(4, frozenset({0, 1}))
+    [ack] = of(m.step(w.snap(0.4)), AckEpoch)
+    assert (ack.epoch, acked()) == (4, frozenset({0, 1}))
+    # a fence forgets them: a new session acknowledged nothing yet
+    m.step(w.snap(20.0))
+    assert acked() is None
+
+
 def test_empty_target_is_acknowledged_at_once() -> None:
     w = World()
     w.target = Target(2, frozenset())

@@ -56,3 +56,19 @@ def test_the_first_pod_of_a_group_goes_from_not_a_member_to_ready() -> None:
     assert not readiness(view(acked=None), T3, member=False, stopping=False).ready
     assert not readiness(view(acked=None), T3, member=True, stopping=False).ready
     assert readiness(view({0: "active", 1: "active"}), T3, member=True, stopping=False).ready
+
+
+def test_an_epoch_that_leaves_its_partitions_alone_keeps_it_ready_before_its_ack() -> None:
+    """Another member joined (epoch 4, this pod's {0, 1} untouched): Ready while the ack of
+    epoch 4 is on its way; an epoch that changed its partitions waits for the ack."""
+    held = view({0: "active", 1: "active"}, acked=3)
+    t4 = Target(epoch=4, partitions=frozenset({0, 1}))
+    verdict = readiness(held, t4, member=True, stopping=False,
+                        acked_partitions=frozenset({0, 1}))
+    assert verdict.ready and "as at epoch 3" in verdict.reason
+    changed = readiness(held, t4, member=True, stopping=False,
+                        acked_partitions=frozenset({0, 1, 2}))  # 2 moved away in epoch 4
+    assert not changed.ready and "epoch 4 not acknowledged" in changed.reason
+    new_pod = readiness(view(acked=None), Target(epoch=4, partitions=frozenset()),
+                        member=True, stopping=False, acked_partitions=None)
+    assert not new_pod.ready  # a new member: its first acknowledgement is waited for

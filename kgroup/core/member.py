@@ -199,6 +199,11 @@ class Member:
         self._session_write_in_flight = False
         self._next_renew_at = 0.0
         self._written_epoch: int | None = None
+        # the target partitions of the epoch written as acknowledged, and of the
+        # acknowledgement in flight (readiness: an epoch that leaves them alone does not
+        # make the pod unready while its acknowledgement is on its way)
+        self._written_partitions: frozenset[int] | None = None
+        self._ack_partitions: frozenset[int] | None = None
         self.owned: dict[int, _Owned] = {}
         self._acquiring: dict[int, str | None] = {}  # partition -> handed-over position
         self._attempted: dict[int, int] = {}  # partition -> token of the acquisition in flight
@@ -257,6 +262,12 @@ class Member:
             valid_for_seconds=max(0.0, deadline - now) if live and deadline is not None else 0.0,
             partitions=tuple(parts),
         )
+
+    @property
+    def acked_partitions(self) -> frozenset[int] | None:
+        """The partitions of the target whose epoch this session last wrote as
+        acknowledged (None: none yet)."""
+        return self._written_partitions
 
     def partitions_of_interest(self, target: Target | None) -> frozenset[int]:
         """The partitions whose locks ``step`` and ``next_wakeup`` read: the target, what
@@ -431,7 +442,9 @@ class Member:
         if not self._session_write_in_flight:
             epoch = self._ackable_epoch(snap)
             if epoch is not None and epoch != self._written_epoch:
+                assert snap.target is not None  # an ackable epoch is the target's
                 self._session_write_in_flight = True
+                self._ack_partitions = frozenset(snap.target.partitions)
                 actions.append(AckEpoch(session, snap.timing, epoch))
             elif now >= self._next_renew_at:
                 self._session_write_in_flight = True
@@ -495,6 +508,7 @@ class Member:
         self._confirmed_sent = None
         self._session_write_in_flight = False
         self._written_epoch = None
+        self._written_partitions = None
         self.fenced = True
         self.fence_count += 1
         self._bump()
@@ -521,6 +535,7 @@ class Member:
         self._confirmed_timing = timing
         self._next_renew_at = sent_at + timing.renew_interval
         self._written_epoch = None
+        self._written_partitions = None
         self.fenced = False
         self._bump()
 
@@ -543,6 +558,7 @@ class Member:
         self._next_renew_at = sent_at + timing.renew_interval
         if epoch != self._written_epoch:
             self._written_epoch = epoch
+            self._written_partitions = self._ack_partitions
             self._bump()
 
     def renew_failed(

@@ -16,7 +16,12 @@ and an old pod is taken down only then. In order, the pod is *not* Ready while:
    would never come); it reads the app containers' readiness instead
    (``kgroup_operator.world.pod_observation``);
 5. it still drains a revoked partition, or holds less or more than its target;
-6. it has not yet written the target's epoch as acknowledged on its member Lease.
+6. it has not yet written the target's epoch as acknowledged on its member Lease, and
+   that epoch changed its partitions. An epoch that leaves this pod's partitions as they
+   were at its last acknowledgement (another member joined or left) keeps it Ready while
+   its acknowledgement is on its way: with the chart's ``failureThreshold: 1``, every
+   rebalance would otherwise turn every pod of the group unready for a probe period,
+   and a Deployment counts an unready old pod as unavailable during a rollout.
 
 The first pod of a group goes 4 → 5 → Ready as the operator admits it and it takes the
 locks. A member whose target is empty (more pods than partitions) is Ready as soon as it
@@ -38,9 +43,12 @@ class Readiness:
     reason: str  # why not Ready (or "holds its target of epoch E" when Ready)
 
 
-def readiness(view: View, target: Target | None, *, member: bool, stopping: bool) -> Readiness:
+def readiness(view: View, target: Target | None, *, member: bool, stopping: bool,
+              acked_partitions: frozenset[int] | None = None) -> Readiness:
     """Is this pod Ready? ``member``: the pod's name is a key of the target assignment
-    (every member is one, with an empty range when it gets no partition)."""
+    (every member is one, with an empty range when it gets no partition).
+    ``acked_partitions``: the target partitions of the epoch this session last wrote as
+    acknowledged (None: none yet; :attr:`kgroup.core.member.Member.acked_partitions`)."""
     if stopping:
         return Readiness(False, "stopping: handing its partitions over")
     if view.session is None:
@@ -61,6 +69,9 @@ def readiness(view: View, target: Target | None, *, member: bool, stopping: bool
     if active != target.partitions:
         return Readiness(False, f"holds {len(active)} of {len(target.partitions)} "
                                 "targeted partition(s)")
-    if view.acked_epoch != target.epoch:
+    if view.acked_epoch != target.epoch and acked_partitions != target.partitions:
         return Readiness(False, f"epoch {target.epoch} not acknowledged yet")
+    if view.acked_epoch != target.epoch:
+        return Readiness(True, f"holds its target of epoch {target.epoch} (its partitions "
+                               f"as at epoch {view.acked_epoch}, acknowledgement on its way)")
     return Readiness(True, f"holds its target of epoch {target.epoch}")

@@ -184,7 +184,8 @@ class Sidecar:
         """``GET /readyz``: Ready once the whole target is held and its epoch acknowledged
         (``kgroup.core.readiness``)."""
         return readiness(self.member.view(self.clock()), self.logic.target,
-                         member=self.logic.in_target, stopping=self.member.shutting_down)
+                         member=self.logic.in_target, stopping=self.member.shutting_down,
+                         acked_partitions=self.member.acked_partitions)
 
     def begin_shutdown(self) -> None:
         if self.logic.begin_shutdown():
