@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kgroup.core.health import Report
 
@@ -190,6 +190,19 @@ class Rebalance:
 RebalanceListener = Callable[[Rebalance], None]
 AsyncRebalanceListener = Callable[[Rebalance], Awaitable[None] | None]
 RELEASE_RETRY_SECONDS = 0.2
+ReleaseOutcome = Literal["lost", "retry", "raise"]
+
+
+def after_release_error(status: int, *, now: float, deadline: float) -> ReleaseOutcome:
+    """``release_all``'s decision (sync and async clients alike) after a release failed
+    with ``status``: ``"lost"`` when the partition was lost meanwhile (404, 409: reported
+    False, no retry); ``"retry"`` when it is not released yet (503) or the sidecar was not
+    reached (0), while ``now`` is before ``deadline``; else ``"raise"`` (the error stands)."""
+    if status in (404, 409):
+        return "lost"
+    if status in (0, 503) and now < deadline:
+        return "retry"
+    return "raise"
 
 
 def _reports_body(reports: Iterable[Report]) -> dict[str, Any]:
@@ -297,12 +310,14 @@ class SidecarClient:
                     out[p.partition] = self.release(p.partition, p.token, position)
                     break
                 except SidecarError as exc:
-                    if exc.status in (404, 409):
+                    outcome = after_release_error(exc.status, now=self.clock(),
+                                                  deadline=deadline)
+                    if outcome == "raise":
+                        raise
+                    if outcome == "lost":
                         out[p.partition] = False
                         break
-                    if exc.status not in (0, 503) or self.clock() >= deadline:
-                        raise
-                    time.sleep(RELEASE_RETRY_SECONDS)
+                time.sleep(RELEASE_RETRY_SECONDS)
         return out
 
     def listen(self, on_rebalance: RebalanceListener, *,
@@ -430,12 +445,14 @@ class AsyncSidecarClient:
                     out[p.partition] = await self.release(p.partition, p.token, position)
                     break
                 except SidecarError as exc:
-                    if exc.status in (404, 409):
+                    outcome = after_release_error(exc.status, now=self.clock(),
+                                                  deadline=deadline)
+                    if outcome == "raise":
+                        raise
+                    if outcome == "lost":
                         out[p.partition] = False
                         break
-                    if exc.status not in (0, 503) or self.clock() >= deadline:
-                        raise
-                    await asyncio.sleep(RELEASE_RETRY_SECONDS)
+                await asyncio.sleep(RELEASE_RETRY_SECONDS)
         return out
 
     async def listen(self, on_rebalance: AsyncRebalanceListener, *,

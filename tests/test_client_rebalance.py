@@ -7,9 +7,16 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kgroup.client import AsyncSidecarClient, Rebalance, Report, SidecarClient
+from kgroup.client import (
+    AsyncSidecarClient,
+    Rebalance,
+    Report,
+    SidecarClient,
+    after_release_error,
+)
 from tests.test_client import Scripted, raw, scripted, wait
 
 __all__ = ["scripted"]
@@ -52,6 +59,17 @@ def test_release_all_gives_everything_back_with_the_apps_positions(
     out = c.release_all({0: "10-0", 3: "30-0"})
     assert out == {0: True, 1: True, 3: True}
     assert scripted.released == {0: "10-0", 1: None, 3: "30-0"}  # 1: its handed-over one
+
+
+@pytest.mark.parametrize(("status", "now", "outcome"), [
+    (404, 0.0, "lost"), (409, 0.0, "lost"), (404, 99.0, "lost"),  # lost: done, no retry
+    (503, 0.0, "retry"), (0, 9.9, "retry"),  # not released yet / unreachable: again
+    (503, 10.0, "raise"), (0, 11.0, "raise"),  # ... until the deadline
+    (400, 0.0, "raise"), (500, 0.0, "raise"),  # anything else stands at once
+])
+def test_release_all_retries_only_the_not_yet_released_until_the_deadline(
+        status: int, now: float, outcome: str) -> None:
+    assert after_release_error(status, now=now, deadline=10.0) == outcome
 
 
 def test_health_reports_reach_the_metrics_and_the_summary(scripted: Scripted) -> None:

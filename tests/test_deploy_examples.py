@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_chart import _parent_chart, one, render
+from chart_render import one, parent_chart, render
 
 from kgroup_devcluster.real_node import (
     EXAMPLE,
@@ -72,7 +72,7 @@ PDB_TEMPLATE = """\
 
 
 def test_the_charts_named_template_renders_the_example_pdb(tmp_path: Path) -> None:
-    parent = _parent_chart(tmp_path, PDB_TEMPLATE)
+    parent = parent_chart(tmp_path, PDB_TEMPLATE)
     rendered = one(render(chart=parent, namespace="orders"), "PodDisruptionBudget")
     assert rendered["metadata"]["namespace"] == "orders"
     assert rendered["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
@@ -82,7 +82,7 @@ def test_the_charts_named_template_renders_the_example_pdb(tmp_path: Path) -> No
 
 
 def test_the_named_template_needs_a_name_and_takes_another_budget(tmp_path: Path) -> None:
-    parent = _parent_chart(tmp_path, PDB_TEMPLATE.replace(
+    parent = parent_chart(tmp_path, PDB_TEMPLATE.replace(
         '"root" $', '"root" $ "maxUnavailable" 2 "namespace" "x"'))
     rendered = one(render(chart=parent), "PodDisruptionBudget")
     assert (rendered["spec"]["maxUnavailable"], rendered["metadata"]["namespace"]) == (2, "x")

@@ -48,13 +48,32 @@ def request_pod_token(
     expiration_seconds: int = 3600,
 ) -> str:
     """A TokenRequest token for `service_account`, bound to the pod (name and uid)."""
+    return request_token(
+        cluster,
+        namespace=namespace,
+        service_account=service_account,
+        expiration_seconds=expiration_seconds,
+        bound_object_ref=client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=pod_name, uid=pod_uid
+        ),
+    )
+
+
+def request_token(
+    cluster: Cluster,
+    *,
+    namespace: str,
+    service_account: str,
+    expiration_seconds: int = 3600,
+    bound_object_ref: client.V1BoundObjectReference | None = None,
+) -> str:
+    """A TokenRequest token for `service_account` (bound to `bound_object_ref` if given,
+    else to no object: what a pod-less client of that service account would hold)."""
     body = client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(
             audiences=[],  # empty: the API server's own audience
             expiration_seconds=expiration_seconds,
-            bound_object_ref=client.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=pod_name, uid=pod_uid
-            ),
+            bound_object_ref=bound_object_ref,
         )
     )
     with admin_api_client(cluster) as api:
@@ -104,17 +123,69 @@ def pod_kubeconfig(
         pod_uid=pod_uid,
         expiration_seconds=expiration_seconds,
     )
+    return _write_private(path, token_kubeconfig_text(
+        cluster, token=token, user=f"{namespace}-{pod_name}", namespace=namespace))
+
+
+def service_account_kubeconfig(
+    cluster: Cluster,
+    *,
+    namespace: str,
+    service_account: str,
+    path: Path | str,
+    user: str | None = None,
+    expiration_seconds: int = 3600,
+) -> Path:
+    """Write a kubeconfig (mode 0600) whose user is a token of `service_account` bound to
+    no pod (the operator's identity, or a worker token without a pod); return its path."""
+    token = request_token(
+        cluster,
+        namespace=namespace,
+        service_account=service_account,
+        expiration_seconds=expiration_seconds,
+    )
+    return _write_private(path, token_kubeconfig_text(
+        cluster, token=token, user=user or f"{namespace}-{service_account}",
+        namespace=namespace))
+
+
+def _write_private(path: Path | str, text: str) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = token_kubeconfig_text(
-        cluster, token=token, user=f"{namespace}-{pod_name}", namespace=namespace
-    )
     tmp = out.with_name(out.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     tmp.replace(out)
     return out
+
+
+def token_pod(
+    core: client.CoreV1Api, namespace: str, name: str, service_account: str
+) -> client.V1Pod:
+    """Create a Pod object only to bind tokens to: nothing runs it (its nodeSelector
+    matches no node, its image is never pulled). Delete it and its tokens stop working."""
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            service_account_name=service_account,
+            node_selector={"kgroup.dev/no-such-node": "true"},  # never scheduled, never run
+            containers=[client.V1Container(name="app", image="registry.invalid/app")],
+        ),
+    )
+    pod: client.V1Pod = core.create_namespaced_pod(namespace, body)
+    return pod
+
+
+def pod_api_client(cluster: Cluster, pod: client.V1Pod, path: Path | str) -> client.ApiClient:
+    """An ApiClient acting as `pod` (a token bound to it, its kubeconfig written to
+    `path`); the caller closes it."""
+    meta, spec = pod.metadata, pod.spec
+    if meta is None or spec is None or not (meta.namespace and meta.name and meta.uid):
+        raise ValueError("pod_api_client needs a Pod as the API server returned it")
+    return api_client_from_kubeconfig(pod_kubeconfig(
+        cluster, namespace=meta.namespace, service_account=spec.service_account_name or "default",
+        pod_name=meta.name, pod_uid=meta.uid, path=path))
 
 
 def whoami(api: client.ApiClient) -> dict[str, Any]:

@@ -29,7 +29,14 @@ from kubernetes import client
 
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
-from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig, whoami
+from kgroup_devcluster.tokens import (
+    POD_NAME_EXTRA,
+    api_client_from_kubeconfig,
+    pod_api_client,
+    service_account_kubeconfig,
+    token_pod,
+    whoami,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +44,6 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kgroup"
 WORKER_SA = "kgroup-worker"
 GROUP = "g"
-POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 
 
 @dataclass
@@ -66,33 +72,6 @@ def _apply(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
     assert out.returncode == 0, out.stderr
 
 
-def _pod(core: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod:
-    body = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PodSpec(
-            service_account_name=WORKER_SA,
-            node_selector={"kgroup.dev/no-such-node": "true"},  # never scheduled, never run
-            containers=[client.V1Container(name="app", image="registry.invalid/app")],
-        ),
-    )
-    pod: client.V1Pod = core.create_namespaced_pod(namespace, body)
-    return pod
-
-
-def _unbound_kubeconfig(cluster: Cluster, namespace: str, path: Path) -> Path:
-    from kgroup_devcluster.tokens import admin_api_client, token_kubeconfig_text
-
-    with admin_api_client(cluster) as api:
-        out = client.CoreV1Api(api).create_namespaced_service_account_token(
-            WORKER_SA, namespace,
-            client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
-    assert out.status is not None and out.status.token
-    path.write_text(token_kubeconfig_text(cluster, token=out.status.token, user="unbound",
-                                          namespace=namespace))
-    return path
-
-
 @pytest.fixture(scope="module")
 def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
@@ -108,20 +87,17 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
     clients: list[client.ApiClient] = []
     try:
         _apply(cluster, objs)
-        pods = {n: _pod(core, ns, n) for n in ("pod-a", "pod-b")}
+        pods = {n: token_pod(core, ns, n, WORKER_SA) for n in ("pod-a", "pod-b")}
         tmp = tmp_path_factory.mktemp("admission")
 
         def as_pod(name: str) -> client.CoordinationV1Api:
-            uid = str(pods[name].metadata.uid)  # type: ignore[union-attr]
-            path = pod_kubeconfig(cluster, namespace=ns, service_account=WORKER_SA,
-                                  pod_name=name, pod_uid=uid,
-                                  path=tmp / f"{name}.kubeconfig")
-            api = api_client_from_kubeconfig(path)
+            api = pod_api_client(cluster, pods[name], tmp / f"{name}.kubeconfig")
             clients.append(api)
             return client.CoordinationV1Api(api)
 
-        unbound_api = api_client_from_kubeconfig(_unbound_kubeconfig(
-            cluster, ns, tmp / "unbound.kubeconfig"))
+        unbound_api = api_client_from_kubeconfig(service_account_kubeconfig(
+            cluster, namespace=ns, service_account=WORKER_SA, user="unbound",
+            path=tmp / "unbound.kubeconfig"))
         clients.append(unbound_api)
         policy = next(o["metadata"]["name"] for o in objs
                       if o["kind"] == "ValidatingAdmissionPolicy")

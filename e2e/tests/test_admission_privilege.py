@@ -29,10 +29,10 @@ from kubernetes import client
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import (
-    admin_api_client,
     api_client_from_kubeconfig,
-    pod_kubeconfig,
-    token_kubeconfig_text,
+    pod_api_client,
+    service_account_kubeconfig,
+    token_pod,
 )
 
 pytestmark = pytest.mark.cluster
@@ -97,25 +97,13 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
         assert out.returncode == 0, out.stderr
         tmp = tmp_path_factory.mktemp("privilege")
-        pod: Any = core.create_namespaced_pod(ns, client.V1Pod(
-            metadata=client.V1ObjectMeta(name="pod-a"),
-            spec=client.V1PodSpec(
-                service_account_name=WORKER_SA,
-                node_selector={"kgroup.dev/no-such-node": "true"},  # never run
-                containers=[client.V1Container(name="app", image="registry.invalid/app")])))
-        worker_api = api_client_from_kubeconfig(pod_kubeconfig(
-            cluster, namespace=ns, service_account=WORKER_SA, pod_name="pod-a",
-            pod_uid=str(pod.metadata.uid), path=tmp / "pod-a.kubeconfig"))
+        worker_api = pod_api_client(cluster, token_pod(core, ns, "pod-a", WORKER_SA),
+                                    tmp / "pod-a.kubeconfig")
         operator_sa = next(o["metadata"]["name"] for o in objs
                            if o["kind"] == "ServiceAccount" and "operator" in o["metadata"]["name"])
-        with admin_api_client(cluster) as api:
-            token: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
-                operator_sa, ns, client.AuthenticationV1TokenRequest(
-                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
-        path = tmp / "operator.kubeconfig"
-        path.write_text(token_kubeconfig_text(cluster, token=token.status.token,
-                                              user="operator", namespace=ns))
-        operator_api = api_client_from_kubeconfig(path)
+        operator_api = api_client_from_kubeconfig(service_account_kubeconfig(
+            cluster, namespace=ns, service_account=operator_sa, user="operator",
+            path=tmp / "operator.kubeconfig"))
         clients += [worker_api, operator_api]
         e = Env(ns, client.CoordinationV1Api(kube), client.CoordinationV1Api(worker_api),
                 client.CoordinationV1Api(operator_api))
@@ -387,13 +375,9 @@ def test_with_watched_namespaces_the_operator_has_roles_there_and_nothing_elsewh
         out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
         assert out.returncode == 0, out.stderr
         sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
-        with admin_api_client(cluster) as api:
-            token: Any = client.CoreV1Api(api).create_namespaced_service_account_token(
-                sa, env.ns, client.AuthenticationV1TokenRequest(
-                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)))
-        path = tmp_path_factory.mktemp("roles") / "operator.kubeconfig"
-        path.write_text(token_kubeconfig_text(cluster, token=token.status.token,
-                                              user="operator-roles", namespace=env.ns))
+        path = service_account_kubeconfig(
+            cluster, namespace=env.ns, service_account=sa, user="operator-roles",
+            path=tmp_path_factory.mktemp("roles") / "operator.kubeconfig")
         with api_client_from_kubeconfig(path) as api:
             roles = Env(env.ns, env.admin, env.worker, client.CoordinationV1Api(api))
             wait_for("the second operator policy", lambda: answer(roles, create(

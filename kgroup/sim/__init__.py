@@ -11,9 +11,10 @@ run, so a failing seed replays: ``python -m kgroup.sim --seed N --verbose``.
 
 Layout: ``kernel`` (time, events, processes), ``store`` (resourceVersions, conflicts),
 ``sidecar`` and ``control`` (thin drivers of the shipped decision code, like the real
-runtime and controller), ``checks`` (the invariants), ``run`` (one run: faults, watches,
-verdict), ``variants`` (the shipped code with one decision broken, to prove the checks
-fail).
+runtime and controller), ``checks`` (the invariants), ``run`` (one run: watches,
+processes, verdict), ``faults`` (process faults, drawn or scripted), ``hand_edits`` (an
+admin's edits of the stored objects, the garbage collector), ``variants`` (the shipped
+code with one decision broken, to prove the checks fail).
 """
 
 from kgroup.sim.checks import Violation

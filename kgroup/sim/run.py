@@ -1,4 +1,5 @@
-"""One simulated run: the store, the operator, the members, the faults, the verdict.
+"""One simulated run: the store, the operator, the members, the faults, the verdict
+(the faults themselves: :mod:`kgroup.sim.faults` and :mod:`kgroup.sim.hand_edits`).
 
 Rules of this module:
 
@@ -26,8 +27,11 @@ from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, pa
 from kgroup.core import lease_codec as codec
 from kgroup.core.member import Lock, Member
 from kgroup.core.ranges import parse_ranges
+from kgroup.sim import faults
 from kgroup.sim.checks import Checker, Violation
 from kgroup.sim.control import GROUP_KEY, SimOperator
+from kgroup.sim.faults import FAULT_KINDS, Fault
+from kgroup.sim.hand_edits import HAND_EDIT_KINDS
 from kgroup.sim.kernel import Kernel, Process
 from kgroup.sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup.sim.store import Obj, Store, lease_key, streams_of
@@ -35,36 +39,6 @@ from kgroup.sim.variants import REGRESSIONS, logic_with
 
 __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
-
-
-FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
-HAND_EDIT_KINDS = ("lock-deleted", "group-reapplied")
-"""Hand edits an admin may make, drawn at random only when named in ``SimConfig.kinds``
-(not in FAULT_KINDS: adding kinds to the draw would change every pinned seed's run)."""
-"""Process faults drawn at random; message faults (lost/duplicated events, lost
-requests or answers, slow messages) are drawn per message during the fault phase.
-Scripted only: ``lose-answer`` (the member's next answer from the API server is lost),
-``rollout-join`` (a member joins with the next revision of the Deployment: a rollout's
-new pod; ``SimConfig.revision`` gives the first members' pods a Deployment's revision),
-``status-reset`` (the group's status is emptied, as by a restore from a backup
-without status, and the operator restarts ``seconds`` later), ``spec-change`` (the
-spec is edited: ``member`` more partitions, a new generation), ``lock-deleted`` (an admin
-deletes partition ``member``'s Lease) and ``group-reapplied`` (the ConsumerGroup is
-deleted, the garbage collector deletes the Leases it owns, and the same group is applied
-again ``seconds`` later: a new uid, an empty status)."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A scripted fault: ``kind`` at true time ``at``, on member number ``member`` (its
-    index among the live members sorted by name), lasting ``seconds``; ``same_name``:
-    a crashed member returns under its own name."""
-
-    at: float
-    kind: str
-    member: int = 0
-    seconds: float = 0.0
-    same_name: bool = True
 
 
 @dataclass(frozen=True)
@@ -361,12 +335,12 @@ class World:
         sc.key = self.incarnations
         self._by_proc[id(proc)] = sc
         self.sidecars[name] = sc
-        self._put_pod(name, ready=True)
+        self.put_pod(name, ready=True)
         self.watch(proc, sc, ("group", "member", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
 
-    def _put_pod(self, name: str, *, ready: bool, terminating: bool = False) -> None:
+    def put_pod(self, name: str, *, ready: bool, terminating: bool = False) -> None:
         key = f"pods/{name}"
         meta: Obj = {"name": name, "namespace": NAMESPACE,
                      "labels": dict(self.spec.selector.match_labels)}
@@ -384,176 +358,32 @@ class World:
         else:
             self.store.update(key, pod)
 
-    def _delete_pod(self, name: str) -> None:
+    def delete_pod(self, name: str) -> None:
         if self.store.get(f"pods/{name}") is not None:
             self.store.delete(f"pods/{name}")
 
     def sidecar_exited(self, sc: SimSidecar) -> None:
-        self._gone(sc)
+        self.gone(sc)
         if self.sidecars.get(sc.pod) is sc:
             del self.sidecars[sc.pod]
-            self._delete_pod(sc.pod)
+            self.delete_pod(sc.pod)
 
-    def _live_names(self) -> list[str]:
+    def live_names(self) -> list[str]:
         return sorted(n for n, sc in self.sidecars.items()
                       if sc.proc.alive and sc.logic.shutdown_deadline is None)
 
     # ---- faults ----------------------------------------------------------------------
 
-    def _random_fault(self) -> None:
-        if not self.faulty:
-            return
-        kind = self.rng.choice(self.cfg.kinds) if self.cfg.kinds else None
-        if kind is not None:
-            names = self._live_names()
-            member = self.rng.randrange(max(1, len(names)))
-            if kind == "lock-deleted":
-                member = self.rng.randrange(self.spec.partitions)
-            duration = float(self.spec.lease.duration_seconds)
-            seconds = {
-                "crash": self.rng.uniform(0.5, 3 * duration),
-                "gc-pause": self.rng.choice([self.rng.uniform(0.1, duration),
-                                             self.rng.uniform(duration, 2.5 * duration)]),
-                "net-cut": self.rng.uniform(0.5, 2 * duration),
-                "operator-restart": self.rng.uniform(0.0, 5.0),
-                "group-reapplied": self.rng.uniform(0.0, 5.0),
-            }.get(kind, 0.0)
-            self.inject(Fault(self.kernel.now, kind, member, seconds,
-                              same_name=self.rng.random() < 0.5))
-        self.kernel.after(self.rng.expovariate(self.cfg.fault_rate), self._random_fault)
-
     def inject(self, fault: Fault) -> None:
-        names = self._live_names()
-        end = self.kernel.now + fault.seconds
-        if fault.kind == "operator-restart":
-            assert self.operator_proc is not None
-            self.count(fault.kind)
-            self.trace("fault", fault)
-            self.operator_proc.crash()
-            self.kernel.after(fault.seconds, self.start_operator)
-            return
-        if fault.kind == "status-reset":
-            assert self.operator_proc is not None
-            self.count(fault.kind)
-            self.trace("fault", fault)
-            group = self.store.get(GROUP_KEY)
-            assert group is not None
-            self.store.update(GROUP_KEY, {**group, "status": {}})
-            self.operator_proc.crash()
-            self.kernel.after(fault.seconds, self.start_operator)
-            return
-        if fault.kind == "mark-edit":  # an admin garbles every lock's assignment mark
-            self.count(fault.kind)
-            self.trace("fault", fault)
-            for p in range(self.spec.partitions):
-                key = lease_key(partition_lease_name(GROUP, p))
-                if (body := self.store.get(key)) is not None:
-                    self.store.update(key, codec.marked_partition_lease(body, "mallory"))
-            return
-        if fault.kind == "spec-change":
-            self.count(fault.kind)
-            self.trace("fault", fault)
-            group = self.store.get(GROUP_KEY)
-            assert group is not None
-            self.spec = self.spec.model_copy(
-                update={"partitions": self.spec.partitions + fault.member})
-            md = {**group["metadata"], "generation": group["metadata"]["generation"] + 1}
-            self.store.update(GROUP_KEY, {**group, "metadata": md, "spec": self.spec.to_wire()})
-            return
-        if fault.kind == "lock-deleted":
-            key = lease_key(partition_lease_name(GROUP, fault.member % self.spec.partitions))
-            obj = self.store.get(key)
-            if obj is not None:
-                self.count(fault.kind)
-                self.trace("fault", fault)
-                self._delete_lock(key, obj)
-            return
-        if fault.kind == "group-reapplied":
-            group = self.store.get(GROUP_KEY)
-            if group is None:
-                return  # deleted already, applied again later
-            self.count(fault.kind)
-            self.trace("fault", fault)
-            self.store.delete(GROUP_KEY)
-            self.kernel.after(self.rng.uniform(0.0, 1.0), self._collect_garbage)
-            applied = {k: v for k, v in group.items() if k != "status"}
-            applied["metadata"] = {k: v for k, v in group["metadata"].items()
-                                   if k in ("name", "namespace", "generation")}
-            self.kernel.after(fault.seconds, self._apply_group, {**applied, "status": {}})
-            return
-        if fault.kind in ("join", "rollout-join"):
-            if len(names) < self.cfg.members + 2:
-                self.count(fault.kind)
-                self.trace("fault", fault)
-                self.start_member(revision=None if fault.kind == "join" else
-                                  f"{self.cfg.revision}-next")
-            return
-        if not names or (fault.kind == "leave" and len(names) <= 1):
-            return
-        name = names[fault.member % len(names)]
-        sc = self.sidecars[name]
-        if fault.kind in ("gc-pause", "net-cut") and end >= self.cfg.fault_time:
-            return  # faults stop at fault_time
-        self.count(fault.kind)
-        self.trace("fault", f"{fault} on {name}")
-        if fault.kind == "crash":
-            self._gone(sc)
-            del self.sidecars[name]
-            self._put_pod(name, ready=False)
-            back = min(end, max(self.cfg.fault_time, self.kernel.now))
-            if fault.same_name:
-                self.kernel.at(back, self._restart, name)
-            else:
-                self._delete_pod(name)
-                self.kernel.at(back, self._restart, None)
-        elif fault.kind == "gc-pause":
-            sc.app_write_all()  # frozen mid-write: these land after the pause
-            sc.proc.pause(fault.seconds)
-            if fault.seconds > self.spec.lease.duration_seconds:
-                self.count("gc-pause>lease")
-        elif fault.kind == "lose-answer":
-            sc.proc.lose_answers += 1
-        elif fault.kind == "net-cut":
-            sc.proc.cut_until = max(sc.proc.cut_until, end)
-        elif fault.kind == "leave":
-            self._put_pod(name, ready=False, terminating=True)  # a pod being deleted
-            sc.begin_shutdown()
+        """Make ``fault`` happen now (:mod:`kgroup.sim.faults`)."""
+        faults.inject(self, fault)
 
     def _session_exists(self, member: str, session: str | None) -> bool:
         obj = self.store.get(lease_key(member_lease_name(GROUP, member)))
         parsed = codec.parse_member_lease(obj).value if obj is not None else None
         return parsed is not None and parsed.session == session
 
-    def _collect_garbage(self) -> None:
-        """The garbage collector: every Lease whose owner (the group) is gone."""
-        group = self.store.get(GROUP_KEY)
-        uid = codec.meta(group).get("uid") if group is not None else None
-        for key, obj in self.store.list("leases"):
-            owners = {ref.get("uid") for ref in codec.meta(obj).get("ownerReferences") or []}
-            if owners and uid not in owners:
-                self._delete_lock(key, obj)
-
-    def _delete_lock(self, key: str, obj: Obj) -> None:
-        """A Lease deleted by hand or by the garbage collector: a partition lock's token is
-        revoked (its holder may claim it until it sees the deletion)."""
-        lock = codec.parse_partition_lease(obj).value if codec.is_partition(obj) else None
-        if lock is not None:
-            self.checker.revoke(lock.partition, lock.token)
-        session = codec.parse_member_lease(obj).value if codec.is_member(obj) else None
-        if session is not None:  # its holder's locks are FREE to others from now on
-            for held in map(self.lock, range(self.spec.partitions)):
-                if held is not None and (held.holder, held.session) == (
-                        session.member, session.session):
-                    self.checker.revoke(held.partition, held.token)
-        self.store.delete(key)
-
-    def _apply_group(self, body: Obj) -> None:
-        """kubectl apply of the group deleted earlier: a new object (uid)."""
-        if self.store.get(GROUP_KEY) is None:
-            self.store.create(GROUP_KEY, body)
-        self.kernel.after(self.rng.uniform(0.5, 2.0), self._collect_garbage)
-
-    def _restart(self, name: str | None) -> None:
+    def restart(self, name: str | None) -> None:
         if name is not None and name in self.sidecars:
             return
         self.start_member(name)
@@ -582,7 +412,7 @@ class World:
             self.checker.update_claim(str(sc.key), f"{sc.pod}/{view.session}", tokens, until,
                                       now)
 
-    def _gone(self, sc: SimSidecar) -> None:
+    def gone(self, sc: SimSidecar) -> None:
         """A sidecar process ended (crash or exit): its app claims nothing any more."""
         sc.proc.crash()
         self.checker.drop_claim(str(sc.key))
@@ -611,7 +441,7 @@ class World:
         status = self.status()
         epoch = status.get("epoch")
         assignment = {m: parse_ranges(r) for m, r in (status.get("assignment") or {}).items()}
-        live = self._live_names()
+        live = self.live_names()
         if sorted(assignment) != live:
             return f"target members {sorted(assignment)} != live members {live}"
         owner = {p: m for m, ps in assignment.items() for p in ps}
@@ -655,7 +485,7 @@ class World:
         for fault in cfg.script:
             self.kernel.at(fault.at, self.inject, fault)
         if cfg.kinds and cfg.fault_rate > 0:
-            self.kernel.after(self.rng.expovariate(cfg.fault_rate), self._random_fault)
+            self.kernel.after(self.rng.expovariate(cfg.fault_rate), faults.random_fault, self)
         checker = self.checker
         self.kernel.run_until(cfg.fault_time, self._after_event)
         stable_since: float | None = None  # converged, and unchanged since

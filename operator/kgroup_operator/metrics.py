@@ -30,7 +30,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.exposition import choose_encoder
+
+from kgroup.metrics_http import serve_registry
 
 log = logging.getLogger(__name__)
 
@@ -109,19 +110,4 @@ class Metrics:
 async def serve(metrics: Metrics, host: str, port: int) -> web.AppRunner:
     """Start ``GET /metrics`` on ``host:port``; the caller cleans the returned runner up.
     OpenMetrics when the scraper asks for it (``Accept``), else the text format."""
-
-    async def handle(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(metrics.registry),
-                            headers={"Content-Type": content_type})
-
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
+    return await serve_registry(metrics.registry, host, port)

@@ -32,9 +32,9 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.exposition import choose_encoder
 
 from kgroup.core.member_model import View
+from kgroup.metrics_http import exposition, serve_registry
 
 IDENTITY = ("group_namespace", "group", "member")
 VERBS = ("create", "update", "delete")
@@ -187,30 +187,10 @@ class Metrics:
 
     def exposition(self, accept: str) -> tuple[bytes, str]:
         """Body and content type for a scrape's ``Accept`` header (OpenMetrics if asked)."""
-        encoder, content_type = choose_encoder(accept)
-        return encoder(self.registry), content_type
-
-
-async def handle_metrics(metrics: Metrics, request: web.Request) -> web.Response:
-    body, content_type = metrics.exposition(request.headers.get("Accept", ""))
-    return web.Response(body=body, headers={"Content-Type": content_type})
+        return exposition(self.registry, accept)
 
 
 async def serve(metrics: Metrics, host: str, port: int) -> web.AppRunner:
     """``GET /metrics`` alone on ``host:port`` (``KGROUP_METRICS_LISTEN``), for a scraper
     outside the pod; the local API stays where it is. The caller cleans the runner up."""
-
-    async def handle(request: web.Request) -> web.Response:
-        return await handle_metrics(metrics, request)
-
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
-
+    return await serve_registry(metrics.registry, host, port)

@@ -1,0 +1,185 @@
+"""The chart's RBAC and admission policies, as rendered by `helm template` (no cluster).
+
+Why: the chart is where least privilege is decided. RBAC verbs are compared exactly (a
+wildcard or an extra verb is a failure), and against the Lease calls the code makes. The
+policies' effect on a real API server: e2e/tests/test_admission_*.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from chart_render import REPO, Obj, by_kind, one, render
+
+
+def rule_table(rules: list[Obj]) -> set[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    """(apiGroup, resource, sorted verbs, resourceNames) for every rule's group x resource."""
+    table = set()
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                table.add((g, res, tuple(sorted(r["verbs"])),
+                           tuple(r.get("resourceNames", ()))))
+    return table
+
+
+def assert_no_wildcards(rules: list[Obj]) -> None:
+    for r in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert "*" not in r.get(key, []), f"wildcard in {key}: {r}"
+
+
+OPERATOR_RULES = {
+    ("kgroup.dev", "consumergroups", ("get", "list", "patch", "watch"), ()),
+    ("kgroup.dev", "consumergroups/status", ("get", "patch", "update"), ()),
+    ("", "pods", ("get", "list", "watch"), ()),
+    ("coordination.k8s.io", "leases", ("create", "list", "patch", "watch"), ()),
+    ("", "events", ("create", "patch"), ()),
+}
+
+
+WORKER_RULES = {
+    ("coordination.k8s.io", "leases", ("create", "delete", "get", "list", "update", "watch"),
+     ()),
+    ("kgroup.dev", "consumergroups", ("get", "list", "watch"), ()),
+    ("", "events", ("create", "patch"), ()),
+}
+
+
+def test_operator_rbac_is_exactly_what_it_needs() -> None:
+    objs = render()
+    role = one(objs, "ClusterRole")
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == OPERATOR_RULES
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kg-kgroup-operator",
+                                    "namespace": "kgroup-system"}]
+
+
+def test_namespaced_operator_gets_roles_not_a_cluster_role() -> None:
+    objs = render("operator.watchNamespaces={orders,billing}")
+    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+    roles = {o["metadata"]["namespace"]: o for o in by_kind(objs, "Role")
+             if o["metadata"]["name"] == "kg-kgroup-operator"}
+    assert set(roles) == {"orders", "billing"}
+    for role in roles.values():
+        assert rule_table(role["rules"]) == OPERATOR_RULES
+
+
+def test_leader_election_role_is_scoped_to_its_lease() -> None:
+    objs = render("operator.replicas=2", "operator.leaderElection.leaseName=the-leader")
+    role = one(objs, "Role", "kg-kgroup-operator-leader-election")
+    assert role["metadata"]["namespace"] == "kgroup-system"
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == {
+        ("coordination.k8s.io", "leases", ("get", "update"), ("the-leader",)),
+        ("coordination.k8s.io", "leases", ("create",), ()),
+        ("", "events", ("create", "patch"), ()),
+    }
+    env = {e["name"]: e.get("value")
+           for e in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KGROUP_LEADER_LEASE"] == "the-leader"
+
+
+def test_standalone_operator_has_no_leader_election() -> None:
+    objs = render("operator.leaderElection.enabled=false")
+    assert not [o for o in by_kind(objs, "Role") if "leader" in o["metadata"]["name"]]
+    env = {e["name"]: e.get("value")
+           for e in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KGROUP_PEERING"] == "none"
+
+
+def test_worker_rbac_is_namespaced_and_minimal() -> None:
+    objs = render("workerRbac.namespaces={orders}", "workerRbac.serviceAccountName=orders-w")
+    sa = one(objs, "ServiceAccount", "orders-w")
+    assert sa["metadata"]["namespace"] == "orders"
+    role = one(objs, "Role", "orders-w")
+    assert role["metadata"]["namespace"] == "orders"
+    assert_no_wildcards(role["rules"])
+    assert rule_table(role["rules"]) == WORKER_RULES
+    rb = one(objs, "RoleBinding", "orders-w")
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "orders-w"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "orders-w",
+                               "namespace": "orders"}]
+
+
+# The Kubernetes client's Lease calls, as RBAC verbs; a watch is a list plus a watch.
+_LEASE_CALL = re.compile(r"\.(read|list|create|replace|patch|delete)_(?:namespaced_lease|"
+                         r"lease_for_all_namespaces)\b")
+
+
+_VERB = {"read": "get", "list": "list", "create": "create", "replace": "update",
+         "patch": "patch", "delete": "delete"}
+
+
+def lease_verbs_called(*files: str) -> set[str]:
+    """Every Lease verb the code in ``files`` calls (a Watch of a list call adds watch)."""
+    verbs: set[str] = set()
+    for name in files:
+        text = (REPO / name).read_text()
+        verbs |= {_VERB[m] for m in _LEASE_CALL.findall(text)}
+        if "watch.Watch" in text or "kopf.on.event(\"coordination.k8s.io\"" in text:
+            verbs |= {"list", "watch"}
+    return verbs
+
+
+def lease_verbs_granted(rules: set[Any], names: tuple[str, ...] = ()) -> set[str]:
+    return {v for g, res, verbs, rn in rules if (g, res) == ("coordination.k8s.io", "leases")
+            and rn == names for v in verbs}
+
+
+def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
+    """RBAC against the code: the operator's group Leases (kube.py, the kopf Lease watch),
+    its leader Lease (leader.py), the sidecar's Leases (its kube.py)."""
+    operator = lease_verbs_called("operator/kgroup_operator/kube.py",
+                                  "operator/kgroup_operator/handlers.py")
+    assert operator == {"create", "list", "patch", "watch"}
+    assert lease_verbs_granted(OPERATOR_RULES) == operator
+    leader = lease_verbs_called("operator/kgroup_operator/leader.py")
+    role = one(render(), "Role", "kg-kgroup-operator-leader-election")
+    granted = rule_table(role["rules"])
+    assert lease_verbs_granted(granted, ("kgroup-operator-leader",)) | \
+        lease_verbs_granted(granted) == leader == {"create", "get", "update"}
+    worker = lease_verbs_called("worker_sidecar/kgroup_sidecar/kube.py")
+    assert lease_verbs_granted(WORKER_RULES) == worker
+
+
+def test_the_operator_admission_policy_binds_the_operator_everywhere() -> None:
+    objs = render("operator.leaderElection.leaseName=the-leader",
+                  "admissionPolicy.namespaces={orders}")
+    policy = one(objs, "ValidatingAdmissionPolicy", "kg-kgroup-operator-leases")
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert conditions["caller-is-the-kgroup-operator"] == (
+        "request.userInfo.username == 'system:serviceaccount:kgroup-system:kg-kgroup-operator'")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert "request.namespace == 'kgroup-system'" in variables["leader"]
+    assert "request.name == 'the-leader'" in variables["leader"]
+    assert all(v.get("reason") == "Forbidden" for v in policy["spec"]["validations"])
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", "kg-kgroup-operator-leases")
+    assert binding["spec"] == {"policyName": "kg-kgroup-operator-leases",
+                               "validationActions": ["Deny"]}  # every namespace
+    assert not [o for o in render("operator.enabled=false")
+                if o["metadata"]["name"] == "kg-kgroup-operator-leases"]
+
+
+def test_admission_policy_binds_the_worker_service_accounts() -> None:
+    objs = render("workerRbac.serviceAccountName=orders-w",
+                  "admissionPolicy.additionalServiceAccountNames={legacy}",
+                  "admissionPolicy.namespaces={orders}")
+    policy = one(objs, "ValidatingAdmissionPolicy", "kg-kgroup-lease-ownership")
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert rule["resources"] == ["leases"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert '["orders-w","legacy"]' in conditions["caller-is-a-kgroup-worker"]
+    assert all(v.get("reason") == "Forbidden" for v in policy["spec"]["validations"])
+    assert set(conditions) == {"caller-is-a-kgroup-worker"}  # every Lease: kgroup's or not
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", "kg-kgroup-lease-ownership")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["orders"]}]
