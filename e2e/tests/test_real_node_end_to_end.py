@@ -136,6 +136,26 @@ def test_group_becomes_stable_with_every_partition_owned_and_pods_ready(env: Env
     assert pod in review.stdout, review.stdout
 
 
+def test_kgroup_status_shows_the_lag_the_workers_report(env: Env) -> None:
+    """The workers in real containers report per-partition position and lag to their
+    sidecars over the shared Unix socket; ``kgroup status`` reads them from the member
+    Leases."""
+    kgroup = Path(sys.executable).with_name("kgroup")
+
+    def view() -> dict[str, Any] | None:
+        out = subprocess.run([str(kgroup), "status", GROUP, "-n", env.group.namespace,
+                              "--kubeconfig", str(env.group.cluster.kubeconfig), "-o",
+                              "json"], capture_output=True, text=True, timeout=60, check=True)
+        doc: dict[str, Any] = json.loads(out.stdout)
+        rows = doc["partitions"]
+        reported = all(r["lag"] is not None and r["position"] for r in rows)
+        return doc if reported and all(r["state"] == "active" for r in rows) else None
+
+    doc: Any = wait_for("every partition's lag reported", view, timeout=60)
+    assert len(doc["partitions"]) == PARTITIONS and doc["stalled"] == 0
+    assert all(m["lag"] is not None and m["stalled"] == 0 for m in doc["members"])
+
+
 def test_scaling_up_and_down_is_paced_by_readiness(env: Env) -> None:
     before = env.settled(3)
     assert before is not None
