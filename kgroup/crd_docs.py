@@ -76,7 +76,8 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
     "spec.statefulSetRestartGraceSeconds": {
         "description": "The same grace for the pods of a StatefulSet (the larger of this and "
                        "restartGraceSeconds applies): a rollout restart of a StatefulSet moves "
-                       "no partition; 0 to 86400. Default: 30."},
+                       "no partition; a pod beyond the StatefulSet's replicas (scaled down) "
+                       "gets none; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
     "spec.source": {"description": "Opaque to kgroup: passed to the workers as is (stream "

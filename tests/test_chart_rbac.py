@@ -34,6 +34,7 @@ OPERATOR_RULES = {
     ("kgroup.dev", "consumergroups", ("get", "list", "patch", "watch"), ()),
     ("kgroup.dev", "consumergroups/status", ("get", "patch", "update"), ()),
     ("", "pods", ("get", "list", "watch"), ()),
+    ("apps", "statefulsets", ("list", "watch"), ()),
     ("coordination.k8s.io", "leases", ("create", "list", "patch", "watch"), ()),
     ("", "events", ("create", "patch"), ()),
 }

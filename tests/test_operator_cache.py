@@ -145,3 +145,17 @@ def test_the_next_expiry_is_the_earliest_live_session_end() -> None:
     world.put_lease("ns", member_lease("w-0"), now=10.0)
     world.put_lease("ns", member_lease("w-1", session="s2"), now=11.0)
     assert world.group(("ns", "g")).next_expiry(12.0) == 13.0
+
+
+def test_a_statefulset_s_kept_ordinals_follow_its_spec_and_its_deletion() -> None:
+    c = World()
+    sts = {"metadata": {"name": "orders"}, "spec": {"replicas": 3}}
+    assert c.put_statefulset("ns", sts) is True
+    assert c.put_statefulset("ns", sts) is False  # unchanged: no group poked
+    assert c.kept_ordinals("ns") == {"StatefulSet/orders": range(0, 3)}
+    c.put_statefulset("ns", {"metadata": {"name": "orders"},
+                             "spec": {"replicas": 2, "ordinals": {"start": 5}}})
+    assert c.kept_ordinals("ns") == {"StatefulSet/orders": range(5, 7)}
+    c.drop_statefulset("ns", "orders")
+    assert c.kept_ordinals("ns") == {"StatefulSet/orders": range(0)}
+    assert c.kept_ordinals("other") == {}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kgroup.api import ConsumerGroupSpec
 from kgroup.core.group import GroupPlanner, PodObservation
 from kgroup.core.group_cache import pod_observation
-from kgroup.core.rollout import replacements, restart_grace
+from kgroup.core.rollout import replacements, restart_grace, statefulset_ordinal
 
 
 def spec(**kw: Any) -> ConsumerGroupSpec:
@@ -89,6 +91,50 @@ def test_a_statefulset_pod_returning_within_the_default_grace_keeps_its_partitio
     back = p.plan(spec=s, target=two, epoch=2, members={"w-0", "w-1"}, holders={}, now=9,
                   pods=pods)
     assert back.target is None
+
+
+def test_a_statefulset_pod_whose_ordinal_its_statefulset_no_longer_keeps_gets_no_grace() -> None:
+    s = spec()
+    kept = {"StatefulSet/w": range(0, 3)}  # scaled 4 -> 3: w-3 does not come back
+    assert restart_grace(s, sts("w-3", terminating=True), present=True,
+                         kept_ordinals=kept) == 0
+    assert restart_grace(s, sts("w-3"), present=False, kept_ordinals=kept) == 0
+    assert restart_grace(s, sts("w-2"), present=False, kept_ordinals=kept) == 30
+    assert restart_grace(s, sts("w-3"), present=False, kept_ordinals={}) == 30  # unknown
+    assert restart_grace(s, sts("w-3"), present=False,
+                         kept_ordinals={"StatefulSet/other": range(0)}) == 30
+    start5 = {"StatefulSet/w": range(5, 8)}  # spec.ordinals.start: 5, replicas 3
+    assert restart_grace(s, sts("w-5"), present=False, kept_ordinals=start5) == 30
+    assert restart_grace(s, sts("w-4"), present=False, kept_ordinals=start5) == 0
+    deleted = {"StatefulSet/w": range(0)}  # the StatefulSet itself is gone
+    assert restart_grace(s, sts("w-0"), present=False, kept_ordinals=deleted) == 0
+
+
+@pytest.mark.parametrize(("name", "ordinal"), [
+    ("orders-worker-0", 0), ("orders-worker-12", 12), ("w-3", 3), ("w", None),
+    ("w-03", None), ("w-x", None), ("w-", None)])
+def test_the_ordinal_is_the_name_s_last_dash_number(name: str, ordinal: int | None) -> None:
+    assert statefulset_ordinal(name) == ordinal
+
+
+def test_a_statefulset_scaled_down_hands_the_removed_pods_partitions_out_at_once() -> None:
+    p, s = GroupPlanner(), spec()
+    two = {"w-0": [0, 1, 2, 3], "w-1": [4, 5, 6, 7]}
+    pods = [sts("w-0"), sts("w-1")]
+    keep2 = {"StatefulSet/w": range(0, 2)}
+    p.plan(spec=s, target=two, epoch=2, members={"w-0", "w-1"}, holders={}, now=0,
+           pods=pods, kept_ordinals=keep2)
+    keep1 = {"StatefulSet/w": range(0, 1)}  # kubectl scale --replicas=1
+    d = p.plan(spec=s, target=two, epoch=2, members={"w-0"}, holders={}, now=1,
+               pods=[sts("w-0"), sts("w-1", terminating=True)], kept_ordinals=keep1)
+    assert d.target == {"w-0": list(range(8))} and d.moved == 4
+    # the same departure while the StatefulSet still keeps w-1 (a restart): the grace
+    q = GroupPlanner()
+    q.plan(spec=s, target=two, epoch=2, members={"w-0", "w-1"}, holders={}, now=0,
+           pods=pods, kept_ordinals=keep2)
+    r = q.plan(spec=s, target=two, epoch=2, members={"w-0"}, holders={}, now=1,
+               pods=[sts("w-0"), sts("w-1", terminating=True)], kept_ordinals=keep2)
+    assert r.target is None and r.next_check == 31
 
 
 def test_a_deployment_pod_leaving_gracefully_is_handed_out_at_once_despite_a_grace() -> None:

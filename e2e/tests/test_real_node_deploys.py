@@ -15,6 +15,7 @@ promises: a StatefulSet's rollout moves no partition.
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.images import ensure_on_node
 from kgroup_devcluster.pytest_plugin import wait_for
-from kgroup_devcluster.real_group import RealGroup
+from kgroup_devcluster.real_group import GROUP, RealGroup
 from kgroup_devcluster.real_node import example_pdb
 from kgroup_devcluster.stack import apply
 from kgroup_pipeline.keys import StreamKeys
@@ -160,6 +161,27 @@ def test_a_statefulset_rollout_restart_completes_with_the_verifier_clean(
     # took its own partitions back: no move, no rebalance (the group's target untouched)
     assert figures["moves"] == 0, figures
     assert (status["epoch"], status["assignment"]) == (settled["epoch"], settled["assignment"])
+    workers.check_clean()
+
+
+@pytest.mark.parametrize("workers", ["StatefulSet"], indirect=True)
+def test_a_statefulset_scaled_down_hands_the_removed_pods_partitions_out_without_the_grace(
+        workers: Workers) -> None:
+    """The removed pod's name never comes back (its ordinal is beyond the StatefulSet's
+    replicas), so the operator does not wait for the restart grace: set to an hour here,
+    far beyond this test's timeout, it would keep the partitions unowned."""
+    g = workers.group
+    g.kubectl("patch", "consumergroup", GROUP, "--type", "merge", "-p",
+              json.dumps({"spec": {"statefulSetRestartGraceSeconds": 3600}}))
+    before = g.wait_settled(REPLICAS, timeout=TIMEOUT)
+    removed = f"orders-worker-{REPLICAS - 1}"
+    owned = sorted(p for p, h in g.holders().items() if h == removed)
+    assert owned and removed in before["assignment"]
+    g.kubectl("scale", g.workload, f"--replicas={REPLICAS - 1}")
+    status = g.wait_settled(REPLICAS - 1, timeout=TIMEOUT)
+    assert removed not in status["assignment"] and status["unowned"] == 0
+    holders = g.holders()
+    assert all(holders[p] not in (None, removed) for p in owned), holders
     workers.check_clean()
 
 

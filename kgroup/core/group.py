@@ -226,6 +226,7 @@ class GroupPlanner:
         spec_changed: bool = False,
         pods: Iterable[PodObservation] | None = None,
         sessions: Collection[str] | None = None,
+        kept_ordinals: Mapping[str, range] | None = None,
     ) -> Decision:
         """Decide whether the target changes now; see the module docstring.
 
@@ -235,14 +236,17 @@ class GroupPlanner:
         sight, so an operator restart recomputes nothing that membership does not call for.
         `pods`: every pod observed now (None: unknown; then no pod's kind or revision is
         known and ``restartGraceSeconds`` applies to every departed member). `sessions`:
-        the members whose session is live (None: unknown). A departed member whose
+        the members whose session is live (None: unknown). `kept_ordinals`: the ordinals
+        each StatefulSet keeps now (see :func:`kgroup.core.rollout.restart_grace`; None:
+        unknown). A departed member whose
         session is live and whose pod is still there, not terminating, only turned
         unready (its app container restarting, a flapping probe): its departure waits
         for the window, as joins do, rather than moving its partitions at once.
         """
         current = normalize_target(target)
         self._see(pods, current)
-        effective, grace_deadline = self._effective_members(spec, current, members, now)
+        effective, grace_deadline = self._effective_members(spec, current, members, now,
+                                                            kept_ordinals)
         if self._observed is None or effective != self._observed:
             if self._observed is None or effective - self._observed:  # a join
                 self._join_quiet = 0.0 if self._observed is None else now - self._joined_at
@@ -329,7 +333,8 @@ class GroupPlanner:
         self._pods = {**keep, **seen}
 
     def _effective_members(
-        self, spec: ConsumerGroupSpec, current: Target, members: set[str], now: float
+        self, spec: ConsumerGroupSpec, current: Target, members: set[str], now: float,
+        kept_ordinals: Mapping[str, range] | None = None,
     ) -> tuple[set[str], float | None]:
         """Members plus departed targeted members still within their restart grace."""
         for m in members:
@@ -344,7 +349,8 @@ class GroupPlanner:
         deadline: float | None = None
         for m, left_at in self._departed.items():
             present = self._present is None or m in self._present
-            grace = restart_grace(spec, self._pods.get(m), present=present)
+            grace = restart_grace(spec, self._pods.get(m), present=present,
+                                  kept_ordinals=kept_ordinals)
             if grace > 0 and now < left_at + grace:
                 graced.add(m)
                 deadline = _earliest(deadline, left_at + grace)

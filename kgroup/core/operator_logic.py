@@ -26,6 +26,7 @@ lists (the target is always read back from the status).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -82,6 +83,9 @@ class Observation:
     leases: GroupLeases
     pods: list[PodObservation]
     synced: bool
+    # per StatefulSet workload (``StatefulSet/<name>``) of the namespace, the ordinals it
+    # keeps now (``range(start, start + replicas)``); missing: unknown (restart grace)
+    kept_ordinals: Mapping[str, range] = field(default_factory=dict)
 
 
 @dataclass
@@ -292,7 +296,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     if decision is None:
         decision = memory.planner.plan(
             spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
-            now=now, pods=obs.pods, sessions=live.keys(),
+            now=now, pods=obs.pods, sessions=live.keys(), kept_ordinals=obs.kept_ordinals,
             spec_changed=(memory.planned_generation is not None
                           and generation != memory.planned_generation),
         )

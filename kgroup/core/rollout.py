@@ -9,10 +9,14 @@ replaces which*:
 * **Restart grace** (:func:`restart_grace`). A departed member keeps its target while a
   pod may still come back under its name: a StatefulSet's pod (recreated under the same
   name: ``statefulSetRestartGraceSeconds``, default 30 s, or ``restartGraceSeconds`` if
-  larger), a bare pod, or any pod that still exists and is not terminating (a container
-  restarting in place) for ``restartGraceSeconds`` (default 0). A pod of any other
-  controller (a Deployment's ReplicaSet, a Job) that is terminating or deleted never comes
-  back under its name, so its partitions are handed out at once, whatever the grace.
+  larger) unless its ordinal is outside the ordinals its StatefulSet now keeps (scaled
+  down: that name does not come back, so its partitions are handed out at once; the
+  StatefulSet's ``spec.replicas`` and ``spec.ordinals.start`` as the operator last saw
+  them, unknown = the grace applies), a bare pod, or any pod that still exists and is
+  not terminating (a container restarting in place) for ``restartGraceSeconds``
+  (default 0). A pod of any other controller (a Deployment's ReplicaSet, a Job) that is
+  terminating or deleted never comes back under its name, so its partitions are handed
+  out at once, whatever the grace.
 * **Replacements during a rollout** (:func:`replacements`). While the members of one
   Deployment span two revisions, a member of a revision that holds nothing waits (it is in
   the target with nothing) as long as members of another revision hold partitions; when
@@ -25,6 +29,7 @@ replaces which*:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,13 +39,29 @@ from kgroup.api import ConsumerGroupSpec
 if TYPE_CHECKING:  # group.py imports this module; the type is all this one needs
     from kgroup.core.group import PodObservation
 
-__all__ = ["Replacements", "replacements", "restart_grace"]
+__all__ = ["Replacements", "replacements", "restart_grace", "statefulset_ordinal"]
+
+_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
 
 
-def restart_grace(spec: ConsumerGroupSpec, pod: PodObservation | None, *, present: bool) -> int:
+def statefulset_ordinal(pod_name: str) -> int | None:
+    """The ordinal of a StatefulSet's pod (``<statefulset>-<ordinal>``), None if none."""
+    m = _ORDINAL.search(pod_name)
+    return int(m.group(1)) if m else None
+
+
+def restart_grace(spec: ConsumerGroupSpec, pod: PodObservation | None, *, present: bool,
+                  kept_ordinals: Mapping[str, range] | None = None) -> int:
     """Seconds a departed member keeps its target. ``pod``: the member's pod as last seen
-    (None: never seen by this operator); ``present``: the pod still exists."""
+    (None: never seen by this operator); ``present``: the pod still exists;
+    ``kept_ordinals``: per StatefulSet workload (``StatefulSet/<name>``), the ordinals of
+    the pods it keeps now (``range(start, start + replicas)``); a workload missing from it
+    is unknown."""
     if pod is not None and pod.owner_kind == "StatefulSet":
+        kept = (kept_ordinals or {}).get(pod.workload)
+        ordinal = statefulset_ordinal(pod.name)
+        if kept is not None and ordinal is not None and ordinal not in kept:
+            return 0  # scaled down (or the StatefulSet deleted): the name never comes back
         return max(spec.restart_grace_seconds, spec.stateful_set_restart_grace_seconds)
     if pod is not None and pod.owner_kind and (not present or pod.terminating):
         return 0  # a controller's pod on its way out: the name never comes back

@@ -28,7 +28,31 @@ class Cache:
     pods: dict[str, dict[str, PodObservation]] = field(default_factory=dict)
     pod_bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     groups: dict[GroupKey, GroupLeases] = field(default_factory=dict)
+    # namespace -> StatefulSet name -> the ordinals it keeps (its spec as last seen)
+    statefulsets: dict[str, dict[str, range]] = field(default_factory=dict)
     synced: bool = False
+
+    def put_statefulset(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Store the ordinals a StatefulSet keeps (``spec.ordinals.start``, ``spec.replicas``);
+        True if they changed."""
+        spec = body.get("spec") or {}
+        replicas = spec.get("replicas")
+        start = (spec.get("ordinals") or {}).get("start") or 0
+        kept = range(start, start + (1 if replicas is None else int(replicas)))
+        name = str((body.get("metadata") or {}).get("name", ""))
+        bucket = self.statefulsets.setdefault(namespace, {})
+        changed = bucket.get(name) != kept
+        bucket[name] = kept
+        return changed
+
+    def drop_statefulset(self, namespace: str, name: str) -> None:
+        """A deleted StatefulSet keeps no pod: none of its names comes back."""
+        self.statefulsets.setdefault(namespace, {})[name] = range(0)
+
+    def kept_ordinals(self, namespace: str) -> dict[str, range]:
+        """Per workload (``StatefulSet/<name>``, as pods name it), the ordinals kept."""
+        return {f"StatefulSet/{name}": kept
+                for name, kept in self.statefulsets.get(namespace, {}).items()}
 
     def put_pod(
         self, namespace: str, body: Mapping[str, Any]

@@ -123,6 +123,7 @@ class GroupController:
         obs = Observation(
             body=self.body, leases=self.cache.group(self.key),
             pods=list(self.cache.pods.get(namespace, {}).values()), synced=self.cache.synced,
+            kept_ordinals=self.cache.kept_ordinals(namespace),
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
                       status_min_interval=self.settings.status_min_interval)

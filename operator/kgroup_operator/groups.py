@@ -74,6 +74,11 @@ class GroupLoops:
         if c is not None:
             c.poke()
 
+    def poke_namespace(self, namespace: str) -> None:
+        for (ns, _), c in self.controllers.items():
+            if ns == namespace:
+                c.poke()
+
     def poke_pod(
         self, namespace: str, old: PodObservation | None, new: PodObservation | None
     ) -> None:

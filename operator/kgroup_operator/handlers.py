@@ -1,10 +1,10 @@
 """Every kopf decorator of the operator, and nothing else: each handler only feeds the
 in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that care.
 
-Watched: ConsumerGroups, pods (in the operator's namespace scope) and Leases labelled
-``kgroup.dev/group``. No handler lists or polls; the only listing is the initial one at
-start-up, so that no group is reconciled before the caches are complete (a group
-reconciled against half a cache would see members "leave" and move partitions).
+Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope) and
+Leases labelled ``kgroup.dev/group``. No handler lists or polls; the only listing is the
+initial one at start-up, so that no group is reconciled before the caches are complete
+(a group reconciled against half a cache would see members "leave" and move partitions).
 """
 
 from __future__ import annotations
@@ -77,6 +77,22 @@ async def pod_event(
         old, new = rt.cache.put_pod(namespace, body)
         if old != new:
             rt.poke_pod(namespace, old, new)
+
+
+@kopf.on.event("apps", "v1", "statefulsets")
+async def statefulset_event(
+    type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    """A StatefulSet's replicas decide whether a departed pod's name comes back (a scaled
+    down pod's partitions are handed out at once, not after the restart grace)."""
+    rt = _rt(memo)
+    if namespace is None:
+        return
+    if type == "DELETED":
+        rt.cache.drop_statefulset(namespace, name)
+    elif not rt.cache.put_statefulset(namespace, body):
+        return
+    rt.poke_namespace(namespace)
 
 
 @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={C.LABEL_GROUP: kopf.PRESENT})
