@@ -432,14 +432,30 @@ class Built:
     seconds: float
 
 
+def _archive_config_name(tar: tarfile.TarFile, archive: Path) -> str:
+    member = tar.extractfile("manifest.json")
+    if member is None:
+        raise ImageError(f"{archive}: no manifest.json")
+    config: str = json.load(member)[0]["Config"]
+    return config
+
+
 def archive_image_id(archive: Path) -> str:
     """The config digest a docker-archive's manifest names (what containerd will show)."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("manifest.json")
-        if member is None:
-            raise ImageError(f"{archive}: no manifest.json")
-        config: str = json.load(member)[0]["Config"]
+        config = _archive_config_name(tar, archive)
     return "sha256:" + config.removeprefix("sha256:").removesuffix(".json")
+
+
+def archive_labels(archive: Path) -> dict[str, str]:
+    """The labels in a docker-archive's image config: what the node gets, whatever the
+    builder's storage tags now (worktrees share that storage and retag it as they build)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile(_archive_config_name(tar, archive))
+        if member is None:
+            raise ImageError(f"{archive}: no image config")
+        labels: dict[str, str] = json.load(member).get("config", {}).get("Labels") or {}
+    return labels
 
 
 def _archive(image: Image, key: str) -> Path:
