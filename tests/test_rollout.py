@@ -110,6 +110,28 @@ def test_a_statefulset_pod_whose_ordinal_its_statefulset_no_longer_keeps_gets_no
     assert restart_grace(s, sts("w-0"), present=False, kept_ordinals=deleted) == 0
 
 
+def test_a_pod_never_seen_is_a_statefulsets_pod_if_its_name_has_an_ordinal_it_keeps() -> None:
+    """An operator started while a StatefulSet's pod was away never saw that pod: its name
+    and the StatefulSet's kept ordinals say it comes back."""
+    s, kept = spec(), {"StatefulSet/w": range(0, 2)}
+    assert restart_grace(s, None, present=False, kept_ordinals=kept, name="w-1") == 30
+    assert restart_grace(s, None, present=False, kept_ordinals=kept, name="w-2") == 0
+    assert restart_grace(s, None, present=False, kept_ordinals=kept, name="v-1") == 0
+    assert restart_grace(s, None, present=False, kept_ordinals={}, name="w-1") == 0
+    assert restart_grace(s, None, present=False, kept_ordinals=kept) == 0  # no name
+
+
+def test_an_operator_restarted_while_a_statefulset_pod_is_away_keeps_its_partitions() -> None:
+    two = {"w-0": [0, 1, 2, 3], "w-1": [4, 5, 6, 7]}
+    fresh = GroupPlanner()  # a new operator process: w-1's pod was never seen
+    d = fresh.plan(spec=spec(), target=two, epoch=2, members={"w-0"}, holders={}, now=100,
+                   pods=[sts("w-0")], kept_ordinals={"StatefulSet/w": range(0, 2)})
+    assert d.target is None and d.next_check == 130
+    unknown = GroupPlanner().plan(spec=spec(), target=two, epoch=2, members={"w-0"},
+                                  holders={}, now=100, pods=[sts("w-0")])
+    assert unknown.target == {"w-0": list(range(8))}  # nothing says the name comes back
+
+
 @pytest.mark.parametrize(("name", "ordinal"), [
     ("orders-worker-0", 0), ("orders-worker-12", 12), ("w-3", 3), ("w", None),
     ("w-03", None), ("w-x", None), ("w-", None)])

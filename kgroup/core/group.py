@@ -350,7 +350,7 @@ class GroupPlanner:
         for m, left_at in self._departed.items():
             present = self._present is None or m in self._present
             grace = restart_grace(spec, self._pods.get(m), present=present,
-                                  kept_ordinals=kept_ordinals)
+                                  kept_ordinals=kept_ordinals, name=m)
             if grace > 0 and now < left_at + grace:
                 graced.add(m)
                 deadline = _earliest(deadline, left_at + grace)

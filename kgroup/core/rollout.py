@@ -51,12 +51,17 @@ def statefulset_ordinal(pod_name: str) -> int | None:
 
 
 def restart_grace(spec: ConsumerGroupSpec, pod: PodObservation | None, *, present: bool,
-                  kept_ordinals: Mapping[str, range] | None = None) -> int:
+                  kept_ordinals: Mapping[str, range] | None = None,
+                  name: str | None = None) -> int:
     """Seconds a departed member keeps its target. ``pod``: the member's pod as last seen
     (None: never seen by this operator); ``present``: the pod still exists;
     ``kept_ordinals``: per StatefulSet workload (``StatefulSet/<name>``), the ordinals of
     the pods it keeps now (``range(start, start + replicas)``); a workload missing from it
-    is unknown."""
+    is unknown. ``name``: the member's name, for a pod this operator never saw (it
+    departed before the operator started): a name ``<statefulset>-<ordinal>`` of a
+    StatefulSet that keeps that ordinal is that StatefulSet's pod, and comes back."""
+    if pod is None and name is not None and _kept_by_a_statefulset(name, kept_ordinals):
+        return max(spec.restart_grace_seconds, spec.stateful_set_restart_grace_seconds)
     if pod is not None and pod.owner_kind == "StatefulSet":
         kept = (kept_ordinals or {}).get(pod.workload)
         ordinal = statefulset_ordinal(pod.name)
@@ -66,6 +71,14 @@ def restart_grace(spec: ConsumerGroupSpec, pod: PodObservation | None, *, presen
     if pod is not None and pod.owner_kind and (not present or pod.terminating):
         return 0  # a controller's pod on its way out: the name never comes back
     return spec.restart_grace_seconds
+
+
+def _kept_by_a_statefulset(name: str, kept_ordinals: Mapping[str, range] | None) -> bool:
+    ordinal = statefulset_ordinal(name)
+    if ordinal is None or not kept_ordinals:
+        return False
+    kept = kept_ordinals.get(f"StatefulSet/{name[:-len(str(ordinal)) - 1]}")
+    return kept is not None and ordinal in kept
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,15 @@ class GroupLoops:
         self.controllers: dict[GroupKey, GroupController] = {}
 
     async def start(self) -> None:
-        """Initial listing of pods and kgroup Leases, then let the group loops run."""
+        """Initial listing of pods, StatefulSets and kgroup Leases, then let the group loops
+        run (a StatefulSet's replicas say whether a pod away across this restart comes
+        back: ``kgroup.core.rollout.restart_grace``)."""
         scopes: list[str | None] = list(self.settings.namespaces) or [None]
         for ns in scopes:
             for pod in await self.kube.list_pods(ns):
                 self.cache.put_pod(pod["metadata"]["namespace"], pod)
+            for sts in await self.kube.list_statefulsets(ns):
+                self.cache.put_statefulset(sts["metadata"]["namespace"], sts)
             now = time.monotonic()
             for lease in await self.kube.list_group_leases(ns):
                 self.cache.put_lease(lease["metadata"]["namespace"], lease, now)

@@ -37,6 +37,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.coord = client.CoordinationV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
 
     def _plain(self, obj: Any) -> dict[str, Any]:
         out: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -129,6 +130,16 @@ class Kube:
             else:
                 res = self.core.list_namespaced_pod(namespace)
             return [self._plain(p) for p in res.items]
+
+        return await asyncio.to_thread(call)
+
+    async def list_statefulsets(self, namespace: str | None) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            if namespace is None:
+                res = self.apps.list_stateful_set_for_all_namespaces()
+            else:
+                res = self.apps.list_namespaced_stateful_set(namespace)
+            return [self._plain(s) for s in res.items]
 
         return await asyncio.to_thread(call)
 
