@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -123,35 +124,26 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
-    async def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
+    async def _list(self, namespace: str | None, everywhere: Callable[..., Any],
+                    namespaced: Callable[..., Any], **kw: Any) -> list[dict[str, Any]]:
+        """One listing, cluster-wide (namespace None) or of one namespace, as plain dicts."""
         def call() -> list[dict[str, Any]]:
-            if namespace is None:
-                res = self.core.list_pod_for_all_namespaces()
-            else:
-                res = self.core.list_namespaced_pod(namespace)
-            return [self._plain(p) for p in res.items]
-
-        return await asyncio.to_thread(call)
-
-    async def list_statefulsets(self, namespace: str | None) -> list[dict[str, Any]]:
-        def call() -> list[dict[str, Any]]:
-            if namespace is None:
-                res = self.apps.list_stateful_set_for_all_namespaces()
-            else:
-                res = self.apps.list_namespaced_stateful_set(namespace)
-            return [self._plain(s) for s in res.items]
-
-        return await asyncio.to_thread(call)
-
-    async def list_group_leases(self, namespace: str | None) -> list[dict[str, Any]]:
-        def call() -> list[dict[str, Any]]:
-            if namespace is None:
-                res = self.coord.list_lease_for_all_namespaces(label_selector=C.LABEL_GROUP)
-            else:
-                res = self.coord.list_namespaced_lease(namespace, label_selector=C.LABEL_GROUP)
+            res = everywhere(**kw) if namespace is None else namespaced(namespace, **kw)
             return [self._plain(x) for x in res.items]
 
         return await asyncio.to_thread(call)
+
+    async def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
+        return await self._list(namespace, self.core.list_pod_for_all_namespaces,
+                                self.core.list_namespaced_pod)
+
+    async def list_statefulsets(self, namespace: str | None) -> list[dict[str, Any]]:
+        return await self._list(namespace, self.apps.list_stateful_set_for_all_namespaces,
+                                self.apps.list_namespaced_stateful_set)
+
+    async def list_group_leases(self, namespace: str | None) -> list[dict[str, Any]]:
+        return await self._list(namespace, self.coord.list_lease_for_all_namespaces,
+                                self.coord.list_namespaced_lease, label_selector=C.LABEL_GROUP)
 
     async def post_event(
         self, body: dict[str, Any], *, type_: str, reason: str, message: str
