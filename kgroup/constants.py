@@ -32,6 +32,12 @@ carried by the renewals the sidecar writes anyway."""
 ANNOTATION_ASSIGNED = "kgroup.dev/assigned"
 """On a partition Lease: the member the operator assigned the partition to (its target
 owner); only that member may acquire the lock (the chart's admission policy checks it)."""
+ANNOTATION_EXPIRED_SESSION = "kgroup.dev/expired-session"
+"""On a partition Lease: the expiry mark. The operator (the group's failure detector) sets
+it to the lock's session id once it saw that session over (unrenewed for a full lease
+duration on its own clock after a quorum read, or its member Lease gone or carrying
+another session); only then may a member other than the holder acquire the lock (the
+chart's admission policy checks it). An acquisition clears it."""
 ROLE_LEADER = "operator-leader"
 """kgroup.dev/role of the operator's leader-election Lease (it has no kgroup.dev/group)."""
 

@@ -150,7 +150,7 @@ class IgnoresMarks(Member):
         marked = {p: dataclasses.replace(lock, assigned=self.member)
                   for p, lock in snap.locks.items()}
         return super().step(Snapshot(snap.now, snap.timing, snap.drain_timeout, snap.target,
-                                     marked, snap.tracker, snap.app_releases,
+                                     marked, snap.app_releases,
                                      snap.group_deleted))
 
 

@@ -35,7 +35,7 @@ OPERATOR_RULES = {
     ("kgroup.dev", "consumergroups/status", ("get", "patch", "update"), ()),
     ("", "pods", ("get", "list", "watch"), ()),
     ("apps", "statefulsets", ("list", "watch"), ()),
-    ("coordination.k8s.io", "leases", ("create", "list", "patch", "watch"), ()),
+    ("coordination.k8s.io", "leases", ("create", "get", "list", "patch", "watch"), ()),
     ("", "events", ("create", "patch"), ()),
 }
 

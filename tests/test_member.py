@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TypeVar
 
-from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import (
     AckEpoch,
     Acquire,
@@ -34,7 +34,6 @@ class World:
     """A scripted observation of the cluster around one member."""
 
     def __init__(self, partitions: int = 4) -> None:
-        self.tracker = SessionTracker()
         # resourceVersions as etcd makes them: one global counter, every write above the last
         self.rv = 100
         self.locks: dict[int, Lock] = {
@@ -51,16 +50,17 @@ class World:
         if self.marks and self.target is not None:
             locks = {p: lock if lock.assigned or p not in self.target.partitions
                      else dataclasses.replace(lock, assigned=ME) for p, lock in locks.items()}
-        return Snapshot(now, TIMING, self.drain, self.target, locks, self.tracker,
-                        dict(self.app))
+        return Snapshot(now, TIMING, self.drain, self.target, locks, dict(self.app))
 
     def set_lock(self, p: int, holder: str | None, session: str | None, token: int,
-                 position: str | None = None, *, rv: int | None = None) -> None:
-        """A write of lock ``p`` (a new resourceVersion); ``rv``: an older read instead."""
+                 position: str | None = None, *, rv: int | None = None,
+                 expired: str | None = None) -> None:
+        """A write of lock ``p`` (a new resourceVersion); ``rv``: an older read instead;
+        ``expired``: the operator's expiry mark."""
         if rv is None:
             self.rv += 1
             rv = self.rv
-        self.locks[p] = Lock(p, holder, session, token, str(rv), position)
+        self.locks[p] = Lock(p, holder, session, token, str(rv), position, expired=expired)
 
 
 def of(actions: Iterable[Action], kind: type[A]) -> list[A]:
@@ -72,7 +72,6 @@ def joined(world: World, now: float = 0.0) -> Member:
     acts = m.step(world.snap(now))
     assert acts == [StartSession(timing=TIMING)]
     m.session_started("S1", sent_at=now, timing=TIMING, now=now)
-    world.tracker.observe(ME, "S1", "m1", 10, now)
     return m
 
 
@@ -102,31 +101,33 @@ def test_free_targeted_locks_are_acquired_with_their_resource_version_as_token()
         (0, 100, "100"), (1, 105, "105")]  # the precondition is the token
 
 
-def test_held_lock_waits_and_takeable_lock_is_acquired_with_verification() -> None:
+def test_held_lock_waits_for_the_operators_expiry_mark_of_its_session() -> None:
     w = World()
     w.target = Target(1, frozenset({0}))
     w.set_lock(0, "pod-b", "B1", 3)
-    w.tracker.observe("pod-b", "B1", "x", 10, 0.0)
     m = joined(w)
     m.step(w.snap(2.0))
     m.renewed("S1", sent_at=7.0, timing=TIMING, epoch=None, now=7.0)
-    assert of(m.step(w.snap(9.9)), Acquire) == []
-    assert m.next_wakeup(w.snap(9.9)) == 10.0
-    [a] = of(m.step(w.snap(10.0)), Acquire)
+    # however long pod-b looks silent (it was seen at 0, more than a duration ago): no
+    # timer of ours makes its lock takeable; the next wake-up is our own renewal
+    assert of(m.step(w.snap(8.9)), Acquire) == []
+    assert m.next_wakeup(w.snap(8.9)) == 9.0
+    w.set_lock(0, "pod-b", "B1", 3, expired="B0")  # a mark of another session: still held
+    assert of(m.step(w.snap(8.95)), Acquire) == []
+    w.set_lock(0, "pod-b", "B1", 3, expired="B1")  # the operator saw B1 over
+    [a] = of(m.step(w.snap(8.97)), Acquire)
     assert isinstance(a, Acquire)
-    assert (a.token, a.verify_holder, a.verify_session) == (105, "pod-b", "B1")
+    assert (a.token, a.expected_rv, a.takeover) == (107, "107", True)
 
 
 def test_lock_held_by_our_own_old_session_is_free_to_us() -> None:
     w = World()
     w.target = Target(1, frozenset({2}))
-    w.set_lock(2, ME, "S0", 5)
-    w.tracker.observe(ME, "S0", "old", 10, 0.0)  # the watch has not shown S1 yet
+    w.set_lock(2, ME, "S0", 5)  # no expiry mark: our old session fenced itself
     m = joined(w)
-    w.tracker.observe(ME, "S0", "old", 10, 0.0)
     [a] = of(m.step(w.snap(0.1)), Acquire)
     assert isinstance(a, Acquire)
-    assert (a.token, a.verify_holder) == (105, None)
+    assert (a.token, a.takeover) == (105, False)
 
 
 def test_missing_partition_lease_is_waited_for() -> None:
@@ -284,7 +285,6 @@ def test_lock_taken_by_a_higher_token_is_lost() -> None:
     m = joined(w)
     acquire_all(m, w, 0.1)
     w.set_lock(0, "pod-b", "B1", 104)
-    w.tracker.observe("pod-b", "B1", "x", 10, 0.5)
     acts = m.step(w.snap(0.5))
     assert [(a.partition, a.token) for a in of(acts, Lost)] == [(0, 100)]
     assert m.view(0.5).partitions == ()
@@ -309,8 +309,8 @@ def test_fencing_empties_the_view_at_the_deadline_then_starts_a_new_session() ->
     assert m.view(9.0).partitions == ()
     m.session_started("S2", sent_at=9.1, timing=TIMING, now=9.2)
     acqs = of(m.step(w.snap(9.3)), Acquire)
-    assert [(a.partition, a.token, a.verify_holder) for a in acqs] == [
-        (0, 105, None), (1, 106, None)]  # the resourceVersions of S1's writes
+    assert [(a.partition, a.token, a.takeover) for a in acqs] == [
+        (0, 105, False), (1, 106, False)]  # the resourceVersions of S1's writes
 
 
 def test_renewal_confirmed_after_the_deadline_does_not_rescue_the_session() -> None:
@@ -386,8 +386,7 @@ def test_failed_release_still_ours_is_retried_with_the_same_position() -> None:
 def test_next_wakeup_is_never_in_the_past_once_step_has_acted() -> None:
     w = World()
     w.target = Target(1, frozenset({0}))
-    w.set_lock(0, "pod-b", "B1", 3)
-    w.tracker.observe("pod-b", "B1", "x", 10, -20.0)  # long expired: takeable
+    w.set_lock(0, "pod-b", "B1", 3, expired="B1")  # marked expired: takeable
     m = joined(w)
     [a] = of(m.step(w.snap(0.1)), Acquire)
     m.acquire_failed(0, "S1", now=0.2)
@@ -404,9 +403,7 @@ def test_next_wakeup_is_never_in_the_past_once_step_has_acted() -> None:
 def test_shutdown_before_the_group_was_seen_ends_at_once() -> None:
     m = Member(ME)
     m.begin_shutdown()
-    w = World()
-    snap = w.snap(0.0)
-    assert m.step(Snapshot(0.0, None, 5.0, None, {}, snap.tracker)) == []
+    assert m.step(Snapshot(0.0, None, 5.0, None, {})) == []
     assert m.done
 
 
@@ -461,7 +458,6 @@ def test_a_lock_deleted_under_its_holder_is_lost_and_retaken_when_created_again(
 def test_no_session_is_started_for_a_deleted_group() -> None:
     w = World()
     m = Member(ME)
-    snap = w.snap(0.0)
-    gone = Snapshot(0.0, TIMING, 5.0, None, {}, snap.tracker, group_deleted=True)
+    gone = Snapshot(0.0, TIMING, 5.0, None, {}, group_deleted=True)
     assert of(m.step(gone), StartSession) == []
     assert of(m.step(w.snap(0.1)), StartSession) == [StartSession(timing=TIMING)]

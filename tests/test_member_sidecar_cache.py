@@ -29,6 +29,19 @@ def lease(p: int, *, token: int, rv: str, holder: str | None = None,
             "spec": spec}
 
 
+def group_body() -> dict[str, Any]:
+    return {"metadata": {"name": "g", "namespace": "ns", "resourceVersion": "1"},
+            "spec": {"partitions": 4, "selector": {"matchLabels": {"app": "x"}}},
+            "status": {"epoch": 1, "assignment": {ME: "0"}}}
+
+
+def member_lease(member: str, session: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"g-member-{member}", "resourceVersion": "7",
+                         "annotations": {"kgroup.dev/session": session},
+                         "labels": {"kgroup.dev/role": "member", "kgroup.dev/member": member}},
+            "spec": {"holderIdentity": member, "leaseDurationSeconds": 8}}
+
+
 @pytest.fixture
 def sidecar() -> Sidecar:
     return Sidecar(pod=ME, group="g", namespace="ns", clock=lambda: 0.0,
@@ -123,8 +136,12 @@ def test_a_scoped_relist_keeps_our_newer_write_inside_the_scope(sidecar: Sidecar
     assert (sidecar.locks[0].token, sidecar.locks[0].holder) == (3, ME)
 
 
-def test_the_member_relist_forgets_sessions_but_leaves_the_locks(sidecar: Sidecar) -> None:
+def test_the_sidecar_needs_no_member_watch_and_ignores_member_leases(sidecar: Sidecar) -> None:
+    # the operator is the failure detector: the sidecar steps on the group and its
+    # partition watch alone; another member's Lease, however delivered, changes nothing
+    sidecar.on_list("group", [group_body()], None)
     sidecar.on_list("partition", [lease(0, token=1, rv="5", holder="b", session="T")], None)
+    assert sidecar.snapshot().timing is not None  # synced without any member list
     sidecar.on_list("member", [], None)
-    assert sorted(sidecar.locks) == [0]
-    assert sidecar.synced == {"partition", "member"}
+    sidecar.on_event("partition", "MODIFIED", member_lease("b", "T"))
+    assert sorted(sidecar.locks) == [0] and sidecar.locks[0].holder == "b"

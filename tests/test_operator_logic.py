@@ -182,3 +182,74 @@ def test_a_pending_membership_change_waits_for_the_window() -> None:
     op.now += 0.1
     late = op.decide()
     assert late.status is not None and late.status["epoch"] == 3
+
+
+# ---- the failure detector: expiry marks --------------------------------------------------
+
+
+def held_lease(p: int, rv: str, holder: str, session: str, *,
+               expired: str | None = None) -> Obj:
+    lease = partition_lease(p, rv)
+    notes = {"kgroup.dev/session": session}
+    if expired:
+        notes["kgroup.dev/expired-session"] = expired
+    lease["metadata"]["annotations"] = notes
+    lease["spec"]["holderIdentity"] = holder
+    return lease
+
+
+def test_a_lock_is_marked_expired_once_its_holder_is_unrenewed_a_full_duration_on_our_clock(
+) -> None:
+    op = Op("a", "b")  # both first seen at 100: a full duration each from then
+    op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
+    op.leases.put(held_lease(1, "41", "b", "s-b"), op.now)
+    op.now = 110.0
+    op.leases.put(member_lease("b", "30"), op.now)  # b renewed (a new marker) at 110
+    plan = op.decide()
+    assert plan.expiries == []
+    assert plan.wait is not None and op.now + plan.wait <= 115.0  # wakes at a's expiry
+    op.now = 114.99
+    assert op.decide().expiries == []
+    op.now = 115.0
+    [e] = op.decide().expiries
+    assert (e.partition, e.member, e.session, e.seen_rv) == (0, "a", "s-a", "40")
+
+
+def test_an_expiry_in_flight_is_not_decided_again_and_a_marked_lock_is_done() -> None:
+    op = Op("a")
+    op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
+    op.now += 15
+    [e] = op.decide().expiries
+    op.memory.expiry_sent(e)
+    assert op.decide().expiries == []  # in flight for this very version of the lock
+    op.leases.put(held_lease(0, "41", "a", "s-a", expired="s-a"), op.now)  # the answer
+    assert op.decide().expiries == [] and op.memory.expiries_sent == {}
+    op.leases.put(held_lease(0, "42", "a", "s-a", expired="s-0"), op.now)  # a stale mark
+    assert [x.partition for x in op.decide().expiries] == [0]
+
+
+def test_a_holder_whose_member_lease_is_gone_or_has_a_new_session_is_over_at_once() -> None:
+    op = Op("a", "b")
+    op.leases.put(held_lease(0, "40", "a", "s-old"), op.now)  # a started s-a since
+    op.leases.put(held_lease(1, "41", "c", "s-c"), op.now)  # c's Lease is gone
+    assert [(e.partition, e.member) for e in op.decide().expiries] == [(0, "a"), (1, "c")]
+
+
+def test_the_quorum_read_feeds_the_tracker_a_renewal_the_watch_missed_saves_the_holder(
+) -> None:
+    from kgroup.core.operator_logic import ExpiryRule
+
+    op = Op("a")
+    op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
+    op.now += 15
+    assert [e.partition for e in op.decide().expiries] == [0]
+    rule = ExpiryRule()
+    # the read shows a renewal the watch has not delivered: not over, and its clock restarts
+    assert not rule.confirm(op.leases, "a", "s-a", member_lease("a", "35"), op.now)
+    assert op.decide().expiries == []
+    # the same marker as the cache's: unrenewed for a full duration, over
+    op.now += 15
+    assert rule.confirm(op.leases, "a", "s-a", member_lease("a", "35"), op.now)
+    # the Lease is gone (deleted): over
+    assert rule.confirm(op.leases, "a", "s-a", None, op.now)
+    assert "a" not in op.leases.members

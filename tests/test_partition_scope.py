@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import MAX_SELECTED_PARTITIONS as MAX_SELECTED
 from kgroup.core.member import SCOPE_NARROW_SLACK as NARROW_SLACK
 from kgroup.core.member import (
@@ -76,16 +76,16 @@ class Cluster:
     def __init__(self, rng: random.Random, partitions: int) -> None:
         self.rng = rng
         self.partitions = partitions
-        self.tracker = SessionTracker()
         self.locks = {p: Lock(p, None, None, 0, f"rv{p}-0") for p in range(partitions)}
         self.target: Target | None = None
         self.app: dict[int, AppRelease] = {}
         self.epoch = 0
         self.rv = 0
 
-    def set_lock(self, p: int, holder: str | None, session: str | None, token: int) -> str:
+    def set_lock(self, p: int, holder: str | None, session: str | None, token: int,
+                 expired: str | None = None) -> str:
         self.rv += 1
-        self.locks[p] = Lock(p, holder, session, token, f"rv-{self.rv}")
+        self.locks[p] = Lock(p, holder, session, token, f"rv-{self.rv}", expired=expired)
         return f"rv-{self.rv}"
 
     def snap(self, now: float, only: frozenset[int] | None) -> Snapshot:
@@ -94,7 +94,7 @@ class Cluster:
         if self.target is not None:  # the operator's marks: every targeted lock is ours
             locks = {p: dataclasses.replace(lock, assigned=ME)
                      if p in self.target.partitions else lock for p, lock in locks.items()}
-        return Snapshot(now, TIMING, 5.0, self.target, dict(locks), self.tracker, dict(self.app))
+        return Snapshot(now, TIMING, 5.0, self.target, dict(locks), dict(self.app))
 
     def churn(self, now: float) -> None:
         rng = self.rng
@@ -110,11 +110,12 @@ class Cluster:
             if lock.holder != ME or rng.random() < 0.1:  # rarely, ours is taken
                 self.set_lock(p, rng.choice([None, other]), rng.choice(["T1", "T2"]),
                               lock.token + 1)
-        elif roll < 0.7:
-            who = rng.choice(["b", "c"])
-            self.tracker.observe(who, rng.choice(["T1", "T2"]), f"m{now}", 10, now)
-        elif roll < 0.8:
-            self.tracker.forget(rng.choice(["b", "c"]))
+        elif roll < 0.75:  # the operator marks a holder's session expired (or a stale one)
+            p = rng.randrange(self.partitions)
+            lock = self.locks[p]
+            if lock.holder not in (None, ME) and lock.session is not None:
+                self.set_lock(p, lock.holder, lock.session, lock.token,
+                              rng.choice([lock.session, "T0"]))
 
 
 def decide(member: Member, snap: Snapshot) -> tuple[list[Action], float | None]:
@@ -146,11 +147,7 @@ def report(m: Member, action: Action, fate: str, now: float, rv: str | None) -> 
 
 def carry_out(world: Cluster, action: Action, fate: str, now: float) -> str | None:
     """Apply ``action`` to the world as ``fate`` says; the new resourceVersion or None."""
-    if isinstance(action, StartSession):
-        world.tracker.observe(ME, "S1", f"me{now}", 10, now)
-    elif isinstance(action, Renew) and fate == "ok":
-        world.tracker.observe(ME, action.session, f"me{now}", 10, now)
-    elif isinstance(action, Acquire):
+    if isinstance(action, Acquire):
         current = world.locks[action.partition]
         if fate in ("ok", "unanswered") and current.resource_version == action.expected_rv:
             return world.set_lock(action.partition, ME, action.session, action.token)

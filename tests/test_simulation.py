@@ -10,14 +10,19 @@ import pytest
 from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import partition_lease_name
 from kgroup.core.member import Member
+from kgroup.core.operator_logic import ExpiryRule
 from kgroup.sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup.sim.__main__ import main, run_many
 from kgroup.sim.run import HAND_EDIT_KINDS, World
 from kgroup.sim.sidecar import GROUP
 from kgroup.sim.store import lease_key
 from kgroup.sim.variants import (
+    EarlyExpiry,
+    MarkerCompareExpiry,
     NoAdoptionMember,
     NoFencingMember,
+    NoMarkMember,
+    NoRereadExpiry,
     NoTargetRevokesMember,
     SameTokenMember,
     TransitionsTokenMember,
@@ -140,16 +145,53 @@ FAST_RELIST = SimConfig(**{**WHOLE.__dict__, "relist": (0.3, 1.0), "slow": 0.2})
 """WHOLE with frequent, slow re-lists: a list read before a write often arrives after it."""
 
 
-def test_holder_reread_asks_the_tracker_and_keeps_safety() -> None:
-    """Two partitions held by one live member are judged takeable on a stale
-    observation; with the old re-read (compare the fresh marker with the tracker's
-    *current* one, which the first verification already moved) the second takes a live
-    holder's lock. The shipped code feeds the read to the tracker and asks it instead."""
-    for seed in (41, 43):  # re-picked as marks, tokens and the window changed the runs
+def detector(rule: type[ExpiryRule], base: SimConfig = LOSSY) -> SimConfig:
+    """``base`` with the operator's failure detector swapped for ``rule``."""
+    return SimConfig(**{**base.__dict__, "expiry_rule": rule})
+
+
+def test_the_operator_marks_a_lock_expired_only_after_a_quorum_read_of_its_holder() -> None:
+    """The operator is the failure detector (no sidecar watches another member's Lease).
+    Its watch misses many renewals here, so live holders look expired on its cache. The
+    shipped rule re-reads the holder's member Lease and feeds it to the tracker before it
+    marks; one that marks on the cache alone hands a live holder's lock to another."""
+    for seed in (4, 12):
         assert run_seed(seed, LOSSY).ok, seed
-        old = run_seed(seed, SimConfig(**{**LOSSY.__dict__,
-                                           "regressions": frozenset({"holder-marker-compare"})}))
-        assert "safety" in {v.kind for v in old.violations}, seed
+        broken = run_seed(seed, detector(NoRereadExpiry))
+        assert "safety" in {v.kind for v in broken.violations}, seed
+
+
+def test_the_operators_reread_asks_the_tracker_not_the_cached_marker() -> None:
+    """The sidecar's old ``holder-marker-compare`` bug, moved with the rule to the
+    operator: the re-read compares the fresh marker with the cache's *current* one (a
+    watch event may have moved it during the read) instead of asking the tracker."""
+    for seed in (8, 12):
+        assert run_seed(seed, LOSSY).ok, seed
+        broken = run_seed(seed, detector(MarkerCompareExpiry))
+        assert "safety" in {v.kind for v in broken.violations}, seed
+
+
+def test_an_operator_counting_half_a_lease_duration_is_caught() -> None:
+    """Marking a session over after half the duration (as one measuring from the holder's
+    renewTime, or with a shortened timeout, would): a member whose renewal is late but
+    within its fencing deadline still claims its partitions when the next owner takes
+    them. The quorum re-read does not save it: the renewal was not written yet."""
+    for seed in (1, 16):
+        assert run_seed(seed, SMALL).ok, seed
+        broken = run_seed(seed, detector(EarlyExpiry, SMALL))
+        assert "safety" in {v.kind for v in broken.violations}, seed
+
+
+def test_a_member_taking_a_held_lock_without_the_expiry_mark_is_caught_or_refused() -> None:
+    """A member that takes a lock held by another session as soon as the target names it
+    (no expiry mark): with the admission policy's rule off in the store, the checker sees
+    two owners; with it on (the chart's policy), the store refuses every such write."""
+    bare = SimConfig(**{**SMALL.__dict__, "member_factory": NoMarkMember,
+                        "expiry_admission": False})
+    assert "safety" in {v.kind for v in run_seed(0, bare).violations}
+    assert run_seed(0, SimConfig(**{**SMALL.__dict__, "expiry_admission": False})).ok
+    guarded = World(0, SimConfig(**{**SMALL.__dict__, "member_factory": NoMarkMember}))
+    assert guarded.run().ok and guarded.store.refused > 0
 
 
 def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:

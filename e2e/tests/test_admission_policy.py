@@ -3,9 +3,11 @@
 Rule: a worker pod (service account kgroup-worker, pod-bound token) can take a partition
 lock only for itself, release or annotate only a lock it holds, set the fencing token
 (annotation kgroup.dev/token) at an acquisition to the resourceVersion the write replaces
-and leave it alone otherwise, bump leaseTransitions by exactly one at an acquisition, write
-only its own member Lease, and never delete a partition Lease; the admin (and so the
-operator, another identity) is not affected.
+and leave it alone otherwise, bump leaseTransitions by exactly one at an acquisition, take
+a lock held by another pod only once the operator marked that holder's session expired
+(kgroup.dev/expired-session), never write that mark itself, write only its own member
+Lease, and never delete a partition Lease; the admin (and so the operator, another
+identity) is not affected.
 
 How: the chart is rendered with `helm template` (operator.enabled=false, crds.enabled=false:
 the `crd` fixture applies the CRD) and its RBAC + policy objects are applied with kubectl,
@@ -196,6 +198,7 @@ def _acquire(holder: str, transitions: int, token: str | None = None) -> Callabl
         notes["kgroup.dev/session"] = f"s-{holder}"
         notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"] if token is None \
             else token
+        notes.pop("kgroup.dev/expired-session", None)  # a new session starts unmarked
     return change
 
 
@@ -378,11 +381,54 @@ def test_a_worker_cannot_create_a_lock_with_a_token(env: Env) -> None:
     assert "may not create partition Lease" in message
 
 
-def test_a_pod_takes_over_a_dead_holders_lock_only_for_itself(env: Env) -> None:
-    # Whether B's session is dead is the sidecar's call (its own clock); the policy checks
-    # only that the new holder is the caller and the token grows by one.
-    name = _partition(env, holder="pod-b", transitions=2)
-    assert _update(env.a, env, name, _acquire("pod-a", 3))["spec"]["holderIdentity"] == "pod-a"
+def test_a_pod_takes_a_held_lock_only_once_the_operator_marked_its_session_expired(
+        env: Env) -> None:
+    # Whether B's session is over is the operator's call (it watches every session, on its
+    # own clock, and re-reads the holder before it marks); the policy checks the mark.
+    name = _partition(env, holder="pod-b", transitions=2,
+                      annotations={"kgroup.dev/session": "s-pod-b"})
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-a", 3)))
+    assert "pod pod-a may not take partition lock" in message
+    assert 'from pod-b: its session "s-pod-b" is not marked expired' in message
+
+    def mark(lease: Lease) -> None:  # the operator's expiry mark (here: as the admin)
+        lease["metadata"]["annotations"]["kgroup.dev/expired-session"] = "s-pod-b"
+    _update(env.admin, env, name, mark)
+    taken = _update(env.a, env, name, _acquire("pod-a", 3))
+    assert taken["spec"]["holderIdentity"] == "pod-a"
+    assert "kgroup.dev/expired-session" not in taken["metadata"]["annotations"]
+
+
+def test_a_mark_of_another_session_does_not_let_a_pod_take_a_held_lock(env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=2,
+                      annotations={"kgroup.dev/session": "s-pod-b2",
+                                   "kgroup.dev/expired-session": "s-pod-b1"})
+    message = _denied(lambda: _update(env.a, env, name, _acquire("pod-a", 3)))
+    assert 'kgroup.dev/expired-session is "s-pod-b1"' in message
+
+
+@pytest.mark.parametrize("holder", [None, "pod-a", "pod-b"])
+def test_a_worker_may_never_write_the_expiry_mark(env: Env, holder: str | None) -> None:
+    # not on a free lock, not on its own, not on another's (to take it right after)
+    notes = {"kgroup.dev/session": f"s-{holder}"} if holder else {}
+    name = _partition(env, holder=holder, transitions=1 if holder else 0, annotations=notes)
+
+    def mark(lease: Lease) -> None:
+        lease["metadata"]["annotations"]["kgroup.dev/expired-session"] = f"s-{holder}"
+    message = _denied(lambda: _update(env.a, env, name, mark))
+    assert "only the operator, the failure detector, marks a session expired" in message
+
+
+def test_a_worker_may_not_remove_the_expiry_mark_of_a_lock_it_neither_holds_nor_takes(
+        env: Env) -> None:
+    name = _partition(env, holder="pod-b", transitions=1,
+                      annotations={"kgroup.dev/session": "s-pod-b",
+                                   "kgroup.dev/expired-session": "s-pod-b"})
+
+    def unmark(lease: Lease) -> None:
+        del lease["metadata"]["annotations"]["kgroup.dev/expired-session"]
+    message = _denied(lambda: _update(env.a, env, name, unmark))
+    assert "remove the kgroup.dev/expired-session mark" in message
 
 
 def test_workers_cannot_delete_partition_leases(env: Env) -> None:

@@ -10,7 +10,9 @@ another member) and the operator (its service account, a plain token), with the 
 installed by default: operator.watchNamespaces empty, so a ClusterRole. Findings of issue
 17 these rows answer: a worker writing another app's Lease or the operator's leader Lease;
 a worker taking a lock assigned to another member; the operator writing kube-system's or
-kube-node-lease's Leases or another app's.
+kube-node-lease's Leases or another app's. Issue 25 (the operator is the failure detector):
+a worker taking a held lock whose session the operator has not marked expired, or writing
+that expiry mark itself; the operator marking only a lock's own session.
 """
 
 from __future__ import annotations
@@ -121,6 +123,16 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         e.admin.create_namespaced_lease(ns, _lease(  # held by pod-a, moved to pod-b
             f"{GROUP}-partition-5", labels=_partition_labels(5), holder="pod-a", token=2,
             notes={"kgroup.dev/assigned": "pod-b", "kgroup.dev/session": "s-a"}))
+        e.admin.create_namespaced_lease(ns, _lease(  # held by pod-b, moved to pod-a, unmarked
+            f"{GROUP}-partition-6", labels=_partition_labels(6), holder="pod-b", token=3,
+            notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-b6"}))
+        e.admin.create_namespaced_lease(ns, _lease(  # ... and one the operator marked expired
+            f"{GROUP}-partition-7", labels=_partition_labels(7), holder="pod-b", token=3,
+            notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-b7",
+                   "kgroup.dev/expired-session": "s-b7"}))
+        e.admin.create_namespaced_lease(ns, _lease(  # pod-b's session (the quorum read)
+            f"{GROUP}-member-pod-b", holder="pod-b", notes={"kgroup.dev/session": "s-b7"},
+            labels={**MEMBER, "kgroup.dev/member": "pod-b"}))
         _wait_until_enforced(e)
         yield e
     finally:
@@ -182,6 +194,12 @@ def create(who: str, lease: Lease, ns: str | None = None) -> Request:
     return call
 
 
+def get(who: str, name: str) -> Request:
+    def call(env: Env) -> object:
+        return getattr(env, who).read_namespaced_lease(name, env.ns)
+    return call
+
+
 def delete(who: str, name: str) -> Request:
     def call(env: Env) -> object:
         api = getattr(env, who)
@@ -198,6 +216,7 @@ def acquire(holder: str, transitions: int, session: str = "s-new") -> Callable[[
         notes = lease["metadata"]["annotations"]
         notes["kgroup.dev/session"] = session
         notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"]
+        notes.pop("kgroup.dev/expired-session", None)  # a new session starts unmarked
     return change
 
 
@@ -252,6 +271,12 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
     ("re-acquire its own lock with a new session after the move",
      put("worker", f"{P}5", acquire("pod-a", 3)), 'the operator assigned it to "pod-b"'),
     ("release its own lock after the move", put("worker", f"{P}5", release), "allowed"),
+    ("take pod-b's lock assigned to it, its session not marked expired",
+     put("worker", f"{P}6", acquire("pod-a", 4)), 'its session "s-b6" is not marked expired'),
+    ("take pod-b's lock assigned to it, marked expired", put("worker", f"{P}7",
+                                                             acquire("pod-a", 4)), "allowed"),
+    ("mark pod-b's session expired itself", put("worker", f"{P}6", set_note(
+        "kgroup.dev/expired-session", "s-b6")), "only the operator, the failure detector"),
     ("mark a lock for itself", patch("worker", f"{P}2", {"metadata": {"annotations": {
         "kgroup.dev/assigned": "pod-a"}}}), "rbac"),  # no patch verb at all
     ("mark a lock for itself (update)", put("worker", f"{P}2",
@@ -269,6 +294,19 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
      "allowed"),
     ("move a lock's mark (merge patch)", patch("operator", f"{P}4", {"metadata": {
         "annotations": {"kgroup.dev/assigned": "pod-a"}}}), "allowed"),
+    ("mark a lock's session expired (merge patch)", patch("operator", f"{P}6", {"metadata": {
+        "annotations": {"kgroup.dev/expired-session": "s-b6"}}}), "allowed"),
+    ("mark a lock expired under another session", patch("operator", f"{P}6", {"metadata": {
+        "annotations": {"kgroup.dev/expired-session": "s-b5"}}}),
+     "only to the session it holds"),
+    ("change a lock's session (merge patch)", patch("operator", f"{P}6", {"metadata": {
+        "annotations": {"kgroup.dev/session": "s-x"}}}),
+     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
+    ("create a lock marked expired", create("operator", _lease(
+        f"{P}81", labels=_partition_labels(81), notes={"kgroup.dev/expired-session": "s"})),
+     "only to the session it holds"),
+    ("read a holder's member Lease (the quorum read)", get("operator", f"{GROUP}-member-pod-b"),
+     "allowed"),
     ("set a lock's holder (merge patch)", patch("operator", f"{P}4", {"spec": {
         "holderIdentity": "pod-a"}}), "may change only the annotations"),
     ("strip a lock's labels (merge patch)", patch("operator", f"{P}4", {"metadata": {

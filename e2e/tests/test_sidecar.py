@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,6 +217,11 @@ def test_sigkill_lets_another_member_take_over_after_a_lease_duration(harness: H
     before = {p: h.target.token(p) for p in range(4)}
     a.signal(signal.SIGKILL)
     epoch = h.target.assign({"pod-b": [0, 1, 2, 3]})
+    # pod-b watches no member Lease: assigned the dead holder's locks, it waits for the
+    # operator's expiry mark (the test plays the operator: silent a full duration, re-read)
+    time.sleep(4.0)  # more than the lease duration (3 s) after the kill
+    assert sorted(h.view("pod-b")) == [2, 3]
+    assert h.target.expire_when_silent("pod-a", 3.0) == [0, 1]
     wait_until("pod-b owns everything", lambda: h.converged({"pod-b": [0, 1, 2, 3]}, epoch),
                timeout=40)
     after = {p: t for p, (_, t) in h.view("pod-b").items()}
@@ -226,7 +232,7 @@ def test_sigkill_lets_another_member_take_over_after_a_lease_duration(harness: H
                  if r["event"] == "acquire" and r["partition"] in (0, 1)]
     assert a.killed_at is not None
     # Safety floor, not a speed check: pod-a's last renewal was sent at most one renew
-    # interval (1 s) before the kill, and pod-b waits a full duration (3 s) after seeing it.
+    # interval (1 s) before the kill, and the mark waits a full duration (3 s) after it.
     assert len(takeovers) == 2 and all(r["mono"] >= a.killed_at + 1.5 for r in takeovers)
 
 
@@ -242,6 +248,7 @@ def test_sigstop_longer_than_the_lease_fences_the_paused_member(harness: Harness
     a.signal(signal.SIGSTOP)
     try:
         epoch = h.target.assign({"pod-b": [0, 1, 2, 3]})
+        assert h.target.expire_when_silent("pod-a", 3.0) == [0, 1]  # the operator's part
         wait_until("pod-b takes over", lambda: h.converged({"pod-b": [0, 1, 2, 3]}, epoch),
                    timeout=40)
         # While paused, the app's last answer has run out on the app's own clock.

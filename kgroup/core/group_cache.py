@@ -119,6 +119,17 @@ class GroupLeases:
             if lock is not None:
                 self.partitions.pop(lock.partition, None)
 
+    def member_read(self, member: str, fresh: Obj | None, now: float) -> None:
+        """A quorum read of ``member``'s Lease before an expiry mark (``fresh`` None: it
+        is gone) enters like a watch event: a changed marker restarts the session's clock."""
+        if fresh is not None:
+            self.put(fresh, now)
+            return
+        cached = self.members.get(member)
+        if cached is not None and cached.name in self.bodies:
+            self.drop(self.bodies[cached.name])
+        self.tracker.forget(member)
+
     def relist(self, bodies: Iterable[Obj], now: float) -> None:
         """A re-list of the group's Leases: authoritative on which exist."""
         listed = list(bodies)

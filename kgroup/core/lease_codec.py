@@ -19,6 +19,7 @@ from typing import Any
 from kgroup.constants import (
     ANNOTATION_ASSIGNED,
     ANNOTATION_EPOCH,
+    ANNOTATION_EXPIRED_SESSION,
     ANNOTATION_POSITION,
     ANNOTATION_POSITION_TOKEN,
     ANNOTATION_SESSION,
@@ -50,6 +51,9 @@ __all__ = [
     "annotations_of",
     "assigned_of",
     "assignment_patch",
+    "expired_of",
+    "expiry_marked_partition_lease",
+    "expiry_patch",
     "group_of",
     "is_member",
     "is_partition",
@@ -142,6 +146,7 @@ def parse_partition_lease(obj: Obj) -> Parsed:
         position=notes.get(ANNOTATION_POSITION),
         position_token=position_token,
         assigned=notes.get(ANNOTATION_ASSIGNED) or None,
+        expired=notes.get(ANNOTATION_EXPIRED_SESSION) or None,
     )
     return Parsed(lock, tuple(problems))
 
@@ -149,6 +154,11 @@ def parse_partition_lease(obj: Obj) -> Parsed:
 def assigned_of(obj: Obj) -> str | None:
     """The member a partition Lease is marked for (``kgroup.dev/assigned``), or None."""
     return annotations_of(obj).get(ANNOTATION_ASSIGNED) or None
+
+
+def expired_of(obj: Obj) -> str | None:
+    """The session a partition Lease's expiry mark names (``kgroup.dev/expired-session``)."""
+    return annotations_of(obj).get(ANNOTATION_EXPIRED_SESSION) or None
 
 
 @dataclass(frozen=True)
@@ -285,6 +295,23 @@ def marked_partition_lease(last: Obj, member: str) -> Obj:
     return body
 
 
+def expiry_patch(session: str, resource_version: str) -> Obj:
+    """The operator's write when it saw a lock's holder session over: a JSON merge patch
+    setting the expiry mark to ``session``, conditional on ``resource_version`` (the lock as
+    read: a patch carrying ``metadata.resourceVersion`` is refused with 409 when the
+    stored one differs), so it never lands on a lock that changed meanwhile."""
+    return {"metadata": {"resourceVersion": resource_version,
+                         "annotations": {ANNOTATION_EXPIRED_SESSION: session}}}
+
+
+def expiry_marked_partition_lease(last: Obj, session: str) -> Obj:
+    """``last`` with :func:`expiry_patch` applied (what the API server stores)."""
+    body = copy.deepcopy(last)
+    body.setdefault("metadata", {})["annotations"] = {**annotations_of(last),
+                                                      ANNOTATION_EXPIRED_SESSION: session}
+    return body
+
+
 def new_member_lease(
     *, name: str, namespace: str, group: Obj, member: str, session: str, duration: float,
     existing: Obj | None, now: datetime,
@@ -336,7 +363,8 @@ def acquired_partition_lease(
     last: Obj, *, member: str, session: str, token: int, duration: float, now: datetime
 ) -> Obj:
     """``last`` taken by ``member``: ``token`` (kgroup.core.tokens: ``last``'s own
-    resourceVersion, the write's precondition) in ``kgroup.dev/token``; ``leaseTransitions``
+    resourceVersion, the write's precondition) in ``kgroup.dev/token``, the expiry mark
+    removed; ``leaseTransitions``
     counts acquisitions of this Lease object (one more), as client-go's leader election does."""
     stamp = micro_time(now)
     body = copy.deepcopy(last)
@@ -351,6 +379,7 @@ def acquired_partition_lease(
     notes = dict(annotations_of(body))
     notes[ANNOTATION_SESSION] = session
     notes[ANNOTATION_TOKEN] = str(token)
+    notes.pop(ANNOTATION_EXPIRED_SESSION, None)  # a new session starts unmarked
     body["metadata"]["annotations"] = notes
     return body
 
@@ -363,6 +392,7 @@ def released_partition_lease(last: Obj, *, token: int, position: str | None) -> 
     spec.pop("renewTime", None)
     notes = dict(annotations_of(body))
     notes.pop(ANNOTATION_SESSION, None)
+    notes.pop(ANNOTATION_EXPIRED_SESSION, None)
     if position is not None:
         notes[ANNOTATION_POSITION] = position
         notes[ANNOTATION_POSITION_TOKEN] = str(token)

@@ -19,10 +19,21 @@ Clock assumptions (read these before changing anything here):
   so the observer's expiry is later than the holder's deadline by at least ``margin``.
   A confirmation that arrives after the deadline does not rescue the session.
 
-Watch streams may lag. Before taking a lock whose holder field is set, the adapter must
-re-read the holder's member Lease (a quorum GET) and feed it to the tracker: a renewal
-committed before that read resets the clock, and one committed after it can only be
-confirmed to the holder after the holder's own deadline, so it has fenced already.
+Who observes (docs/design.md, "The operator is the failure detector"): only the operator
+tracks sessions (:class:`SessionTracker`, fed by its watch of every member Lease). A
+sidecar watches no other member's Lease: it learns that a lock's holder is gone from the
+lock itself, whose *expiry mark* (annotation ``kgroup.dev/expired-session``) the operator
+sets to the lock's session once it saw that session over. A lock held by another member is
+takeable iff its expiry mark equals its session (:func:`lock_state`); the chart's
+admission policy refuses any other takeover.
+
+Watch streams may lag. Before marking a lock whose holder's session it believes expired,
+the operator must re-read the holder's member Lease (a quorum GET) and feed it to the
+tracker: a renewal committed before that read resets the clock, and one committed after
+it can only be confirmed to the holder after the holder's own deadline, so it has fenced
+already. The mark is a conditional write (the lock's resourceVersion as read), so it never
+lands on a lock that changed meanwhile; session ids are never reused, so a mark stays true
+for as long as the lock carries that session.
 """
 
 from __future__ import annotations
@@ -137,29 +148,24 @@ class SessionTracker:
 
 
 class LockState(enum.IntEnum):
-    """The state of a partition lock as one observer sees it, ordered by how free it is
-    to this observer's eyes: only FREE and TAKEABLE may be acquired."""
+    """The state of a partition lock to a member that wants it, ordered by how free it is:
+    only FREE and TAKEABLE may be acquired."""
 
-    # HELD: the holder's member Lease exists, carries the lock's session id, and was seen
-    # renewed (or first seen) less than its leaseDurationSeconds ago on our clock.
+    # HELD: the holder's session is the lock's and the operator has not marked it over.
     HELD = 0
-    # TAKEABLE: the holder's session is the lock's, but was seen unrenewed for a full
-    # lease duration on our clock: the holder has fenced itself by now.
+    # TAKEABLE: the operator marked the lock's session expired (kgroup.dev/expired-session
+    # equals kgroup.dev/session): the holder has fenced itself by now.
     TAKEABLE = 1
-    # FREE: no holder; or the holder's member Lease is gone; or it carries another
-    # session id (the holder restarted its session, and fenced the old one first).
+    # FREE: no holder (or a holder without a session: nothing to be live).
     FREE = 2
 
 
-def lock_state(
-    *, holder: str | None, session: str | None, tracker: SessionTracker, now: float
-) -> LockState:
-    """Classify a partition lock held by ``holder`` under ``session``."""
-    if not holder:
+def lock_state(*, holder: str | None, session: str | None, expired: str | None) -> LockState:
+    """Classify a partition lock held by ``holder`` under ``session`` whose expiry mark is
+    ``expired`` (the member's own older session is FREE to it: :mod:`kgroup.core.member`
+    decides that before asking here)."""
+    if not holder or session is None:
         return LockState.FREE
-    current = tracker.session_of(holder)
-    if current is None or session is None or current != session:
-        return LockState.FREE
-    if tracker.is_live(holder, session, now):
-        return LockState.HELD
-    return LockState.TAKEABLE
+    if expired == session:
+        return LockState.TAKEABLE
+    return LockState.HELD

@@ -1,9 +1,9 @@
 """The sidecar's state machine: make this member's held partitions converge on its target.
 
 Shape: Kafka KIP-848's member reconciliation. The adapter feeds an observed
-:class:`Snapshot` (group target, partition locks, the session tracker, the app's release
-requests, ``now``) to :meth:`Member.step`, executes the returned actions in order, and
-reports each action's outcome back (``session_started``, ``renewed``, ``acquired``, ...).
+:class:`Snapshot` (group target, partition locks, the app's release requests, ``now``) to
+:meth:`Member.step`, executes the returned actions in order, and reports each action's
+outcome back (``session_started``, ``renewed``, ``acquired``, ...).
 Nothing here does I/O or reads a clock; all times are the caller's monotonic seconds.
 
 Rules, in the order ``step`` applies them:
@@ -36,7 +36,9 @@ Rules, in the order ``step`` applies them:
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
 4. Acquire a targeted partition only when its lock exists (the operator creates it),
    is marked for this member (``Lock.assigned``: the API server refuses anyone else) and
-   is FREE or TAKEABLE; the write carries the observed resourceVersion as its
+   is FREE or TAKEABLE (:meth:`Member.lock_state`: held by another member, it is
+   takeable only once the operator marked its session expired, ``Lock.expired``; no
+   member watches another's session); the write carries the observed resourceVersion as its
    precondition, and that resourceVersion is the new token (:mod:`kgroup.core.tokens`:
    tokens of a partition never go backwards, even across a Lease deleted and created
    again). A lock held by our own *older* session is FREE to us.
@@ -49,7 +51,7 @@ Rules, in the order ``step`` applies them:
 What ``step`` reads: the locks of :meth:`Member.partitions_of_interest` only (the target,
 what is held, acquired or possibly acquired). An adapter may watch just those
 (:func:`next_watch_scope` says when to re-select), so a member's watch traffic grows with
-its own share, not with the group.
+its own share, not with the group; it watches no member Lease but its own writes.
 """
 
 from __future__ import annotations
@@ -301,19 +303,20 @@ class Member:
         for o in self.owned.values():
             if o.state is PartitionState.REVOKING and o.revoking_since is not None:
                 times.append(o.revoking_since + snap.drain_timeout)
-        # Retry times and holders' expiries already past were acted on by ``step`` (or an
-        # outcome is pending, which wakes the loop): only future ones are wake-ups.
+        # Retry times already past were acted on by ``step`` (or an outcome is pending,
+        # which wakes the loop): only future ones are wake-ups. A lock held by another
+        # member needs no timer: the operator's expiry mark arrives as a watch event.
         times.extend(t for t in self._retry_at.values() if t > snap.now)
         times.extend(until for _, until in self._relinquished.values() if until > snap.now)
-        if snap.target is not None:
-            for p in snap.target.partitions:
-                lock = snap.locks.get(p)
-                if p in self.owned or lock is None or not lock.holder or lock.session is None:
-                    continue
-                expiry = snap.tracker.expires_at(lock.holder, lock.session)
-                if expiry is not None and expiry > snap.now:
-                    times.append(expiry)
         return min(times) if times else None
+
+    def lock_state(self, lock: Lock, session: str) -> LockState:
+        """Whether this member (under ``session``) may take ``lock``: a lock held by our
+        own *older* session is FREE to us; one held by another session is TAKEABLE only
+        with the operator's expiry mark of that session (:func:`locks.lock_state`)."""
+        if lock.holder == self.member and lock.session != session:
+            return LockState.FREE
+        return lock_state(holder=lock.holder, session=lock.session, expired=lock.expired)
 
     # ---- the reconciliation step ----------------------------------------------------
 
@@ -410,34 +413,19 @@ class Member:
             lock = snap.locks.get(p)
             if lock is None or lock.assigned != self.member:
                 continue  # not created or not marked for us yet: wait for the operator
-            own_old = lock.holder == self.member and lock.session != session
-            state = (
-                LockState.FREE
-                if own_old
-                else lock_state(
-                    holder=lock.holder, session=lock.session, tracker=snap.tracker, now=now
-                )
-            )
             if lock.holder == self.member and lock.session == session:
                 continue  # ours already: adopted above, or an acquisition in flight
+            state = self.lock_state(lock, session)
             if state is LockState.HELD:
                 continue
             token = acquisition_token(lock.resource_version)
             if token is None:
                 continue  # not an etcd revision: no token can be derived (never on etcd)
-            verify = lock.holder if lock.holder and not own_old else None
             self._acquiring[p] = lock.position
             self._attempted[p] = token
-            actions.append(
-                Acquire(
-                    partition=p,
-                    session=session,
-                    token=token,
-                    expected_rv=lock.resource_version,
-                    verify_holder=verify,
-                    verify_session=lock.session if verify else None,
-                )
-            )
+            actions.append(Acquire(
+                partition=p, session=session, token=token, expected_rv=lock.resource_version,
+                takeover=bool(lock.holder) and lock.holder != self.member))
         # 5. acknowledge the epoch once held == target exactly; 6. renew.
         if not self._session_write_in_flight:
             epoch = self._ackable_epoch(snap)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.locks import LeaseTiming
 
 
 class PartitionState(enum.Enum):
@@ -34,6 +34,8 @@ class Lock:
     position: str | None = None
     position_token: int | None = None
     assigned: str | None = None  # the operator's mark: the only member that may acquire it
+    # the operator's expiry mark: the session it saw over (takeable when it is ``session``)
+    expired: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,6 @@ class Snapshot:
     drain_timeout: float
     target: Target | None  # None: the status has no epoch (hold what we have)
     locks: Mapping[int, Lock]
-    tracker: SessionTracker
     app_releases: Mapping[int, AppRelease] = field(default_factory=dict)
     group_deleted: bool = False  # the ConsumerGroup is gone: revoke everything
 
@@ -89,17 +90,15 @@ class AckEpoch(Renew):
 
 @dataclass(frozen=True)
 class Acquire:
-    """Conditional update of the partition Lease: holder = us, token = ``token``.
-
-    When ``verify_holder`` is set, re-read that member's Lease first (quorum read), feed it
-    to the tracker, and skip the write if it shows ``verify_session`` renewed since."""
+    """Conditional update of the partition Lease (``expected_rv`` its precondition):
+    holder = us, token = ``token``, the expiry mark cleared. ``takeover``: the lock is
+    held by another member's session that the operator marked expired."""
 
     partition: int
     session: str
     token: int
     expected_rv: str
-    verify_holder: str | None
-    verify_session: str | None
+    takeover: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,13 @@ that names the only member allowed to acquire a lock) are written after the stat
 succeeded, or at once when the pass writes no status, each reported with
 :meth:`Memory.mark_sent` / :meth:`Memory.mark_failed`; every pass compares the marks with
 the target again, so a lost write, a restart or a hand edit of a mark is repaired.
+Expiry marks (``Plan.expiries``: the ``kgroup.dev/expired-session`` annotation; the operator
+is the group's failure detector, docs/design.md): a lock whose holder's session is over on
+the operator's own clock (:class:`ExpiryRule`) is marked so its next owner may take it.
+The driver groups them by holder, re-reads each holder's member Lease (a quorum GET, fed
+to the cache), asks :meth:`ExpiryRule.confirm` again, and writes each confirmed mark as a
+merge patch conditional on the lock's resourceVersion as read; each reported with
+:meth:`Memory.expiry_sent` / :meth:`Memory.expiry_failed`.
 Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
 status. The memory lives as long as the operator process: a restart starts from what it
 lists (the target is always read back from the status).
@@ -53,11 +60,14 @@ __all__ = [
     "FAILED_PASS_RETRY_SECONDS",
     "IDLE_RECHECK",
     "Event",
+    "Expiry",
+    "ExpiryRule",
     "Mark",
     "Memory",
     "Observation",
     "Plan",
     "decide",
+    "expiries_to_mark",
     "problem_events",
     "written",
 ]
@@ -107,6 +117,9 @@ class Memory:
     # marks in flight or written, whose lock the cache has not seen change since:
     # partition -> (member, the lock's resourceVersion when the mark was decided)
     marks_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # expiry marks in flight or written, whose lock the cache has not seen change since:
+    # partition -> (the session marked, the lock's resourceVersion when it was decided)
+    expiries_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
     planned_generation: int | None = None  # spec generation the target reflects
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
@@ -147,6 +160,17 @@ class Memory:
         if self.marks_sent.get(mark.partition) == (mark.member, mark.seen_rv):
             del self.marks_sent[mark.partition]
 
+    def expiry_sent(self, expiry: Expiry) -> None:
+        """The expiry's re-read or mark is on its way: not decided again until the lock
+        changes (or :meth:`expiry_failed`)."""
+        self.expiries_sent[expiry.partition] = (expiry.session, expiry.seen_rv)
+
+    def expiry_failed(self, expiry: Expiry) -> None:
+        """The session proved live on the re-read, or the read or the write failed: the
+        next pass decides again (on the tracker the re-read fed)."""
+        if self.expiries_sent.get(expiry.partition) == (expiry.session, expiry.seen_rv):
+            del self.expiries_sent[expiry.partition]
+
 
 @dataclass(frozen=True)
 class Mark:
@@ -156,6 +180,53 @@ class Mark:
     partition: int
     member: str
     seen_rv: str
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """Mark partition Lease ``partition`` with the expiry of ``session`` (its holder
+    ``member``'s, seen over); ``seen_rv``: the lock's resourceVersion as read, the
+    precondition of the merge patch."""
+
+    partition: int
+    member: str
+    session: str
+    seen_rv: str
+
+
+class ExpiryRule:
+    """The failure detector's decisions (a broken variant overrides one: kgroup.sim).
+
+    A lock's holder session is over when the holder's member Lease is gone, carries
+    another session, or was seen unrenewed for a full lease duration on the operator's own
+    clock (:class:`~kgroup.core.locks.SessionTracker`: first sight starts the clock). The
+    cache's view may lag, so a lock is marked only after :meth:`confirm` on a quorum read
+    of the holder's member Lease (locks.py: a renewal committed after that read reaches
+    the holder after its own fencing deadline)."""
+
+    def expires_at(self, leases: GroupLeases, member: str, session: str) -> float | None:
+        """When ``session`` counts as over unrenewed on our clock (None: over already,
+        its member Lease is gone or carries another session)."""
+        lease = leases.members.get(member)
+        if lease is None or lease.session != session:
+            return None
+        return leases.tracker.expires_at(member, session)
+
+    def session_over(self, leases: GroupLeases, member: str, session: str, now: float) -> bool:
+        expiry = self.expires_at(leases, member, session)
+        return expiry is None or now >= expiry
+
+    def reread(self) -> bool:
+        """Whether the driver re-reads the holder's member Lease before marking."""
+        return True
+
+    def confirm(self, leases: GroupLeases, member: str, session: str, fresh: Obj | None,
+                now: float) -> bool:
+        """After the quorum read (``fresh``; None: the Lease is gone): feed it to the cache,
+        whose tracker restarts its clock on a changed marker, and ask again. A renewal
+        learnt by any path since the decision counts."""
+        leases.member_read(member, fresh, now)
+        return self.session_over(leases, member, session, now)
 
 
 @dataclass(frozen=True)
@@ -174,6 +245,7 @@ class Plan:
     create_partitions: list[int] = field(default_factory=list)
     owners: dict[int, str] = field(default_factory=dict)  # target owners: new locks' marks
     marks: list[Mark] = field(default_factory=list)  # write after the status write
+    expiries: list[Expiry] = field(default_factory=list)  # re-read, then mark (after marks)
     lease_duration: int = 15  # of the partition Leases to create
     events: list[Event] = field(default_factory=list)  # post now (before any write)
     status: dict[str, Any] | None = None  # write this status (rv precondition: the body's)
@@ -236,6 +308,28 @@ def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases) 
     return marks
 
 
+def expiries_to_mark(memory: Memory, leases: GroupLeases, now: float,
+                     rule: ExpiryRule) -> tuple[list[Expiry], float | None]:
+    """The held locks whose holder's session is over and that carry no expiry mark of it
+    yet, less those in flight for the lock as cached; and the earliest future moment a
+    held lock's session would be over (the next pass's deadline)."""
+    out: list[Expiry] = []
+    later: float | None = None
+    for p, lock in sorted(leases.partitions.items()):
+        if not lock.holder or lock.session is None or lock.expired == lock.session:
+            memory.expiries_sent.pop(p, None)
+            continue
+        if not rule.session_over(leases, lock.holder, lock.session, now):
+            expiry = rule.expires_at(leases, lock.holder, lock.session)
+            if expiry is not None and (later is None or expiry < later):
+                later = expiry
+            continue
+        if memory.expiries_sent.get(p) == (lock.session, lock.resource_version):
+            continue
+        out.append(Expiry(p, lock.holder, lock.session, lock.resource_version))
+    return out, later
+
+
 def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
     """One Warning Event per problem when it first appears."""
     current = {(p.reason, p.message) for p in problems}
@@ -246,8 +340,9 @@ def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
 
 
 def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
-           status_min_interval: float) -> Plan:
-    """One pass over one group: what to create, write and post, and when to look again."""
+           status_min_interval: float, rule: ExpiryRule | None = None) -> Plan:
+    """One pass over one group: what to create, write, mark and post, and when to look
+    again. ``rule``: the failure detector's (:class:`ExpiryRule`, a variant in kgroup.sim)."""
     if not obs.synced or obs.body is None:
         return Plan(wait=NOT_SYNCED_RETRY_SECONDS)
     body = obs.body
@@ -326,7 +421,9 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         last_rebalance=last_rebalance,
     )
     wire = new_status.to_wire()
+    expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
     deadlines = [
+        next_lock_expiry,
         decision.next_check,
         leases.next_expiry(now),
         (last_change + spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds + 0.01)
@@ -335,7 +432,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
     plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create, owners=owners,
-                marks=marks_to_write(memory, owners, leases),
+                marks=marks_to_write(memory, owners, leases), expiries=expiries,
                 lease_duration=spec.lease.duration_seconds, decision=decision,
                 previous=status, new_status=new_status, problems=seen, generation=generation,
                 members=len(members), deadlines=deadlines)

@@ -42,7 +42,7 @@ from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core import health
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
-from kgroup.core.locks import LeaseTiming, SessionTracker
+from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import (
     Acquire,
     Action,
@@ -95,8 +95,10 @@ CONFLICT_RETRY_SECONDS = 0.05
 (another write of ours got there first: the re-read gave us its resourceVersion)."""
 SHUTDOWN_DRAIN_FRACTION = 0.6
 """While shutting down, a revocation waits at most this share of the grace period."""
-WATCHES = frozenset({"group", "member", "partition"})
-"""The three watches; each must have listed once before the member takes a step."""
+WATCHES = frozenset({"group", "partition"})
+"""The two watches; each must have listed once before the member takes a step. No member
+Lease is watched, not even our own (we know it from our writes' answers): the operator
+alone watches sessions and marks a lock whose holder's session it saw expire."""
 
 
 class _Silent:
@@ -132,7 +134,6 @@ class SidecarLogic:
         self.journal: Journal = journal or _Silent()
         self.termination_grace = termination_grace
         self.member = member if member is not None else Member(pod)
-        self.tracker = SessionTracker()
         self.group: Obj | None = None
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0
@@ -166,20 +167,6 @@ class SidecarLogic:
         """Whether ``new`` may replace ``cached`` in the lock cache (never back in time)."""
         return codec.supersedes(new, cached)
 
-    def holder_expired(self, action: Acquire, fresh: Obj | None) -> bool:
-        """After the quorum read of the holder's member Lease before a takeover (locks.py:
-        a watch may lag): the read goes through the tracker (a changed marker restarts its
-        clock), and the tracker, not a marker comparison, says whether the session is
-        still live: a renewal learnt by any path since the decision counts."""
-        holder = action.verify_holder
-        assert holder is not None
-        if fresh is None:
-            self.tracker.forget(holder)
-            return True
-        self._apply_lease("MODIFIED", fresh)
-        session = action.verify_session
-        return session is None or not self.tracker.is_live(holder, session, self.clock())
-
     def reread_unanswered_acquisition(self) -> bool:
         """An acquisition without answer may have been applied: ask the server (True), or
         report it failed (False, the old runtime: adoption alone catches up)."""
@@ -199,21 +186,12 @@ class SidecarLogic:
 
     def on_list(self, kind: str, items: list[Obj], scope: Scope = None) -> None:
         """A (re-)list of one watch. It is authoritative on which objects exist within what
-        it covers (the group; every member Lease; the partition Leases of ``scope``, all of
-        the group's when None), not on how new each is: a cached lock newer than the listed
+        it covers (the group; the partition Leases of ``scope``, all of the group's when
+        None), not on how new each is: a cached lock newer than the listed
         one (our own write's answer) is kept."""
         if kind == "group":
             self._set_group(items[0] if items else None)
-        elif kind == "member":
-            seen = set()
-            for obj in items:
-                self._apply_lease("ADDED", obj)
-                parsed = codec.parse_member_lease(obj)
-                if parsed.value is not None:
-                    seen.add(parsed.value.member)
-            for gone in set(self.tracker.members()) - seen:
-                self.tracker.forget(gone)
-        else:
+        elif kind == "partition":
             listed = {lock.partition for lock in (
                 codec.parse_partition_lease(obj).value for obj in items
                 if codec.is_partition(obj)) if lock is not None}
@@ -232,7 +210,7 @@ class SidecarLogic:
     def on_event(self, kind: str, event_type: str, obj: Obj) -> None:
         if kind == "group":
             self._set_group(None if event_type == "DELETED" else obj)
-        else:
+        elif kind == "partition":
             self._apply_lease(event_type, obj)
 
     def _forget_lock(self, partition: int) -> None:
@@ -299,17 +277,6 @@ class SidecarLogic:
                 self.locks[lock.partition] = lock
             # else: older than what we know (a replayed event, or our own write's answer
             # came first)
-        elif codec.is_member(obj):
-            parsed = codec.parse_member_lease(obj)
-            for problem in parsed.problems:
-                self._warn_once(f"{name}:{problem}", f"Lease {name}: {problem} (treated as absent)")
-            ml = parsed.value
-            if ml is None:
-                return
-            if event_type == "DELETED" or ml.session is None:
-                self.tracker.forget(ml.member)
-            else:
-                self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, self.clock())
 
     def _store_partition(self, obj: Obj) -> None:
         """An answer (or a read) of a partition Lease enters the cache like an event."""
@@ -347,7 +314,6 @@ class SidecarLogic:
             drain_timeout=drain,
             target=self.target,
             locks=dict(self.locks),
-            tracker=self.tracker,
             app_releases=dict(self.app_releases),
             group_deleted=self.group_deleted,
         )
@@ -475,13 +441,9 @@ class SidecarLogic:
 
     def _acquire(self, action: Acquire) -> Chain:
         p = action.partition
-        if action.verify_holder is not None:
-            answer = yield GetLease(member_lease_name(self.group_name, action.verify_holder),
-                                    self.request_timeout())
-            fresh = found(answer)
-            if isinstance(fresh, Unknown) or not self.holder_expired(action, fresh):
-                self._acquire_failed(action, answer)
-                return
+        # A takeover needs no read of the holder's member Lease: the operator read it (a
+        # quorum GET) before it marked the session expired, and the write's precondition
+        # is the marked lock as cached (Member.lock_state decided on its mark).
         last = self.partition_leases.get(p)
         if last is None or codec.meta(last).get("resourceVersion") != action.expected_rv:
             self._acquire_failed(action, None)

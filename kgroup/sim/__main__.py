@@ -17,11 +17,16 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
+from kgroup.core.operator_logic import ExpiryRule
 from kgroup.sim.run import Result, SimConfig, run_seed
 from kgroup.sim.variants import (
     REGRESSIONS,
+    EarlyExpiry,
+    MarkerCompareExpiry,
     NoAdoptionMember,
     NoFencingMember,
+    NoMarkMember,
+    NoRereadExpiry,
     NoTargetRevokesMember,
     SameTokenMember,
 )
@@ -30,20 +35,35 @@ VARIANTS = {
     "real": Member,
     "no-adoption": NoAdoptionMember,
     "no-fencing": NoFencingMember,
+    "no-mark": NoMarkMember,
     "no-target-revokes": NoTargetRevokesMember,
     "same-token": SameTokenMember,
 }
+
+DETECTORS: dict[str, type[ExpiryRule]] = {
+    "real": ExpiryRule,
+    "no-reread": NoRereadExpiry,
+    "early": EarlyExpiry,
+    "marker-compare": MarkerCompareExpiry,
+}
+"""The operator's failure detector: the shipped rule or a broken variant of it."""
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(members=args.members, partitions=args.partitions,
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
                      regressions=frozenset(args.regression), verbose=args.verbose,
-                     scoped_watch=not args.whole_watch)
+                     scoped_watch=not args.whole_watch,
+                     expiry_rule=DETECTORS[args.detector],
+                     expiry_admission=not args.no_expiry_admission)
 
 
 def adapter_flags(args: argparse.Namespace) -> str:
     flags = "".join(f" --regression {name}" for name in sorted(set(args.regression)))
+    if args.detector != "real":
+        flags += f" --detector {args.detector}"
+    if args.no_expiry_admission:
+        flags += " --no-expiry-admission"
     return flags + (" --whole-watch" if args.whole_watch else "")
 
 
@@ -79,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="simulated seconds of faults before the convergence phase")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="real",
                     help="member state machine: the real core or a deliberately broken one")
+    ap.add_argument("--detector", choices=sorted(DETECTORS), default="real",
+                    help="the operator's failure detector: the shipped rule or a broken "
+                         "variant (kgroup.sim.variants)")
+    ap.add_argument("--no-expiry-admission", action="store_true",
+                    help="the store does not refuse a takeover without the expiry mark "
+                         "(the admission policy off: the sidecar's rule alone)")
     ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
                     help="bring back this old bug of the sidecar's decision code (a subclass "
                          "of the shipped SidecarLogic, kgroup.sim.variants; repeatable)")

@@ -6,10 +6,12 @@ caches (a :class:`~kgroup.core.group_cache.GroupLeases`, pods, the group), runs 
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
 the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
 assignment marks written after it (one atomic read-modify-write at the store, as the API
-server applies a merge patch), Events counted, outcomes reported back to the memory. One
-pass at a time, as the controller awaits its writes. The operator's memory lives in one
-incarnation: an operator restart builds a new one that knows only what it lists from the
-store.
+server applies a merge patch), the expiry marks (per holder session a read of its member
+Lease fed to the cache, then each confirmed mark a conditional write on the lock's
+resourceVersion as read; a refused one re-reads the lock and decides again), Events
+counted, outcomes reported back to the memory. One pass at a time, as the controller
+awaits its writes. The operator's memory lives in one incarnation: an operator restart
+builds a new one that knows only what it lists from the store.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import functools
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from kgroup.constants import partition_lease_name
+from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.group import PodObservation
 from kgroup.core.group_cache import GroupLeases, pod_observation
 from kgroup.core.operator_logic import (
     API_RETRY_SECONDS,
     IDLE_RECHECK,
+    Expiry,
     Mark,
     Memory,
     Observation,
@@ -57,6 +60,7 @@ class SimOperator:
         self.pods: dict[str, PodObservation] = {}
         self.pod_bodies: dict[str, Obj] = {}
         self.synced: set[str] = set()
+        self.rule = world.cfg.expiry_rule()
         self.busy = False
         self._due = False
         self._gen = 0
@@ -141,13 +145,14 @@ class SimOperator:
         obs = Observation(body=self.group, leases=self.leases, pods=list(self.pods.values()),
                           synced=self.synced >= {"group", "lease", "pod"})
         plan = decide(obs, self.memory, now, wall=EPOCH_WALL + timedelta(seconds=now),
-                      status_min_interval=STATUS_MIN_INTERVAL)
+                      status_min_interval=STATUS_MIN_INTERVAL, rule=self.rule)
         body = self.group
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
             self._create(body, p, plan.lease_duration, plan.owners.get(p))
         if plan.status is None:
+            self._expire(body, plan.expiries)
             self._mark(body, plan.marks)
             return plan.wait
         self._write(body, plan)
@@ -193,6 +198,76 @@ class SimOperator:
 
             self.world.request(self.proc, patch, done)
 
+    def _expire(self, body: Obj, expiries: list[Expiry]) -> None:
+        """The controller's ``_expire``: per holder session, the quorum read of its member
+        Lease (when the rule asks for it) fed to the cache, the rule's confirmation, then
+        each lock's conditional mark."""
+        group = codec.meta(body)["name"]
+        holders: dict[tuple[str, str], list[Expiry]] = {}
+        for e in expiries:
+            holders.setdefault((e.member, e.session), []).append(e)
+        store = self.world.store
+        for (member, session), locks in sorted(holders.items()):
+            for e in locks:
+                self.memory.expiry_sent(e)
+            key = lease_key(member_lease_name(group, member))
+
+            def read(fresh: Any, member: str = member, session: str = session,
+                     locks: list[Expiry] = locks) -> None:
+                if not isinstance(fresh, dict) and fresh is not None:  # no answer
+                    for e in locks:
+                        self.memory.expiry_failed(e)
+                    self._after(API_RETRY_SECONDS)
+                    return
+                over = self.rule.confirm(self.leases, member, session, fresh,
+                                         self.proc.clock())
+                self._confirmed(group, locks, over)
+
+            if self.rule.reread():
+                self.world.request(self.proc, functools.partial(store.get, key), read)
+            else:
+                self._confirmed(group, locks, self.rule.session_over(
+                    self.leases, member, session, self.proc.clock()))
+
+    def _confirmed(self, group: str, locks: list[Expiry], over: bool) -> None:
+        if not over:
+            for e in locks:
+                self.memory.expiry_failed(e)
+            self.poke()  # decide again on the fed tracker
+            return
+        store = self.world.store
+        for e in locks:
+            self.world.count("expiry-mark")
+            key = lease_key(partition_lease_name(group, e.partition))
+
+            def patch(key: str = key, e: Expiry = e) -> Obj | None:
+                current = store.get(key)
+                if current is None:
+                    raise WriteError(404, f"{key} not found")
+                if current["metadata"]["resourceVersion"] != e.seen_rv:
+                    raise WriteError(409, f"{key} changed since {e.seen_rv}")
+                return store.update(key, codec.expiry_marked_partition_lease(current, e.session))
+
+            def done(result: Any, key: str = key, e: Expiry = e) -> None:
+                if isinstance(result, dict):
+                    self.leases.put(result, self.proc.clock())
+                    return
+                self.memory.expiry_failed(e)
+                if isinstance(result, WriteError):  # changed meanwhile: re-read, decide again
+                    self.world.request(self.proc, functools.partial(store.get, key),
+                                       self._reread_lock)
+                else:
+                    self._after(API_RETRY_SECONDS)
+
+            self.world.request(self.proc, patch, done)
+
+    def _reread_lock(self, fresh: Any) -> None:
+        if isinstance(fresh, dict):
+            self.leases.put(fresh, self.proc.clock())
+            self.poke()
+        else:
+            self._after(API_RETRY_SECONDS)
+
     def _write(self, body: Obj, plan: Plan) -> None:
         self.busy = True
         store = self.world.store
@@ -203,6 +278,7 @@ class SimOperator:
             if isinstance(result, dict):
                 self._put_group(result)
                 events = written(self.memory, plan, result, self.proc.clock())
+                self._expire(result, plan.expiries)
                 self._mark(result, plan.marks)
                 if plan.decision is not None and plan.decision.target is not None:
                     self.world.count("epoch-bump")

@@ -26,6 +26,7 @@ from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.member import Lock, Member
+from kgroup.core.operator_logic import ExpiryRule
 from kgroup.core.ranges import parse_ranges
 from kgroup.sim import faults
 from kgroup.sim.checks import Checker, Violation
@@ -62,6 +63,12 @@ class SimConfig:
     member_factory: MemberFactory = Member
     # old bugs of the sidecar's decisions brought back (kgroup.sim.variants.REGRESSIONS)
     regressions: frozenset[str] = frozenset()
+    # the operator's failure detector (kgroup.core.operator_logic.ExpiryRule, or a broken
+    # variant of it from kgroup.sim.variants)
+    expiry_rule: Callable[[], ExpiryRule] = ExpiryRule
+    # the store refuses a takeover without the operator's expiry mark, as the chart's
+    # admission policy does; False: only the sidecar's own rule keeps it from happening
+    expiry_admission: bool = True
     # Sidecars watch only the partition Leases of their interest (the runtime's scoped
     # partition watch); False: every Lease of the group, as the runtime does beyond
     # MAX_SELECTED_PARTITIONS (and as every sidecar did when the pinned seeds were found).
@@ -141,7 +148,7 @@ class World:
         self.rng = self.kernel.rng
         self.spec = cfg.spec or draw_spec(self.rng, cfg)
         self.checker = Checker()
-        self.store = Store(self._committed)
+        self.store = Store(self._committed, expiry_admission=cfg.expiry_admission)
         self.watches: list[_Watch] = []
         self.sidecars: dict[str, SimSidecar] = {}
         self.incarnations = 0
@@ -336,7 +343,7 @@ class World:
         self._by_proc[id(proc)] = sc
         self.sidecars[name] = sc
         self.put_pod(name, ready=True)
-        self.watch(proc, sc, ("group", "member", "partition"), scoped=self.cfg.scoped_watch)
+        self.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
 

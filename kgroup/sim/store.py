@@ -9,9 +9,11 @@ object's ``uid`` (a create gets a new one); an update carrying another resourceV
 than the stored one is refused (409 Conflict), never merged; a create of an existing
 object is refused (409 AlreadyExists); an update or delete of a missing object is refused
 (404). Like the chart's admission policy, an acquisition of a partition lock (a new holder,
-or the holder's new session) by a member the lock is not marked for (``kgroup.dev/assigned``)
-is refused (403). Nothing here knows time, delays or faults: the simulation decides *when* a request
-reaches the store and whether its answer ever reaches the caller. Every commit is
+or the holder's new session) by a member the lock is not marked for
+(``kgroup.dev/assigned``) is refused (403), and so is a takeover of a lock held by another
+session unless the operator marked that session expired (``kgroup.dev/expired-session``).
+Nothing here knows time, delays or faults: the simulation decides *when* a request reaches
+the store and whether its answer ever reaches the caller. Every commit is
 reported to one hook, from which the simulation fans out watch events and runs its
 store-level checks. Stored dicts are never mutated: a write stores a new dict.
 """
@@ -52,9 +54,10 @@ class WriteError(Exception):
         self.status = status
 
 
-def unassigned_acquisition(old: Obj, new: Obj) -> str | None:
+def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True) -> str | None:
     """Why the admission policy refuses this partition-lock update, or None: the lock's
-    holder (or the holder's session) changes to a member it is not marked for."""
+    holder (or the holder's session) changes to a member it is not marked for, or (with
+    ``expiry``) the lock is taken from another holder whose session carries no expiry mark."""
     if not is_partition(new) or not is_partition(old):
         return None
     before, after = parse_partition_lease(old).value, parse_partition_lease(new).value
@@ -62,16 +65,21 @@ def unassigned_acquisition(old: Obj, new: Obj) -> str | None:
         return None
     if (after.holder, after.session) == (before.holder, before.session):
         return None
-    if before.assigned == after.holder:
-        return None
-    return f"{after.holder} may not take a lock assigned to {before.assigned or 'nobody'}"
+    if before.assigned != after.holder:
+        return f"{after.holder} may not take a lock assigned to {before.assigned or 'nobody'}"
+    if expiry and before.holder and before.holder != after.holder and before.session \
+            and before.expired != before.session:
+        return (f"{after.holder} may not take a lock held by {before.holder} under session "
+                f"{before.session} that the operator has not marked expired")
+    return None
 
 
 CommitHook = Callable[[str, "Obj | None", "Obj | None"], None]
 
 
 class Store:
-    def __init__(self, on_commit: CommitHook) -> None:
+    def __init__(self, on_commit: CommitHook, *, expiry_admission: bool = True) -> None:
+        self.expiry_admission = expiry_admission
         self.objects: dict[str, Obj] = {}
         self.rv = 0
         self.uids = 0
@@ -119,7 +127,7 @@ class Store:
         stored = old["metadata"]["resourceVersion"]
         if expected is not None and expected != stored:
             raise WriteError(409, f"{key}: resourceVersion {expected} is not {stored}")
-        refused = unassigned_acquisition(old, obj)
+        refused = unassigned_acquisition(old, obj, expiry=self.expiry_admission)
         if refused is not None:
             self.refused += 1
             raise WriteError(403, f"{key}: {refused}")

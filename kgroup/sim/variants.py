@@ -10,6 +10,10 @@ code passes.
 Member variants (``SimConfig.member_factory``): broken rules of the member state machine.
 Sidecar-logic regressions (``SimConfig.regressions``, by name): bugs the simulation once
 found in the sidecar's runtime, fixed since, brought back.
+Failure-detector variants (``SimConfig.expiry_rule``): subclasses of the operator's
+:class:`kgroup.core.operator_logic.ExpiryRule` that mark a lock's holder session expired
+when it is not (the operator is the group's failure detector since no sidecar watches
+another member's Lease).
 """
 
 from __future__ import annotations
@@ -18,19 +22,24 @@ import dataclasses
 from collections.abc import Iterable
 
 from kgroup.core import lease_codec as codec
+from kgroup.core.group_cache import GroupLeases
 from kgroup.core.lease_codec import Obj
-from kgroup.core.locks import LeaseTiming
+from kgroup.core.locks import LeaseTiming, LockState
 from kgroup.core.member import Acquire, Action, Lock, Member, Release, Snapshot
+from kgroup.core.operator_logic import ExpiryRule
 from kgroup.core.sidecar_logic import SidecarLogic
 from kgroup.core.sidecar_requests import Scope
 
 __all__ = [
     "REGRESSIONS",
     "AcquireTimeoutFails",
+    "EarlyExpiry",
     "FixedRequestTimeout",
-    "HolderMarkerCompare",
+    "MarkerCompareExpiry",
     "NoAdoptionMember",
     "NoFencingMember",
+    "NoMarkMember",
+    "NoRereadExpiry",
     "NoTargetRevokesMember",
     "SameTokenMember",
     "StaleRelist",
@@ -98,24 +107,59 @@ class NoAdoptionMember(Member):
         return []
 
 
-# ---- the sidecar's decisions above the member ---------------------------------------------
+class NoMarkMember(Member):
+    """BROKEN: takes a lock held by another member's session without the operator's
+    expiry mark (as soon as the target names it), as a member would that trusts the
+    target alone. The chart's admission policy refuses such a write; the simulation runs
+    it with ``SimConfig.expiry_admission=False`` to show the protocol needs the mark."""
+
+    def lock_state(self, lock: Lock, session: str) -> LockState:
+        state = super().lock_state(lock, session)
+        return LockState.TAKEABLE if state is LockState.HELD else state
 
 
-class HolderMarkerCompare(SidecarLogic):
-    """BROKEN (``holder-marker-compare``): the quorum re-read of a holder before a
-    takeover compares the fresh marker with the tracker's *current* one (which a
-    concurrent verification or a watch event may have moved on already) instead of
-    feeding the read to the tracker and asking it whether the session is live."""
+# ---- the operator's failure detector ------------------------------------------------------
 
-    def holder_expired(self, action: Acquire, fresh: Obj | None) -> bool:
-        holder = action.verify_holder
-        assert holder is not None
+
+class NoRereadExpiry(ExpiryRule):
+    """BROKEN: marks a lock's holder session expired on the cache alone, without the
+    quorum re-read of the holder's member Lease: a renewal the watch has not delivered yet
+    (lost, late, a stream being re-listed) does not save a live holder."""
+
+    def reread(self) -> bool:
+        return False
+
+
+class EarlyExpiry(ExpiryRule):
+    """BROKEN: counts a session over after half the lease duration unrenewed instead of a
+    full one (the holder fences only at duration - margin), as a detector would that
+    measures from the holder's renewTime or trusts a shortened timeout."""
+
+    def expires_at(self, leases: GroupLeases, member: str, session: str) -> float | None:
+        expiry = super().expires_at(leases, member, session)
+        lease = leases.members.get(member)
+        if expiry is None or lease is None:
+            return expiry
+        return expiry - lease.duration / 2
+
+
+class MarkerCompareExpiry(ExpiryRule):
+    """BROKEN (the sidecar's ``holder-marker-compare``, moved with the rule to the
+    operator): the quorum re-read compares the fresh marker with the cache's *current*
+    one (which a watch event may have moved on during the read) instead of feeding the
+    read to the tracker and asking it whether the session is live."""
+
+    def confirm(self, leases: GroupLeases, member: str, session: str, fresh: Obj | None,
+                now: float) -> bool:
         lease = codec.parse_member_lease(fresh).value if fresh is not None else None
-        if lease is not None and lease.session == action.verify_session \
-                and lease.marker != self.tracker.marker_of(holder):
-            self._apply_lease("MODIFIED", fresh or {})
+        if lease is not None and lease.session == session \
+                and lease.marker != leases.tracker.marker_of(member):
+            leases.member_read(member, fresh, now)
             return False
         return True
+
+
+# ---- the sidecar's decisions above the member ---------------------------------------------
 
 
 class AcquireTimeoutFails(SidecarLogic):
@@ -167,7 +211,6 @@ class FixedRequestTimeout(SidecarLogic):
 REGRESSIONS: dict[str, type[SidecarLogic]] = {
     "acquire-timeout-fails": AcquireTimeoutFails,
     "fixed-request-timeout": FixedRequestTimeout,
-    "holder-marker-compare": HolderMarkerCompare,
     "stale-relist": StaleRelist,
     "token-only-cache": TokenOnlyCache,
 }

@@ -7,7 +7,9 @@ post Events, write the status with the read ``resourceVersion``), reports the ou
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
 Assignment marks are written after the status write succeeded (or at once when the pass
-writes none); each stored Lease goes into the cache at once.
+writes none), after the expiry marks (each holder's member Lease re-read first; a mark
+refused because the lock changed re-reads the lock and decides again); each stored Lease
+goes into the cache at once.
 The simulated operator (``kgroup.sim.control``) drives the same decisions.
 """
 
@@ -26,12 +28,15 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from kgroup.api import LabelSelector
+from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core.lease_codec import not_older
 from kgroup.core.operator_logic import (
     API_RETRY_SECONDS,
     FAILED_PASS_RETRY_SECONDS,
     IDLE_RECHECK,
     Event,
+    Expiry,
+    ExpiryRule,
     Mark,
     Memory,
     Observation,
@@ -71,6 +76,7 @@ class GroupController:
         self.memory = Memory(started_at=clock())
         self.task: asyncio.Task[None] | None = None
         self.selector: LabelSelector | None = None
+        self.rule = ExpiryRule()
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -126,7 +132,7 @@ class GroupController:
             kept_ordinals=self.cache.kept_ordinals(namespace),
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
-                      status_min_interval=self.settings.status_min_interval)
+                      status_min_interval=self.settings.status_min_interval, rule=self.rule)
         body = self.body
         if body is None:
             return plan.wait
@@ -141,6 +147,7 @@ class GroupController:
                                   stalled=plan.new_status.stalled)
         await self._post(body, plan.events)
         if plan.status is None:
+            await self._expire(plan.expiries)
             await self._mark(plan.marks)
             return plan.wait
         try:
@@ -163,6 +170,7 @@ class GroupController:
         if any(e.reason == "RebalanceCompleted" for e in events) and done is not None:
             self.metrics.completed(self.key, done.duration_seconds or 0.0)
         await self._post(stored, events)
+        await self._expire(plan.expiries)
         await self._mark(plan.marks)
         return plan.wait
 
@@ -186,6 +194,59 @@ class GroupController:
                 self.cache.put_lease(namespace, stored, self.clock())
 
         results = await asyncio.gather(*(one(m) for m in marks), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _expire(self, expiries: list[Expiry]) -> None:
+        """The expiry marks: per holder session one quorum read of its member Lease, fed to
+        the cache, then the rule confirms; each confirmed lock's patch is conditional on its
+        resourceVersion as read. Holders concurrently; the first failure is raised at the
+        end (the pass is retried)."""
+        namespace, name = self.key
+        holders: dict[tuple[str, str], list[Expiry]] = {}
+        for e in expiries:
+            holders.setdefault((e.member, e.session), []).append(e)
+
+        async def one(member: str, session: str, locks: list[Expiry]) -> None:
+            for e in locks:
+                self.memory.expiry_sent(e)
+            try:
+                leases = self.cache.group(self.key)
+                if self.rule.reread():
+                    fresh = await self.kube.get_lease(namespace, member_lease_name(name, member))
+                    over = self.rule.confirm(leases, member, session, fresh, self.clock())
+                else:
+                    over = self.rule.session_over(leases, member, session, self.clock())
+                if not over:
+                    log.info("%s/%s: session %s of %s was renewed (quorum read): not expired",
+                             namespace, name, session, member)
+                    for e in locks:
+                        self.memory.expiry_failed(e)
+                    self.poke()  # decide again on the fed tracker
+                    return
+                log.info("%s/%s: session %s of %s is over: marking %d lock(s) expired",
+                         namespace, name, session, member, len(locks))
+                for e in locks:
+                    stored = await self.kube.mark_partition_expired(
+                        namespace=namespace, group=name, partition=e.partition,
+                        session=e.session, seen_rv=e.seen_rv)
+                    if stored is None:  # the lock changed since it was read (or is gone)
+                        self.memory.expiry_failed(e)
+                        lock = await self.kube.get_lease(
+                            namespace, partition_lease_name(name, e.partition))
+                        if lock is not None:
+                            self.cache.put_lease(namespace, lock, self.clock())
+                        self.poke()  # decide again on the lock as it is now
+                    else:
+                        self.cache.put_lease(namespace, stored, self.clock())
+            except BaseException:
+                for e in locks:
+                    self.memory.expiry_failed(e)
+                raise
+
+        results = await asyncio.gather(*(one(m, s, ls) for (m, s), ls in holders.items()),
+                                       return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

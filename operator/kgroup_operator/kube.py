@@ -1,10 +1,13 @@
 """Kubernetes calls of the operator: every request it makes lives here.
 
 Rules: the operator never changes a lock's holder (sidecars alone do); it creates
-partition Leases with no holder (marked for their target owner), moves a lock's
-assignment mark with one merge patch of that annotation alone, writes the group's status
-only through the status subresource with the read ``resourceVersion`` (a 409 is raised as
-:class:`Conflict` for the caller to re-read and recompute), and posts core/v1 Events. The
+partition Leases with no holder (marked for their target owner), moves a lock's assignment
+mark with one merge patch of that annotation alone, reads a member Lease (a quorum GET)
+before it marks a lock's holder session expired with one merge patch of the
+``kgroup.dev/expired-session`` annotation conditional on the lock's resourceVersion,
+writes the group's status only through the status subresource with the read
+``resourceVersion`` (a 409 is raised as :class:`Conflict` for the caller to re-read and
+recompute), and posts core/v1 Events. The
 blocking client runs in threads so the kopf event loop never stalls.
 """
 
@@ -118,6 +121,39 @@ class Kube:
                 out = self.coord.patch_namespaced_lease(name, namespace, body)
             except ApiException as exc:
                 if exc.status == 404:
+                    return None
+                raise
+            return self._plain(out)
+
+        return await asyncio.to_thread(call)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A quorum read of one Lease (no resourceVersion: served from etcd, never from the
+        watch cache); None when it does not exist."""
+        def call() -> dict[str, Any] | None:
+            try:
+                out = self.coord.read_namespaced_lease(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return self._plain(out)
+
+        return await asyncio.to_thread(call)
+
+    async def mark_partition_expired(
+        self, *, namespace: str, group: str, partition: int, session: str, seen_rv: str
+    ) -> dict[str, Any] | None:
+        """PATCH (JSON merge) the lock's expiry mark to `session`, only if the lock is still
+        at `seen_rv`; the stored Lease, or None when it changed meanwhile (409) or is gone."""
+        name = C.partition_lease_name(group, partition)
+        body = lease_codec.expiry_patch(session, seen_rv)
+
+        def call() -> dict[str, Any] | None:
+            try:
+                out = self.coord.patch_namespaced_lease(name, namespace, body)
+            except ApiException as exc:
+                if exc.status in (404, 409):
                     return None
                 raise
             return self._plain(out)

@@ -1,14 +1,13 @@
-"""Kubernetes adapter of the sidecar: three watch threads feeding the asyncio loop, and
+"""Kubernetes adapter of the sidecar: two watch threads feeding the asyncio loop, and
 blocking writes run in worker threads.
 
 Why threads: the official ``kubernetes`` client is synchronous. Each watch runs
 list-then-watch in its own daemon thread and hands every event to the loop with
 ``call_soon_threadsafe``; the loop alone touches the state. A ``410 Gone`` re-lists; a
 broken stream (API server restart, network) re-watches from the last resourceVersion after
-a short backoff. The three watches:
+a short backoff. The two watches:
 
 - ``group``: the ConsumerGroup (field selector on its name);
-- ``member``: the group's member Leases (one per member: what the session tracker needs);
 - ``partition``: the partition Leases **this member cares about** (its target, what it
   holds, what it is acquiring), by a set-based label selector
   (``kgroup.dev/partition in (...)``). Watching every partition Lease of the group made
@@ -21,6 +20,10 @@ a short backoff. The three watches:
   that scope, which ``on_list`` receives) and shuts the old stream's socket so a quiet
   stream does not linger; an interest beyond ``MAX_SELECTED_PARTITIONS`` watches the
   group's partition Leases whole.
+
+No member Lease is watched (not even our own: the write answers tell us about it): the
+operator is the failure detector and marks a lock whose holder's session it saw expire
+(docs/design.md), so no sidecar receives another member's renewals.
 
 Writes go through worker threads with the request timeout each request carries (the
 logic's ``request_timeout``: short enough that a renewal whose answer is lost is retried
@@ -134,23 +137,16 @@ class KubeAdapter:
         group_api = client.CustomObjectsApi(client.ApiClient(self._cfg))
         lease_api = client.CoordinationV1Api(client.ApiClient(self._cfg))
         group_field = f"metadata.name={self.settings.group}"
-        member_labels = f"{LABEL_GROUP}={self.settings.group},{LABEL_ROLE}={ROLE_MEMBER}"
 
         def list_groups(**kw: Any) -> Any:
             return group_api.list_namespaced_custom_object(
                 API_GROUP, API_VERSION, self.namespace, PLURAL, field_selector=group_field, **kw
             )
 
-        def list_members(**kw: Any) -> Any:
-            return lease_api.list_namespaced_lease(
-                self.namespace, label_selector=member_labels, **kw
-            )
-
         def list_partitions(**kw: Any) -> Any:
             return lease_api.list_namespaced_lease(self.namespace, **kw)
 
-        for kind, fn in (("group", list_groups), ("member", list_members),
-                         ("partition", list_partitions)):
+        for kind, fn in (("group", list_groups), ("partition", list_partitions)):
             thread = threading.Thread(
                 target=self._watch_forever, args=(kind, fn), name=f"watch-{kind}", daemon=True
             )

@@ -37,6 +37,7 @@ from kgroup.constants import (
     ROLE_PARTITION,
     partition_lease_name,
 )
+from kgroup.core.lease_codec import expiry_patch
 from kgroup.core.ranges import format_ranges
 
 Obj = dict[str, Any]
@@ -205,6 +206,44 @@ class ScriptedTarget:
         self.leases.patch_namespaced_lease(
             partition_lease_name(self.group, partition), self.namespace,
             {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member}}})
+
+    def expire_when_silent(self, member: str, duration: float, *,
+                           timeout: float = 60.0) -> list[int]:
+        """The operator's failure detection, played: watch ``member``'s Lease (by polling)
+        until it has not changed for ``duration`` seconds on this clock (first sight starts
+        the clock), re-read it, then mark each lock its session holds expired
+        (``kgroup.dev/expired-session``, a merge patch conditional on the lock's
+        resourceVersion). The locks marked."""
+        deadline = time.monotonic() + timeout
+        seen: tuple[str, str] | None = None  # (resourceVersion, session)
+        since = time.monotonic()
+        while True:
+            lease = self.member_lease(member)
+            now = time.monotonic()
+            current = None if lease is None else (
+                lease["metadata"]["resourceVersion"],
+                (lease["metadata"].get("annotations") or {}).get("kgroup.dev/session", ""))
+            if current != seen:
+                seen, since = current, now
+            if seen is None or now - since >= duration:
+                break
+            if now > deadline:
+                raise TimeoutError(f"{member} kept renewing for {timeout}s")
+            time.sleep(0.1)
+        selector = f"{LABEL_GROUP}={self.group},{LABEL_ROLE}={ROLE_PARTITION}"
+        raw = self.leases.list_namespaced_lease(self.namespace, label_selector=selector,
+                                                _preload_content=False)
+        marked = []
+        for item in json.loads(raw.data)["items"]:
+            # its session is over (silent a full duration), and any older one of its too
+            lock_session = (item["metadata"].get("annotations") or {}).get("kgroup.dev/session")
+            if (item.get("spec") or {}).get("holderIdentity") != member or not lock_session:
+                continue
+            self.leases.patch_namespaced_lease(
+                item["metadata"]["name"], self.namespace,
+                expiry_patch(lock_session, item["metadata"]["resourceVersion"]))
+            marked.append(int(item["metadata"]["labels"][LABEL_PARTITION]))
+        return sorted(marked)
 
     def lock(self, partition: int) -> Obj:
         raw = self.leases.read_namespaced_lease(
