@@ -5,9 +5,10 @@ real core and writing through the real ``KubeAdapter`` write path), each with it
 member identity, session Lease and audit trail. Only three things are shared, because
 200 separate processes would measure the machine, not kgroup:
 
-- one list+watch each of the group, its member Leases and all its partition Leases
-  (``Hub``), handed out in the loop as each member's own watches would deliver them: the
-  group and member Leases to every member, a partition Lease only to the members whose
+- one list+watch each of the group and all its partition Leases (``Hub``; a sidecar
+  watches no member Lease: the operator is the failure detector), handed out in the loop
+  as each member's own watches would deliver them: the group to every member, a
+  partition Lease only to the members whose
   scope (``next_watch_scope`` of their interest) holds it, and a re-list of its scope to a
   member whose scope changes; a member that joins late gets the hub's current objects as
   its initial lists, exactly what its own lists would have returned;
@@ -72,10 +73,10 @@ SESSION_THREADS_POOLED = 256  # connections kept for the members' session-write 
 
 
 class Hub:
-    """One watch of the group, of its member Leases and of all its partition Leases; each
-    registered sidecar gets what its own watches would: the group, every member Lease, and
-    the partition Leases of its own scope (``next_watch_scope`` of its interest, exactly as its
-    ``KubeAdapter`` would select them), re-listed to it when its scope changes."""
+    """One watch of the group and of all its partition Leases; each registered sidecar gets
+    what its own watches would: the group and the partition Leases of its own scope
+    (``next_watch_scope`` of its interest, exactly as its ``KubeAdapter`` would select
+    them), re-listed to it when its scope changes."""
 
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, *,
                  batch_seconds: float = 0.05) -> None:
@@ -83,7 +84,7 @@ class Hub:
         self.batch_seconds = batch_seconds
         self.pending: list[tuple[str, str, Obj]] = []
         self.members: dict[str, Sidecar] = {}
-        self.current: dict[str, dict[str, Obj]] = {"group": {}, "member": {}}
+        self.current: dict[str, dict[str, Obj]] = {"group": {}}
         self.partitions: dict[int, Obj] = {}
         self.scopes: dict[str, Scope] = {}
         self.watchers: dict[int, set[str]] = {}  # partition -> members whose scope has it
@@ -153,7 +154,7 @@ class Hub:
         self.flush()
         self.members[name] = sidecar
         self.scopes[name] = frozenset()
-        for kind in ("group", "member"):
+        for kind in ("group",):
             if kind in self.listed:
                 sidecar.on_list(kind, list(self.current[kind].values()))
         if "partition" in self.listed:
