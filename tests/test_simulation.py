@@ -491,9 +491,19 @@ def test_cli_summarises_and_exits_zero_when_every_seed_passes(
 def test_cli_exits_one_and_prints_the_reproducing_command_on_a_violation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(["--seeds", "1", "--start", "7", "--members", "3", "--partitions", "8",
+    code = main(["--seeds", "1", "--start", "0", "--members", "3", "--partitions", "8",
                  "--fault-time", "15", "--variant", "same-token"])
     out = capsys.readouterr().out
     assert code == 1
-    assert "VIOLATION seed=7 step=" in out
-    assert "reproduce: python -m kgroup.sim --seed 7 --members 3 --partitions 8" in out
+    assert "VIOLATION seed=0 step=" in out
+    assert "reproduce: python -m kgroup.sim --seed 0 --members 3 --partitions 8" in out
+
+
+def test_cli_names_the_broken_failure_detector_in_the_reproducing_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["--seeds", "1", "--start", "1", "--members", "4", "--partitions", "16",
+                 "--fault-time", "30", "--detector", "early"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "--variant real --detector early --verbose" in out
