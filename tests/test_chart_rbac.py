@@ -137,7 +137,7 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
     its leader Lease (leader.py), the sidecar's Leases (its kube.py)."""
     operator = lease_verbs_called("operator/kgroup_operator/kube.py",
                                   "operator/kgroup_operator/handlers.py")
-    assert operator == {"create", "list", "patch", "watch"}
+    assert operator == {"create", "get", "list", "patch", "watch"}
     assert lease_verbs_granted(OPERATOR_RULES) == operator
     leader = lease_verbs_called("operator/kgroup_operator/leader.py")
     role = one(render(), "Role", "kg-kgroup-operator-leader-election")
