@@ -5,7 +5,7 @@ default settings (64 partitions), the real operator, N real ``kgroup-sidecar`` p
 (each with its own watches, as N pods have, and an app that acknowledges revocations);
 once Stable, kube-apiserver's ``apiserver_watch_events_total{resource="leases"}`` (one
 count per event per watcher), ``apiserver_watch_events_sizes_sum`` and the Lease writes
-(``apiserver_request_total``, update + patch) are read before and after ``--seconds`` of
+(``apiserver_request_total``, PUT + PATCH) are read before and after ``--seconds`` of
 steady state. The apps report no health (the renewals carry none): the fuller cost
 benchmark is another's.
 
@@ -35,7 +35,7 @@ def watch_bytes(st: Stage) -> float:
 
 def lease_writes(st: Stage) -> float:
     verbs = apiserver_requests(st.cluster)
-    return float(verbs.get("UPDATE", 0.0) + verbs.get("PATCH", 0.0))
+    return float(verbs.get("PUT", 0.0) + verbs.get("PATCH", 0.0))
 
 
 def one(members: int, seconds: float) -> dict[str, float]:

@@ -201,12 +201,26 @@ class GroupController:
     async def _expire(self, expiries: list[Expiry]) -> None:
         """The expiry marks: per holder session one quorum read of its member Lease, fed to
         the cache, then the rule confirms; each confirmed lock's patch is conditional on its
-        resourceVersion as read. Holders concurrently; the first failure is raised at the
-        end (the pass is retried)."""
+        resourceVersion as read. Holders and locks concurrently (a crashed member's new
+        owners wait for each mark); the first failure is raised at the end (the pass is
+        retried)."""
         namespace, name = self.key
         holders: dict[tuple[str, str], list[Expiry]] = {}
         for e in expiries:
             holders.setdefault((e.member, e.session), []).append(e)
+
+        async def mark(e: Expiry) -> None:
+            stored = await self.kube.mark_partition_expired(
+                namespace=namespace, group=name, partition=e.partition, session=e.session,
+                seen_rv=e.seen_rv)
+            if stored is None:  # the lock changed since it was read (or is gone)
+                self.memory.expiry_failed(e)
+                lock = await self.kube.get_lease(namespace, partition_lease_name(name, e.partition))
+                if lock is not None:
+                    self.cache.put_lease(namespace, lock, self.clock())
+                self.poke()  # decide again on the lock as it is now
+            else:
+                self.cache.put_lease(namespace, stored, self.clock())
 
         async def one(member: str, session: str, locks: list[Expiry]) -> None:
             for e in locks:
@@ -227,19 +241,7 @@ class GroupController:
                     return
                 log.info("%s/%s: session %s of %s is over: marking %d lock(s) expired",
                          namespace, name, session, member, len(locks))
-                for e in locks:
-                    stored = await self.kube.mark_partition_expired(
-                        namespace=namespace, group=name, partition=e.partition,
-                        session=e.session, seen_rv=e.seen_rv)
-                    if stored is None:  # the lock changed since it was read (or is gone)
-                        self.memory.expiry_failed(e)
-                        lock = await self.kube.get_lease(
-                            namespace, partition_lease_name(name, e.partition))
-                        if lock is not None:
-                            self.cache.put_lease(namespace, lock, self.clock())
-                        self.poke()  # decide again on the lock as it is now
-                    else:
-                        self.cache.put_lease(namespace, stored, self.clock())
+                await asyncio.gather(*(mark(e) for e in locks))
             except BaseException:
                 for e in locks:
                     self.memory.expiry_failed(e)
