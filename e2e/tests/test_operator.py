@@ -234,7 +234,7 @@ def test_a_crashed_member_is_reassigned_after_its_session_expires(
     assert st["unowned"] == 0
     # the operator, the failure detector, marked w-1's locks expired (after re-reading
     # w-1's member Lease); the survivors took them: no sidecar watches w-1's session
-    logs = "".join(p.read_text(errors="replace") for p in operator.logs())
+    logs = "".join(p.read_text(errors="replace") for p in operator.logs)
     assert "of w-1 is over: marking" in logs, logs[-3000:]
     leases = client.CoordinationV1Api(kube).list_namespaced_lease(
         namespace, label_selector="kgroup.dev/role=partition").items
