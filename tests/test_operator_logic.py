@@ -182,3 +182,31 @@ def test_a_pending_membership_change_waits_for_the_window() -> None:
     op.now += 0.1
     late = op.decide()
     assert late.status is not None and late.status["epoch"] == 3
+
+
+def test_a_status_naming_partitions_beyond_spec_is_corrected_without_expanding() -> None:
+    """Issue 26: ``"0-99999999"`` in the status OOM-killed the operator; now the range is
+    refused by the bounded parse (nothing expanded) and the status written again from
+    the written target, with a Warning Event."""
+    op = Op("a", "b")
+    plan = op.decide()
+    op.write(plan, "11")
+    edited = {**plan.status, "assignment": {"a": "0-99999999", "b": "2-3"}}  # type: ignore[dict-item]
+    op.body = {**op.body, "status": edited,
+               "metadata": {**op.body["metadata"], "resourceVersion": "12"}}
+    op.now += 2.0
+    fix = op.decide()
+    assert [e.reason for e in fix.events] == ["StatusEditedByHand"]
+    assert fix.status is not None and fix.status["assignment"] == {"a": "0-1", "b": "2-3"}
+
+
+def test_a_restarted_operator_replans_an_unusable_assignment_above_its_epoch() -> None:
+    """No written status to go back to (a restart): the target is planned again from the
+    lock holders, with an epoch above the one in the status, and a Warning names it."""
+    op = Op("a", "b")
+    op.body = body({"epoch": 7, "assignment": {"a": "0-99999999"}})
+    plan = op.decide()
+    assert [e.reason for e in plan.events] == ["StatusEditedByHand"]
+    assert "beyond the group's partitions (0-3)" in plan.events[0].message
+    assert plan.status is not None and plan.status["epoch"] == 8
+    assert plan.status["assignment"] == {"a": "0-1", "b": "2-3"}

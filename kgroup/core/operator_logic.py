@@ -112,6 +112,7 @@ class Memory:
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
                               dict[str, Any]]] | None = None
+    _status_partitions: int = 0
 
     def __post_init__(self) -> None:
         self.last_target_change = self.started_at
@@ -126,11 +127,14 @@ class Memory:
             self._spec = (raw, parsed)
         return self._spec[1]
 
-    def status_of(self, raw: dict[str, Any]) -> tuple[
+    def status_of(self, raw: dict[str, Any], partitions: int) -> tuple[
             ConsumerGroupStatus, dict[str, list[int]], Problem | None, dict[str, Any]]:
-        """(status, its target, a problem reading it, its normal wire form)."""
-        if self._status is None or self._status[0] is not raw:
-            self._status = (raw, (*_read_status(raw), _normal(raw)))
+        """(status, its target, a problem reading it, its normal wire form); a target
+        naming a partition at or beyond ``partitions`` is a problem, never expanded."""
+        if self._status is None or self._status[0] is not raw \
+                or self._status_partitions != partitions:
+            self._status = (raw, (*_read_status(raw, partitions), _normal(raw)))
+            self._status_partitions = partitions
         return self._status[1]
 
     def lease_created(self, partition: int, now: float) -> None:
@@ -194,23 +198,38 @@ def _normal(status: dict[str, Any] | None) -> dict[str, Any]:
         return {"invalid": status}
 
 
-def _read_status(raw: dict[str, Any]) -> tuple[ConsumerGroupStatus, dict[str, list[int]],
-                                                Problem | None]:
-    """The status as written, with its target parsed; unreadable -> empty + problem."""
+def _read_status(raw: dict[str, Any], partitions: int) -> tuple[
+        ConsumerGroupStatus, dict[str, list[int]], Problem | None]:
+    """The status as written, with its target parsed (bounded by ``partitions``: a range
+    beyond them is refused, never expanded); unreadable -> empty + problem."""
     try:
         status = ConsumerGroupStatus.model_validate(raw)
-        target = {m: parse_ranges(r) for m, r in status.assignment.items()}
-        return status, target, None
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
         return (ConsumerGroupStatus(), {},
                 Problem("StatusEditedByHand", f"status is unreadable: {str(exc)[:300]}"))
+    target: dict[str, list[int]] = {}
+    for m, r in status.assignment.items():
+        try:
+            target[m] = parse_ranges(r, limit=partitions)
+        except ValueError as exc:
+            # keep the epoch (a new target must go above it); the target is planned again
+            # from the live lock holders, as for an empty status
+            return (status.model_copy(update={"assignment": {}}), {},
+                    Problem("StatusEditedByHand",
+                            f"status.assignment is unusable ({m[:63]}: {str(exc)[:200]}); "
+                            "planned again from the lock holders"))
+    return status, target, None
 
 
-def _written_target(memory: Memory) -> tuple[dict[str, list[int]], int] | None:
+def _written_target(memory: Memory, partitions: int) -> tuple[dict[str, list[int]], int] | None:
     if memory.written_status is None or "invalid" in memory.written_status:
         return None
     st = ConsumerGroupStatus.model_validate(memory.written_status)
-    return {m: parse_ranges(r) for m, r in st.assignment.items()}, st.epoch
+    try:
+        return {m: parse_ranges(r, limit=partitions) for m, r in st.assignment.items()}, \
+            st.epoch
+    except ValueError:
+        return None
 
 
 def _next(deadlines: list[float | None], now: float) -> float | None:
@@ -257,7 +276,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         return Plan(wait=None, events=problem_events(
             memory, [Problem("InvalidSpec", str(spec)[:500])]))
     raw_status = body.get("status") or {}
-    status, target, hand_problem, server = memory.status_of(raw_status)
+    status, target, hand_problem, server = memory.status_of(raw_status, spec.partitions)
     problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
 
@@ -272,7 +291,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     ):
         notices.append(
             Problem("StatusEditedByHand", "status was changed by someone else; corrected"))
-        written_target = _written_target(memory)
+        written_target = _written_target(memory, spec.partitions)
         if written_target is not None:
             decision = correct_hand_edit(
                 written_target=written_target[0], written_epoch=written_target[1],
