@@ -48,6 +48,11 @@ class GroupLoops:
         for c in self.controllers.values():
             c.poke()
 
+    def problems(self) -> list[str]:
+        """Why this operator cannot do its job (empty: it can): the liveness probe fails
+        while this is not empty (``handlers.liveness``)."""
+        return [p for c in self.controllers.values() if (p := c.problem()) is not None]
+
     async def stop(self) -> None:
         for key in list(self.controllers):
             await self.controllers.pop(key).stop()

@@ -45,6 +45,24 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     await _rt(memo).start()
 
 
+def health(rt: GroupLoops) -> dict[str, Any]:
+    """What the liveness probe reports; raises :class:`kopf.PermanentError` (kopf answers
+    500) while a group's loop cannot do its job: it ended, or keeps failing for a reason
+    other than the API server (``GroupController.problem``)."""
+    problems = rt.problems()
+    if problems:
+        log.error("unhealthy: %s", "; ".join(problems))
+        raise kopf.PermanentError("; ".join(problems)[:1000])
+    return {"groups": len(rt.controllers), "synced": rt.cache.synced}
+
+
+@kopf.on.probe(id="groups")
+async def liveness(memo: Any, **_: Any) -> dict[str, Any]:
+    """kopf's ``/healthz`` (the pod's liveness probe): the kubelet restarts an operator
+    that plans nothing instead of trusting a healthy-looking process."""
+    return health(_rt(memo))
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
     await _rt(memo).stop()
