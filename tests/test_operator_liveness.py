@@ -39,7 +39,21 @@ def loops(monkeypatch: pytest.MonkeyPatch, passes: Passes) -> GroupLoops:
         return None
 
     monkeypatch.setattr(GroupController, "reconcile", reconcile)
+    monkeypatch.setattr(GroupLoops, "_watch", lambda self, key, c: Watch())
     return rt
+
+
+class Watch:
+    """A group's Lease watch (lease_watch.LeaseWatch) that is alive until it is not."""
+
+    def __init__(self) -> None:
+        self.running = True
+
+    def alive(self) -> bool:
+        return self.running
+
+    def stop(self) -> None:
+        pass
 
 
 async def _passes(rt: GroupLoops, passes: Passes, n: int) -> None:
@@ -107,5 +121,19 @@ def test_a_group_loop_that_ended_fails_liveness(monkeypatch: pytest.MonkeyPatch)
         await asyncio.sleep(0.01)
         with pytest.raises(kopf.PermanentError, match="loop ended"):
             health(rt)
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_watch_that_ended_fails_liveness(monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = loops(monkeypatch, Passes(None))
+
+    async def scenario() -> None:
+        rt.group_seen(("ns", "g"), BODY)
+        health(rt)
+        rt.watches[("ns", "g")].running = False  # type: ignore[attr-defined]
+        with pytest.raises(kopf.PermanentError, match="ns/g: its Lease watch ended"):
+            health(rt)
+        await rt.stop()
 
     asyncio.run(scenario())

@@ -91,7 +91,7 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
                  "stabilizationWindowSeconds": 0,
                  "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5}}})
     now = [100.0]
-    cache = Cache(synced=True)
+    cache = Cache(synced=True, known={(namespace, GROUP)})
     for name in ("a", "b"):
         cache.put_pod(namespace, pod(name))
         cache.put_lease(namespace, member_lease(name, "1" + name.encode().hex()), now[0])

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kgroup import constants as C
 from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 from kgroup.core import lease_codec as codec
 from kgroup.core.group import (
@@ -70,6 +71,8 @@ FAILED_PASS_RETRY_SECONDS = 5.0
 """Next pass after a pass failed for any other reason."""
 NOT_SYNCED_RETRY_SECONDS = 0.5
 """Next pass while the caches have not listed everything yet."""
+SQUAT_RECHECK = 30.0
+"""A lock whose name another object holds is tried again this often (one create, one read)."""
 LEASE_CREATE_RECHECK = 5.0
 """A partition Lease created but not yet shown by the synced cache is created again after
 this long (deleted before the watch showed it; a create of an existing one is a 409)."""
@@ -108,6 +111,8 @@ class Memory:
     # partition -> (member, the lock's resourceVersion when the mark was decided)
     marks_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
     planned_generation: int | None = None  # spec generation the target reflects
+    # partition -> why the name its lock must have is held by someone else's Lease
+    squatted: dict[int, str] = field(default_factory=dict)
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
@@ -137,10 +142,18 @@ class Memory:
             self._status_partitions = partitions
         return self._status[1]
 
-    def lease_created(self, partition: int, now: float) -> None:
-        """A partition Lease's create was sent at ``now`` (created, or it existed): not
-        asked for again until the cache showed it, or :data:`LEASE_CREATE_RECHECK` later."""
+    def lease_created(self, partition: int, now: float, *, existing: Obj | None = None,
+                      group: str = "") -> None:
+        """A partition Lease's create was sent at ``now``: not asked for again until the
+        cache showed it, or :data:`LEASE_CREATE_RECHECK` later (:data:`SQUAT_RECHECK` when
+        its name is taken). ``existing``: the Lease that already had the name (a 409), which
+        is a problem (``LeaseNameTaken``) unless it is this group's lock of ``partition``."""
         self.requested_leases[partition] = now
+        squat = squatter(existing, group, partition) if existing is not None else None
+        if squat is None:
+            self.squatted.pop(partition, None)
+        else:
+            self.squatted[partition] = squat
 
     def mark_sent(self, mark: Mark) -> None:
         """The mark's write is sent: not asked for again until the lock changes."""
@@ -150,6 +163,22 @@ class Memory:
         """The mark's write was refused or not answered: the next pass decides again."""
         if self.marks_sent.get(mark.partition) == (mark.member, mark.seen_rv):
             del self.marks_sent[mark.partition]
+
+
+def squatter(existing: Obj, group: str, partition: int) -> str | None:
+    """Why ``existing`` (the Lease holding the name of ``group``'s lock of ``partition``)
+    is not that lock, or None when it is (labelled kgroup's partition ``partition`` of
+    ``group``)."""
+    md = codec.meta(existing)
+    labels = md.get("labels") or {}
+    mine = {C.LABEL_GROUP: group, C.LABEL_ROLE: C.ROLE_PARTITION,
+            C.LABEL_PARTITION: str(partition)}
+    wrong = {k: labels.get(k) for k, v in mine.items() if labels.get(k) != v}
+    if not wrong:
+        return None
+    said = ", ".join(f"{k}={v!r}" for k, v in sorted(wrong.items()))
+    return (f"Lease {str(md.get('name', ''))[:253]} (partition {partition}'s lock) is taken by "
+            f"an object that is not this group's lock ({said}); delete or rename it")
 
 
 @dataclass(frozen=True)
@@ -326,9 +355,20 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     # not shown yet is not repeated until LEASE_CREATE_RECHECK has passed.
     requested = {p: t for p, t in memory.requested_leases.items() if p not in leases.partitions}
     memory.requested_leases = requested
+    memory.squatted = {p: why for p, why in memory.squatted.items()
+                       if p not in leases.partitions and p < spec.partitions}
+    problems.extend(Problem("LeaseNameTaken", why) for _, why in
+                    sorted(memory.squatted.items())[:1])
+    if len(memory.squatted) > 1:
+        problems[-1] = Problem("LeaseNameTaken", f"{problems[-1].message} (and "
+                               f"{len(memory.squatted) - 1} more partitions' locks)")
+
+    def again(p: int) -> float:
+        return SQUAT_RECHECK if p in memory.squatted else LEASE_CREATE_RECHECK
+
     create = [p for p in range(spec.partitions) if p not in leases.partitions
-              and now >= requested.get(p, -LEASE_CREATE_RECHECK) + LEASE_CREATE_RECHECK]
-    recheck = min((t + LEASE_CREATE_RECHECK for p, t in requested.items()
+              and now >= requested.get(p, -again(p)) + again(p)]
+    recheck = min((t + again(p) for p, t in requested.items()
                    if p not in create), default=None)
 
     epoch, new_target = status.epoch, target

@@ -75,6 +75,7 @@ class GroupController:
         self.memory = Memory(started_at=clock())
         self.task: asyncio.Task[None] | None = None
         self.selector: LabelSelector | None = None
+        self.leases_listed = False  # set by the group's Lease watch after its listing
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
 
@@ -145,7 +146,8 @@ class GroupController:
         namespace, name = self.key
         obs = Observation(
             body=self.body, leases=self.cache.group(self.key),
-            pods=list(self.cache.pods.get(namespace, {}).values()), synced=self.cache.synced,
+            pods=list(self.cache.pods.get(namespace, {}).values()),
+            synced=self.cache.synced and self.leases_listed,
             kept_ordinals=self.cache.kept_ordinals(namespace),
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
@@ -154,10 +156,10 @@ class GroupController:
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
-            await self.kube.create_partition_lease(
+            existing = await self.kube.create_partition_lease(
                 namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
                 assigned=plan.owners.get(p))
-            self.memory.lease_created(p, plan.now)
+            self.memory.lease_created(p, plan.now, existing=existing, group=name)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
