@@ -229,3 +229,34 @@ def test_admission_policy_binds_the_worker_service_accounts() -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["orders"]}]
+
+
+def render_error(*sets: str) -> str:
+    from chart_render import CHART, helm
+    argv = ["template", "kg", str(CHART), "--namespace", "kgroup-system",
+            "--kube-version", "1.35.4", *[a for s in sets for a in ("--set", s)]]
+    out = helm(*argv, check=False)
+    assert out.returncode != 0, "rendered values that should be refused"
+    return out.stderr
+
+
+def test_worker_rbac_without_the_admission_policy_is_refused() -> None:
+    """Issue 26: the chart's values must not leave the workers' writes unchecked."""
+    err = render_error("workerRbac.namespaces={orders}", "admissionPolicy.enabled=false")
+    assert "workerRbac.namespaces [orders] grants the workers Lease and Event writes that " \
+           "only the admission policies limit" in err
+    assert "set admissionPolicy.enabled=true" in err
+
+
+def test_worker_rbac_in_a_namespace_the_policy_does_not_cover_is_refused() -> None:
+    err = render_error("workerRbac.namespaces={orders,payments}",
+                       "admissionPolicy.namespaces={orders}")
+    assert 'workerRbac.namespaces includes "payments" but admissionPolicy.namespaces ' \
+           '[orders] does not' in err
+
+
+def test_consistent_security_values_render() -> None:
+    for sets in (("workerRbac.namespaces={orders}", "admissionPolicy.namespaces={orders}"),
+                 ("workerRbac.namespaces={orders}",),  # the policies bound everywhere
+                 ("admissionPolicy.enabled=false",)):  # no worker RBAC: nothing to check
+        assert render(*sets)
