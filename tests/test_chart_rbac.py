@@ -237,7 +237,7 @@ def render_error(*sets: str) -> str:
             "--kube-version", "1.35.4", *[a for s in sets for a in ("--set", s)]]
     out = helm(*argv, check=False)
     assert out.returncode != 0, "rendered values that should be refused"
-    return out.stderr
+    return str(out.stderr)
 
 
 def test_worker_rbac_without_the_admission_policy_is_refused() -> None:

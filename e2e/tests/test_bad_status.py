@@ -78,7 +78,8 @@ def sidecars(cluster: Cluster, kube: client.ApiClient, operator: OperatorProcess
 
 
 def _stable(st: dict[str, Any]) -> bool:
-    ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+    ready: dict[str, Any] = next(
+        (c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
     return st.get("phase") == "Stable" and ready.get("status") == "True"
 
 
@@ -186,7 +187,9 @@ def test_the_api_server_refuses_a_status_naming_partitions_that_do_not_exist(
         print(f"{what}: {elapsed * 1000:.0f} ms (kubectl): {out.stderr.strip()[:300]}")
         return out.returncode, out.stderr
 
-    code, stderr = wait_for(f"an answer to {what}", answer, timeout=30)
+    got = wait_for(f"an answer to {what}", answer, timeout=30)
+    assert got is not None
+    code, stderr = got
     if expected == "allowed":
         assert code == 0, stderr
         st = get_status(kube, namespace)
@@ -216,7 +219,8 @@ def test_the_status_policy_answers_a_raw_request_with_422(
         return None
 
     exc = wait_for("a refusal", refused, timeout=30)
-    body = json.loads(exc.body)
+    assert exc is not None
+    body = json.loads(str(exc.body))
     assert exc.status == 422 and body["reason"] == "Invalid", body
     assert f"ValidatingAdmissionPolicy '{status_policy}'" in body["message"]
     print(exc.status, body["message"])

@@ -66,7 +66,7 @@ def test_leases_of_groups_that_do_not_exist_do_not_grow_the_operator(
         operator: OperatorProcess) -> None:
     make_group(kube, namespace, partitions=4)
     make_pods(kube, namespace, "w-0")
-    coord = client.CoordinationV1Api(kube)
+    coord: Any = client.CoordinationV1Api(kube)
     coord.create_namespaced_lease(namespace, member_lease(GROUP, "w-0"))
     status_where(kube, namespace, "the real group planned",
                  lambda s: "w-0" in (s.get("assignment") or {}), timeout=60)
@@ -100,8 +100,8 @@ def test_leases_of_groups_that_do_not_exist_do_not_grow_the_operator(
 def test_a_group_created_after_its_member_lease_sees_the_member(
         kube: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
     make_pods(kube, namespace, "w-0")
-    client.CoordinationV1Api(kube).create_namespaced_lease(namespace,
-                                                           member_lease(GROUP, "w-0"))
+    coord: Any = client.CoordinationV1Api(kube)
+    coord.create_namespaced_lease(namespace, member_lease(GROUP, "w-0"))
     time.sleep(2.0)  # the operator saw (and ignored) the Lease of a group not yet there
     make_group(kube, namespace, partitions=4)
     st = status_where(kube, namespace, "w-0 a member of the new group",
@@ -111,7 +111,7 @@ def test_a_group_created_after_its_member_lease_sees_the_member(
 
 def test_a_squatted_lock_name_degrades_the_group_until_it_is_gone(
         kube: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
-    coord = client.CoordinationV1Api(kube)
+    coord: Any = client.CoordinationV1Api(kube)
     squat = C.partition_lease_name(GROUP, 2)
     coord.create_namespaced_lease(namespace, {
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -122,11 +122,12 @@ def test_a_squatted_lock_name_degrades_the_group_until_it_is_gone(
     make_group(kube, namespace, partitions=4)
 
     def degraded(st: dict[str, Any]) -> bool:
-        c = next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), {})
+        c: dict[str, Any] = next(
+            (c for c in st.get("conditions") or [] if c["type"] == "Degraded"), {})
         return c.get("status") == "True" and c.get("reason") == "LeaseNameTaken"
 
     st = status_where(kube, namespace, "Degraded: LeaseNameTaken", degraded, timeout=30)
-    cond = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    cond: dict[str, Any] = next(c for c in st["conditions"] if c["type"] == "Degraded")
     assert f"Lease {squat} (partition 2's lock) is taken by an object that is not this " \
            "group's lock" in cond["message"]
     assert st["phase"] == "Degraded"
@@ -136,7 +137,7 @@ def test_a_squatted_lock_name_degrades_the_group_until_it_is_gone(
 
     def created() -> bool:
         lease: Any = coord.read_namespaced_lease(squat, namespace)
-        return (lease.metadata.labels or {}).get(C.LABEL_GROUP) == GROUP
+        return bool((lease.metadata.labels or {}).get(C.LABEL_GROUP) == GROUP)
 
     def exists() -> bool:
         try:
