@@ -43,7 +43,32 @@ CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{API_GROUP}_{PLUR
 
 Schema = dict[str, Any]
 
-_RANGES_PATTERN = r"^([0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$"
+# Partition ranges ("0-3,7,9-12"): numbers of at most 9 digits (so CEL's int() and the
+# readers never meet an overflow; the rules below and the readers compare them with
+# spec.partitions), and at most _RANGES_MAX_CHARS characters: every other partition of
+# 100,000 listed one by one ("0,2,4,...") takes 288,894, the longest a real target can be.
+_RANGES_PATTERN = r"^([0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*)?$"
+_RANGES_MAX_CHARS = 300_000
+_LAST_NUMBER = "find('[0-9]+$')"
+# Rules on the whole object (they see spec and status; they run on status writes too).
+# Only a rule whose estimated cost is bounded fits (StaticEstimatedCostLimit 10^7 per
+# rule): stalledPartitions is one string, so comparing its last (largest, the writers
+# sort) number with spec.partitions costs ~0.2 per character. The same check over
+# status.assignment would be estimated at maxProperties x maxLength (10^4 x 3*10^5):
+# it lives in the chart's status admission policy instead (docs/design.md).
+ROOT_VALIDATIONS: list[Schema] = [
+    {
+        "rule": "!has(self.status) || !has(self.status.stalledPartitions)"
+                " || size(self.status.stalledPartitions) == 0"
+                f" || int(self.status.stalledPartitions.{_LAST_NUMBER}) < self.spec.partitions",
+        "messageExpression": "'status.stalledPartitions names partition %s but the group has"
+                             " %d partitions (0-%d)'.format([self.status.stalledPartitions."
+                             f"{_LAST_NUMBER}, self.spec.partitions, self.spec.partitions - 1])",
+        "message": "status.stalledPartitions names a partition beyond spec.partitions",
+        "fieldPath": ".status.stalledPartitions",
+        "reason": "FieldValueInvalid",
+    },
+]
 # string(int) concatenation is estimated at an unbounded size and blows the CEL cost
 # budget (the API server refuses the CRD); format() with %d is estimated as bounded.
 _SHRINK_MESSAGE = (
@@ -117,14 +142,15 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
         "maxProperties": 10000,
         "description": "Target assignment: member (pod name) -> compact ranges.",
     },
-    "status.assignment{}": {"pattern": _RANGES_PATTERN},
+    "status.assignment{}": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
+    "status.stalledPartitions": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
     "status.members": {
         "maxItems": 10000,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["name"],
     },
     "status.members[].name": {"minLength": 1, "maxLength": 253},
-    "status.members[].assigned": {"pattern": _RANGES_PATTERN},
+    "status.members[].assigned": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
     "status.members[].assignedCount": {"minimum": 0},
     "status.members[].ownedCount": {"minimum": 0},
     "status.members[].acknowledgedEpoch": {"minimum": 0},
@@ -288,6 +314,7 @@ def openapi_schema() -> Schema:
         },
     }
     described = apply_overlay(apply_overlay(root, SCHEMA_OVERLAY), DESCRIPTIONS)
+    described[CEL_KEY] = copy.deepcopy(ROOT_VALIDATIONS)
     ordered: Schema = _ordered(described)
     return ordered
 

@@ -27,7 +27,7 @@ from typing import Any
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.health import HealthSummary, parse_summary
-from kgroup.core.ranges import parse_ranges
+from kgroup.core.ranges import clip_ranges
 
 Obj = dict[str, Any]
 
@@ -75,12 +75,8 @@ class GroupView:
 def _target(status: Obj, partitions: int) -> dict[int, str]:
     owner: dict[int, str] = {}
     for member, ranges in (status.get("assignment") or {}).items():
-        try:
-            for p in parse_ranges(str(ranges)):
-                if p < partitions:
-                    owner[p] = member
-        except ValueError:
-            continue
+        for p in clip_ranges(str(ranges), limit=partitions) or ():  # never expanded past
+            owner[p] = member
     return owner
 
 

@@ -31,12 +31,12 @@ def assert_no_wildcards(rules: list[Obj]) -> None:
 
 
 OPERATOR_RULES = {
-    ("kgroup.dev", "consumergroups", ("get", "list", "patch", "watch"), ()),
-    ("kgroup.dev", "consumergroups/status", ("get", "patch", "update"), ()),
-    ("", "pods", ("get", "list", "watch"), ()),
+    ("kgroup.dev", "consumergroups", ("get", "list", "watch"), ()),
+    ("kgroup.dev", "consumergroups/status", ("update",), ()),
+    ("", "pods", ("list", "watch"), ()),
     ("apps", "statefulsets", ("list", "watch"), ()),
     ("coordination.k8s.io", "leases", ("create", "get", "list", "patch", "watch"), ()),
-    ("", "events", ("create", "patch"), ()),
+    ("", "events", ("create",), ()),
 }
 
 
@@ -136,7 +136,8 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
     """RBAC against the code: the operator's group Leases (kube.py, the kopf Lease watch),
     its leader Lease (leader.py), the sidecar's Leases (its kube.py)."""
     operator = lease_verbs_called("operator/kgroup_operator/kube.py",
-                                  "operator/kgroup_operator/handlers.py")
+                                  "operator/kgroup_operator/handlers.py",
+                                  "operator/kgroup_operator/lease_watch.py")
     assert operator == {"create", "get", "list", "patch", "watch"}
     assert lease_verbs_granted(OPERATOR_RULES) == operator
     leader = lease_verbs_called("operator/kgroup_operator/leader.py")
@@ -146,6 +147,50 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
         lease_verbs_granted(granted) == leader == {"create", "get", "update"}
     worker = lease_verbs_called("worker_sidecar/kgroup_sidecar/kube.py")
     assert lease_verbs_granted(WORKER_RULES) == worker
+
+
+# The operator's calls of the Kubernetes client, as (apiGroup, resource, verb).
+_CLIENT_CALL = re.compile(
+    r"\.(read|get|list|create|replace|patch|delete)_(?:namespaced_|cluster_)?"
+    r"(pod|stateful_set|lease|event|custom_object(?:_status)?)"
+    r"(?:_for_all_namespaces)?\b")
+_RESOURCE = {"pod": ("", "pods"), "stateful_set": ("apps", "statefulsets"),
+             "lease": ("coordination.k8s.io", "leases"), "event": ("", "events"),
+             "custom_object": ("kgroup.dev", "consumergroups"),
+             "custom_object_status": ("kgroup.dev", "consumergroups/status")}
+# kopf's event handlers: a list and a watch of the resource
+_KOPF_EVENT = re.compile(r"@kopf\.on\.event\(([^)]*)\)")
+_KOPF_RESOURCE = {"C.API_GROUP, C.API_VERSION, C.PLURAL": ("kgroup.dev", "consumergroups"),
+                  '"v1", "pods"': ("", "pods"),
+                  '"apps", "v1", "statefulsets"': ("apps", "statefulsets")}
+
+
+def operator_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every call the operator's modules make (the client's
+    methods by name, kopf's event handlers, the Lease watches), the leader Lease's aside
+    (its own Role, checked above)."""
+    calls: set[tuple[str, str, str]] = set()
+    for path in sorted((REPO / "operator" / "kgroup_operator").glob("*.py")):
+        if path.name == "leader.py":
+            continue
+        text = path.read_text()
+        for verb, resource in _CLIENT_CALL.findall(text):
+            group, res = _RESOURCE[resource]
+            calls.add((group, res, {"read": "get", "replace": "update"}.get(verb, verb)))
+        for args in _KOPF_EVENT.findall(text):
+            group, res = _KOPF_RESOURCE[args.split(", labels")[0]]
+            calls |= {(group, res, "list"), (group, res, "watch")}
+        if "watch.Watch" in text:
+            calls |= {("coordination.k8s.io", "leases", "watch")}
+    return calls
+
+
+def test_every_verb_the_operator_is_granted_is_one_its_code_calls_and_no_more() -> None:
+    """Issue 26: the operator's RBAC listed verbs its code never called (patching
+    ConsumerGroups and Events). Granted == called, resource by resource."""
+    granted = {(g, res, v) for g, res, verbs, _ in rule_table(one(render(), "ClusterRole")[
+        "rules"]) for v in verbs}
+    assert granted == operator_calls()
 
 
 def test_the_operator_admission_policy_binds_the_operator_everywhere() -> None:
@@ -184,3 +229,34 @@ def test_admission_policy_binds_the_worker_service_accounts() -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["orders"]}]
+
+
+def render_error(*sets: str) -> str:
+    from chart_render import CHART, helm
+    argv = ["template", "kg", str(CHART), "--namespace", "kgroup-system",
+            "--kube-version", "1.35.4", *[a for s in sets for a in ("--set", s)]]
+    out = helm(*argv, check=False)
+    assert out.returncode != 0, "rendered values that should be refused"
+    return str(out.stderr)
+
+
+def test_worker_rbac_without_the_admission_policy_is_refused() -> None:
+    """Issue 26: the chart's values must not leave the workers' writes unchecked."""
+    err = render_error("workerRbac.namespaces={orders}", "admissionPolicy.enabled=false")
+    assert "workerRbac.namespaces [orders] grants the workers Lease and Event writes that " \
+           "only the admission policies limit" in err
+    assert "set admissionPolicy.enabled=true" in err
+
+
+def test_worker_rbac_in_a_namespace_the_policy_does_not_cover_is_refused() -> None:
+    err = render_error("workerRbac.namespaces={orders,payments}",
+                       "admissionPolicy.namespaces={orders}")
+    assert 'workerRbac.namespaces includes "payments" but admissionPolicy.namespaces ' \
+           '[orders] does not' in err
+
+
+def test_consistent_security_values_render() -> None:
+    for sets in (("workerRbac.namespaces={orders}", "admissionPolicy.namespaces={orders}"),
+                 ("workerRbac.namespaces={orders}",),  # the policies bound everywhere
+                 ("admissionPolicy.enabled=false",)):  # no worker RBAC: nothing to check
+        assert render(*sets)

@@ -44,7 +44,8 @@ def test_sidecar_template_renders_a_native_sidecar_with_the_protocol_env(
     assert probes["livenessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/healthz"]
     assert probes["readinessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/readyz"]
     assert side["readinessProbe"]["periodSeconds"] == 2
-    assert side["volumeMounts"] == [{"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
+    assert side["volumeMounts"] == [TOKEN_MOUNT,
+                                   {"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
     assert side["securityContext"]["readOnlyRootFilesystem"] is True
     assert side["securityContext"]["runAsNonRoot"] is True
 
@@ -55,7 +56,7 @@ def test_sidecar_template_renders_a_plain_container_when_not_native(tmp_path: Pa
     (side,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
     assert "restartPolicy" not in side
     assert {e["name"]: e.get("value") for e in side["env"]}["KGROUP_LISTEN"] == "127.0.0.1:9470"
-    assert "volumeMounts" not in side  # loopback TCP: no socket volume
+    assert side["volumeMounts"] == [TOKEN_MOUNT]  # loopback TCP: no socket volume
 
 
 APP_TEMPLATE = """\
@@ -91,10 +92,45 @@ def test_the_app_container_shares_the_sidecars_socket_volume(tmp_path: Path) -> 
     (side,) = spec["initContainers"]
     assert app["env"] == [{"name": "KGROUP_SIDECAR_URL",
                            "value": "unix:///var/run/kgroup/sidecar.sock"}]
-    assert app["volumeMounts"] == side["volumeMounts"] == [
-        {"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
-    assert spec["volumes"] == [{"name": "kgroup-sidecar",
-                                "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    socket = {"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}
+    assert app["volumeMounts"] == [socket]
+    assert side["volumeMounts"] == [TOKEN_MOUNT, socket]
+    assert spec["volumes"][0] == {"name": "kgroup-sidecar",
+                                  "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    assert [v["name"] for v in spec["volumes"]] == ["kgroup-sidecar", "kgroup-sidecar-token"]
+
+
+TOKEN_MOUNT = {"name": "kgroup-sidecar-token", "readOnly": True,
+               "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+
+
+def test_only_the_sidecar_mounts_an_api_token(tmp_path: Path) -> None:
+    """Issue 26: the app container held the worker's token. The token volume is a
+    projected, pod-bound service-account token (what automount would give), mounted at
+    the standard path into the sidecar alone."""
+    spec = app_pod(tmp_path, "")["spec"]
+    (app,) = spec["containers"]
+    (side,) = spec["initContainers"]
+    assert TOKEN_MOUNT in side["volumeMounts"]
+    assert all("serviceaccount" not in m["mountPath"] for m in app["volumeMounts"])
+    token = next(v for v in spec["volumes"] if v["name"] == "kgroup-sidecar-token")
+    sources = token["projected"]["sources"]
+    assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}
+    assert {"key": "ca.crt", "path": "ca.crt"} in sources[1]["configMap"]["items"]
+    assert sources[2]["downwardAPI"]["items"][0]["path"] == "namespace"
+
+
+@pytest.mark.parametrize("name", ["worker-deployment.yaml", "worker-statefulset.yaml"])
+def test_the_examples_give_the_app_container_no_token(name: str) -> None:
+    docs = list(yaml.safe_load_all((REPO / "examples" / name).read_text()))
+    pod = next(d for d in docs if d and d["kind"] in ("Deployment", "StatefulSet"))[
+        "spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (side,) = [c for c in pod["initContainers"] if c["name"] == "kgroup-sidecar"]
+    assert TOKEN_MOUNT in side["volumeMounts"]
+    for app in pod["containers"]:
+        assert all("serviceaccount" not in m["mountPath"] for m in app.get("volumeMounts", []))
+    assert any(v["name"] == "kgroup-sidecar-token" for v in pod["volumes"])
 
 
 def test_a_loopback_sidecar_needs_no_volume_and_the_api_address_reaches_the_sidecar(
@@ -104,7 +140,8 @@ def test_a_loopback_sidecar_needs_no_volume_and_the_api_address_reaches_the_side
     (app,) = spec["containers"]
     (side,) = spec["initContainers"]
     assert app["env"] == [{"name": "KGROUP_SIDECAR_URL", "value": "http://127.0.0.1:9470"}]
-    assert not app["volumeMounts"] and not spec["volumes"]
+    assert not app["volumeMounts"]
+    assert [v["name"] for v in spec["volumes"]] == ["kgroup-sidecar-token"]
     env = {e["name"]: e.get("value") for e in side["env"]}
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
         "127.0.0.1", "6443")
@@ -122,7 +159,8 @@ def test_example_worker_deployment_matches_the_sidecar_template(tmp_path: Path) 
     assert url_env in app["env"]
     (mount,) = rendered["containers"][0]["volumeMounts"]
     assert mount in app["volumeMounts"]
-    assert rendered["volumes"][0] in pod["volumes"]
+    assert all(v in pod["volumes"] for v in rendered["volumes"])
+    assert pod["automountServiceAccountToken"] is False
     # The worker starts: its Redis and stream settings come from the ConfigMap.
     config = one(docs, "ConfigMap")
     assert app["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]

@@ -50,6 +50,23 @@ def test_a_partition_is_stalled_when_the_app_says_so_or_makes_no_progress_with_l
     assert book.judge(HELD, 64.0)[1].reason == "sink refused token 2"
 
 
+def test_time_spent_idle_is_not_time_without_progress() -> None:
+    """Issue 26: after a quiet period (lag 0, position unchanged) the first events made
+    the sidecar post PartitionStalled at once. Stalled means the lag stayed above zero
+    without progress for the stall time; the clock starts when the lag rises."""
+    book = HealthBook(stall_after=120)
+    for t in range(0, 600, 10):  # ten idle minutes: nothing to do, position unchanged
+        book.report(Report(3, 7, "10-0", lag=0), HELD, float(t))
+    book.report(Report(3, 7, "10-0", lag=40), HELD, 600.0)  # events arrive
+    assert not book.judge(HELD, 601.0)[0].stalled
+    book.report(Report(3, 7, "10-0", lag=80), HELD, 700.0)  # still no progress...
+    assert not book.judge(HELD, 719.0)[0].stalled
+    assert book.judge(HELD, 720.0)[0].stalled  # ...for the whole stall time: stuck
+    book.report(Report(3, 7, "10-0", lag=0), HELD, 730.0)  # caught up (lag 0): not stuck
+    book.report(Report(3, 7, "10-0", lag=5), HELD, 800.0)
+    assert not book.judge(HELD, 900.0)[0].stalled
+
+
 def test_a_partition_that_changed_hands_is_forgotten() -> None:
     book = HealthBook()
     book.report(Report(3, 7, "10-0", 5, stalled=True), HELD, 0.0)

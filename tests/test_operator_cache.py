@@ -100,7 +100,7 @@ def test_a_member_lease_is_read_with_its_session_and_epoch() -> None:
 
 
 def test_a_member_session_is_live_for_one_duration_after_its_last_renewal() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     key = world.put_lease("ns", member_lease("w-0", renew="t1"), now=100.0)
     assert key == ("ns", "g")
     leases = world.group(("ns", "g"))
@@ -109,28 +109,28 @@ def test_a_member_session_is_live_for_one_duration_after_its_last_renewal() -> N
 
 
 def test_a_renewal_restarts_the_session_clock() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     world.put_lease("ns", member_lease("w-0", renew="t1", rv="10"), now=100.0)
     world.put_lease("ns", member_lease("w-0", renew="t2", rv="11"), now=102.0)
     assert world.group(("ns", "g")).live_sessions(104.5) == {"w-0": "s1"}
 
 
 def test_a_stale_event_does_not_overwrite_a_fresher_lease() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     world.put_lease("ns", member_lease("w-0", epoch="5", rv="11"), now=0.0)
     world.put_lease("ns", member_lease("w-0", epoch="4", rv="10"), now=1.0)
     assert world.group(("ns", "g")).members["w-0"].epoch_annotation == "5"
 
 
 def test_a_deleted_member_lease_ends_the_session() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     world.put_lease("ns", member_lease("w-0"), now=0.0)
     world.drop_lease("ns", member_lease("w-0"))
     assert world.group(("ns", "g")).live_sessions(0.5) == {}
 
 
 def test_partition_leases_become_lock_observations() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     world.put_lease("ns", lock(0, "w-0", "s1"), now=0.0)
     world.put_lease("ns", lock(1, None, None), now=0.0)
     locks = sorted(world.group(("ns", "g")).locks(), key=lambda x: x.partition)
@@ -141,7 +141,7 @@ def test_partition_leases_become_lock_observations() -> None:
 
 
 def test_the_next_expiry_is_the_earliest_live_session_end() -> None:
-    world = World()
+    world = World(known={("ns", "g")})
     world.put_lease("ns", member_lease("w-0"), now=10.0)
     world.put_lease("ns", member_lease("w-1", session="s2"), now=11.0)
     assert world.group(("ns", "g")).next_expiry(12.0) == 13.0
@@ -159,3 +159,24 @@ def test_a_statefulset_s_kept_ordinals_follow_its_spec_and_its_deletion() -> Non
     c.drop_statefulset("ns", "orders")
     assert c.kept_ordinals("ns") == {"StatefulSet/orders": range(0)}
     assert c.kept_ordinals("other") == {}
+
+
+def test_leases_of_a_group_that_does_not_exist_are_not_kept() -> None:
+    """Issue 26: a worker can create member Leases naming any group; the operator keeps
+    only those of ConsumerGroups that exist, and forgets a group's when it is deleted."""
+    world = World(known={("ns", "g")})
+    for i in range(100):
+        assert world.put_lease("ns", member_lease("w-0") | {"metadata": {
+            **member_lease("w-0")["metadata"],
+            "name": f"ghost-{i}-member-w-0",
+            "labels": {**member_lease("w-0")["metadata"]["labels"],
+                       "kgroup.dev/group": f"ghost-{i}"}}}, now=0.0) is None
+    assert world.put_lease("other-ns", member_lease("w-0"), now=0.0) is None
+    assert world.put_lease("ns", member_lease("w-0"), now=0.0) == ("ns", "g")
+    assert set(world.groups) == {("ns", "g")}
+    assert world.group_added(("ns", "ghost-1")) and not world.group_added(("ns", "g"))
+    world.group_removed(("ns", "g"))
+    assert ("ns", "g") not in world.groups
+    assert world.put_lease("ns", member_lease("w-0"), now=1.0) is None
+    assert world.drop_lease("ns", member_lease("w-0")) is None
+    assert set(world.groups) == set()

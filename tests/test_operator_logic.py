@@ -253,3 +253,74 @@ def test_the_quorum_read_feeds_the_tracker_a_renewal_the_watch_missed_saves_the_
     # the Lease is gone (deleted): over
     assert rule.confirm(op.leases, "a", "s-a", None, op.now)
     assert "a" not in op.leases.members
+
+
+def test_a_status_naming_partitions_beyond_spec_is_corrected_without_expanding() -> None:
+    """Issue 26: ``"0-99999999"`` in the status OOM-killed the operator; now the range is
+    refused by the bounded parse (nothing expanded) and the status written again from
+    the written target, with a Warning Event."""
+    op = Op("a", "b")
+    plan = op.decide()
+    op.write(plan, "11")
+    edited = {**plan.status, "assignment": {"a": "0-99999999", "b": "2-3"}}  # type: ignore[dict-item]
+    op.body = {**op.body, "status": edited,
+               "metadata": {**op.body["metadata"], "resourceVersion": "12"}}
+    op.now += 2.0
+    fix = op.decide()
+    assert [e.reason for e in fix.events] == ["StatusEditedByHand"]
+    assert fix.status is not None and fix.status["assignment"] == {"a": "0-1", "b": "2-3"}
+
+
+def test_a_restarted_operator_replans_an_unusable_assignment_above_its_epoch() -> None:
+    """No written status to go back to (a restart): the target is planned again from the
+    lock holders, with an epoch above the one in the status, and a Warning names it."""
+    op = Op("a", "b")
+    op.body = body({"epoch": 7, "assignment": {"a": "0-99999999"}})
+    plan = op.decide()
+    assert [e.reason for e in plan.events] == ["StatusEditedByHand"]
+    assert "beyond the group's partitions (0-3)" in plan.events[0].message
+    assert plan.status is not None and plan.status["epoch"] == 8
+    assert plan.status["assignment"] == {"a": "0-1", "b": "2-3"}
+
+
+def test_a_lock_name_taken_by_someone_else_s_lease_degrades_the_group_naming_it() -> None:
+    """Issue 26: a squatted Lease name (not kgroup's, or another group's) was retried in
+    silence for ever; now the group is Degraded with a condition naming the Lease, the
+    create is tried again every 30 s (not 5), and the problem clears once it is gone."""
+    op = Op("a", "b")
+    plan = op.decide()
+    op.write(plan, "11")
+    squat = {"metadata": {"name": "g-partition-2", "labels": {"app": "something-else"}}}
+    ours = partition_lease(3, "43")
+    for p in plan.create_partitions:
+        op.memory.lease_created(p, op.now, existing={0: None, 1: None, 2: squat, 3: ours}[p],
+                                group="g")
+    for p in (0, 1, 3):
+        op.leases.put(partition_lease(p, str(40 + p)), op.now)
+    op.now += 6.0
+    degraded = op.decide()
+    assert degraded.create_partitions == []  # not every 5 s
+    assert degraded.status is not None and degraded.status["phase"] == "Degraded"
+    cond = next(c for c in degraded.status["conditions"] if c["type"] == "Degraded")
+    assert cond["reason"] == "LeaseNameTaken"
+    assert "Lease g-partition-2 (partition 2's lock) is taken by an object that is not " \
+           "this group's lock (kgroup.dev/group=None, kgroup.dev/partition=None, " \
+           "kgroup.dev/role=None)" in cond["message"]
+    assert op.write(degraded, "12") == ["LeaseNameTaken"]
+    op.now += 25.0
+    retry = op.decide()
+    assert retry.create_partitions == [2]
+    op.memory.lease_created(2, op.now, existing=None, group="g")  # the squatter is gone
+    op.leases.put(partition_lease(2, "60"), op.now)
+    op.now += 2.0
+    healed = op.decide()
+    assert healed.status is not None and healed.status["phase"] != "Degraded"
+
+
+def test_another_group_s_lease_under_the_name_is_a_squatter_too() -> None:
+    from kgroup.core.operator_logic import squatter
+    other = partition_lease(2, "5")
+    other["metadata"]["labels"]["kgroup.dev/group"] = "h"
+    assert "kgroup.dev/group='h'" in str(squatter(other, "g", 2))
+    assert squatter(partition_lease(2, "5"), "g", 2) is None
+    assert "kgroup.dev/partition='2'" in str(squatter(partition_lease(2, "5"), "g", 3))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kgroup.core.ranges import format_ranges, parse_ranges
+from kgroup.core.ranges import clip_ranges, format_ranges, parse_ranges
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,51 @@ def test_parse_tolerates_spaces() -> None:
 def test_parse_refuses_malformed_text_naming_the_piece(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_ranges(text)
+
+
+# -- bounded parsing (issue 26: "0-99999999" in a status OOM-killed the operator) --------
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "message"),
+    [
+        ("0-99999999", 16, r"partition 99999999 is beyond the group's partitions \(0-15\)"),
+        ("0-15,16", 16, "partition 16 is beyond"),
+        ("0-99999999999999999999", 100_000, "expected N or N-M"),
+        ("0-100000", 100_000, "partition 100000 is beyond"),
+        (",".join(["0-3"] * 200), 16, "longer than any list of 16 partitions"),
+        ("0-9,5-20", 100, "lists a partition twice"),
+    ],
+)
+def test_parse_refuses_ranges_beyond_the_limit_without_expanding(
+        text: str, limit: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_ranges(text, limit=limit)
+
+
+def test_parse_of_a_huge_range_allocates_nothing() -> None:
+    """The parse must refuse before it expands: with today's limit of 100,000 a range of
+    10^15 partitions would need petabytes, so finishing at all shows nothing was built."""
+    import tracemalloc
+    tracemalloc.start()
+    with pytest.raises(ValueError):
+        parse_ranges("0-999999999", limit=100_000)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 100_000
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        ("0-99999999", 4, [0, 1, 2, 3]),
+        ("2,0-1,1-3,50-60", 6, [0, 1, 2, 3]),
+        ("", 4, []),
+        ("a-b", 4, None),
+        ("7-9", 4, []),
+        (",".join(["0-3"] * 200), 4, None),
+    ],
+)
+def test_clip_keeps_what_lies_below_the_limit(
+        text: str, limit: int, expected: list[int] | None) -> None:
+    assert clip_ranges(text, limit=limit) == expected

@@ -488,3 +488,19 @@ def test_a_replayed_acquisition_does_not_bring_a_released_holder_back(
     case.logic.on_event("partition", "MODIFIED", lock(0, token=5, rv="200", holder=ME,
                                                       session="S"))
     assert case.logic.locks[0].resource_version == kept
+
+
+def test_an_assignment_beyond_spec_partitions_keeps_the_previous_target_unexpanded() -> None:
+    """Issue 26: ``"0-99999999"`` in the status OOM-killed the named member's sidecar. The
+    parse is bounded by spec.partitions (2 here): the bad target is refused, warned about
+    once, and the previous one kept until the operator corrects the status."""
+    case = Case()
+    case.observe(group(1, "0-1"), [lock(0), lock(1)])
+    assert case.logic.target is not None and case.logic.target.partitions == {0, 1}
+    bad = group(2, "0-99999999")
+    case.logic.on_list("group", [bad])
+    assert case.logic.target.epoch == 1 and case.logic.target.partitions == {0, 1}
+    case.logic.on_list("group", [group(2, "0-2")])  # just past the end: refused too
+    assert case.logic.target.epoch == 1
+    case.logic.on_list("group", [group(3, "1")])
+    assert case.logic.target.epoch == 3 and case.logic.target.partitions == {1}

@@ -9,7 +9,10 @@ runner starts, as local processes, the containers of every pod it is told to wat
   ``restartPolicy: Always``) included; a container without a ``command`` is skipped;
 - each process acts as the pod: its ``KUBECONFIG`` holds a TokenRequest token for the pod's
   service account *bound to that pod*, never the admin's, so RBAC and the admission policy
-  see the pod's identity;
+  see the pod's identity; only in the containers the kubelet would give the token to (a
+  mount at the service-account path, or the pod's automount not turned off): the chart's
+  worker pods turn it off and mount a projected token into the sidecar alone, so the app
+  process gets no ``KUBECONFIG`` at all;
 - the sidecar's API: in a real pod a Unix socket in an emptyDir shared by the sidecar and
   the app (the chart's default). Here each pod gets its own socket in its state dir
   (named by the pod's uid, as a new pod gets a new emptyDir), and ``KGROUP_LISTEN`` and
@@ -216,7 +219,10 @@ class LocalRunner:
                 if value is not None:
                     env[var.name] = value
         env.update(self.extra_env)
-        env["KUBECONFIG"] = str(kubeconfig)
+        if has_token(pod, c):
+            env["KUBECONFIG"] = str(kubeconfig)
+        else:  # as the kubelet does: no token in a container that mounts none
+            env.pop("KUBECONFIG", None)
         env["KGROUP_LISTEN"] = listen
         env["KGROUP_SIDECAR_URL"] = sidecar_url(listen)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -367,6 +373,18 @@ class LocalRunner:
 
 def _alive(c: Container) -> bool:
     return c.proc is not None and c.proc.poll() is None
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def has_token(pod: Any, c: Any) -> bool:
+    """Whether the kubelet would give container ``c`` the pod's service-account token: it
+    mounts a volume at the service-account path (a projected token, as the chart gives the
+    sidecar alone), or the pod does not turn automounting off."""
+    if any(m.mount_path.rstrip("/") == SERVICE_ACCOUNT_DIR for m in c.volume_mounts or []):
+        return True
+    return pod.spec.automount_service_account_token is not False
 
 
 def _field_ref(pod: Any, path: str) -> str | None:

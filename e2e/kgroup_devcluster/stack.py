@@ -123,6 +123,9 @@ def manifests(spec: GroupSpec, namespace: str) -> list[dict[str, Any]]:
                 {"name": "KGROUP_LISTEN", "value": "127.0.0.1:8470"},
                 {"name": "KGROUP_TERMINATION_GRACE_SECONDS",
                  "value": str(spec.termination_grace)}],
+        # the only container with an API token (the pod turns automount off)
+        "volumeMounts": [{"name": "kgroup-sidecar-token", "readOnly": True,
+                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
     }
     app = {
         "name": "worker", "image": "kgroup-worker:dev", "command": spec.app_command,
@@ -138,8 +141,11 @@ def manifests(spec: GroupSpec, namespace: str) -> list[dict[str, Any]]:
             "template": {
                 "metadata": {"labels": {"app": spec.app_label}},
                 "spec": {"serviceAccountName": "kgroup-worker",
+                         "automountServiceAccountToken": False,
                          "terminationGracePeriodSeconds": spec.termination_grace,
-                         "initContainers": [sidecar], "containers": [app]},
+                         "initContainers": [sidecar], "containers": [app],
+                         "volumes": [{"name": "kgroup-sidecar-token", "projected": {
+                             "sources": [{"serviceAccountToken": {"path": "token"}}]}}]},
             },
         },
     }

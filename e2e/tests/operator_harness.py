@@ -23,7 +23,8 @@ from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR = REPO / ".venv" / "bin" / "kgroup-operator"
+OPERATOR = Path(os.environ.get("KGROUP_OPERATOR_BIN")  # another build, for comparisons
+                or REPO / ".venv" / "bin" / "kgroup-operator")
 GROUP = "orders"
 
 

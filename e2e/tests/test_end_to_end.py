@@ -165,6 +165,20 @@ def test_group_becomes_stable_with_every_partition_owned(env: Env) -> None:
     assert sorted(status["assignment"]) == env.worker_pods()
 
 
+def test_only_the_sidecar_holds_an_api_token(env: Env) -> None:
+    """Issue 26: the app container held the worker's token. The pods turn automount off
+    and mount a projected token into the sidecar alone; the runner, like the kubelet,
+    gives the app process no credentials at all (its environment, read from /proc)."""
+    workers = {k: v for k, v in env.runner_state().items()
+               if k.split("/", 1)[1] in env.worker_pods()}
+    assert workers
+    for key, pod in workers.items():
+        for name, c in pod["containers"].items():
+            environ = Path(f"/proc/{c['pid']}/environ").read_bytes().split(b"\0")
+            has = any(v.startswith(b"KUBECONFIG=") for v in environ)
+            assert has == (name == "kgroup-sidecar"), (key, name)
+
+
 def test_kubectl_get_and_describe_tell_who_owns_what(env: Env) -> None:
     table = env.kubectl("get", "cg", GROUP)
     header = table.splitlines()[0].split()

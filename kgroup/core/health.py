@@ -10,8 +10,10 @@ renewal writes it makes anyway (annotation ``kgroup.dev/health``, at most
 not traffic. The operator reads the summaries back (:func:`parse_summary`) and marks a
 partition stalled only while the member that reports it still holds it.
 
-A partition is stalled when its app says so, or when it reported a lag above zero and its
-position has not changed for ``stall_after`` seconds (no progress; its app may be stuck).
+A partition is stalled when its app says so, or when its lag stayed above zero with its
+position unchanged for ``stall_after`` seconds (no progress; its app may be stuck): the
+clock starts at the first report with a lag above zero after a report with lag 0 (or a
+new position), so time spent idle never counts.
 A report carries the partition's token: a report under another token than the one the
 member holds now is refused (the partition changed hands), and the book forgets a
 partition as soon as the member no longer holds it under the reported token.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from kgroup.constants import ANNOTATION_HEALTH
-from kgroup.core.ranges import format_ranges
+from kgroup.core.ranges import clip_ranges, format_ranges
 
 __all__ = [
     "DEFAULT_STALL_AFTER_SECONDS",
@@ -131,8 +133,12 @@ class HealthBook:
                     f"current one ({token})")
         old = self.entries.get(report.partition)
         progress_at = now
+        # The stall clock runs only while the lag stays above zero with the position
+        # unchanged: time idle (lag 0, nothing to do) is not time without progress, so the
+        # first events after a quiet hour start the clock instead of tripping it.
         if old is not None and old.report.token == report.token \
-                and old.report.position == report.position:
+                and old.report.position == report.position \
+                and old.report.lag is not None and old.report.lag > 0:
             progress_at = old.progress_at
         self.entries[report.partition] = _Entry(report, now, progress_at)
         return None
@@ -229,19 +235,7 @@ def parse_summary(raw: str | None, *, partitions: int) -> HealthSummary | None:
 
 
 def _bounded_ranges(text: Any, limit: int) -> list[int] | None:
-    if not isinstance(text, str):
-        return None
-    out: set[int] = set()
-    for piece in text.split(","):
-        lo_text, sep, hi_text = piece.strip().partition("-")
-        if not lo_text.isdigit() or (sep and not hi_text.isdigit()):
-            if piece.strip():
-                return None
-            continue
-        lo = int(lo_text)
-        hi = min(int(hi_text) if sep else lo, limit - 1)
-        out.update(range(lo, hi + 1))
-    return sorted(out)
+    return clip_ranges(text, limit=limit) if isinstance(text, str) else None
 
 
 def annotate(body: dict[str, Any], summary: str | None) -> None:

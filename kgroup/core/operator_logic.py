@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kgroup import constants as C
 from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 from kgroup.core import lease_codec as codec
 from kgroup.core.group import (
@@ -80,6 +81,8 @@ FAILED_PASS_RETRY_SECONDS = 5.0
 """Next pass after a pass failed for any other reason."""
 NOT_SYNCED_RETRY_SECONDS = 0.5
 """Next pass while the caches have not listed everything yet."""
+SQUAT_RECHECK = 30.0
+"""A lock whose name another object holds is tried again this often (one create, one read)."""
 LEASE_CREATE_RECHECK = 5.0
 """A partition Lease created but not yet shown by the synced cache is created again after
 this long (deleted before the watch showed it; a create of an existing one is a 409)."""
@@ -121,10 +124,13 @@ class Memory:
     # partition -> (the session marked, the lock's resourceVersion when it was decided)
     expiries_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
     planned_generation: int | None = None  # spec generation the target reflects
+    # partition -> why the name its lock must have is held by someone else's Lease
+    squatted: dict[int, str] = field(default_factory=dict)
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
                               dict[str, Any]]] | None = None
+    _status_partitions: int = 0
 
     def __post_init__(self) -> None:
         self.last_target_change = self.started_at
@@ -139,17 +145,28 @@ class Memory:
             self._spec = (raw, parsed)
         return self._spec[1]
 
-    def status_of(self, raw: dict[str, Any]) -> tuple[
+    def status_of(self, raw: dict[str, Any], partitions: int) -> tuple[
             ConsumerGroupStatus, dict[str, list[int]], Problem | None, dict[str, Any]]:
-        """(status, its target, a problem reading it, its normal wire form)."""
-        if self._status is None or self._status[0] is not raw:
-            self._status = (raw, (*_read_status(raw), _normal(raw)))
+        """(status, its target, a problem reading it, its normal wire form); a target
+        naming a partition at or beyond ``partitions`` is a problem, never expanded."""
+        if self._status is None or self._status[0] is not raw \
+                or self._status_partitions != partitions:
+            self._status = (raw, (*_read_status(raw, partitions), _normal(raw)))
+            self._status_partitions = partitions
         return self._status[1]
 
-    def lease_created(self, partition: int, now: float) -> None:
-        """A partition Lease's create was sent at ``now`` (created, or it existed): not
-        asked for again until the cache showed it, or :data:`LEASE_CREATE_RECHECK` later."""
+    def lease_created(self, partition: int, now: float, *, existing: Obj | None = None,
+                      group: str = "") -> None:
+        """A partition Lease's create was sent at ``now``: not asked for again until the
+        cache showed it, or :data:`LEASE_CREATE_RECHECK` later (:data:`SQUAT_RECHECK` when
+        its name is taken). ``existing``: the Lease that already had the name (a 409), which
+        is a problem (``LeaseNameTaken``) unless it is this group's lock of ``partition``."""
         self.requested_leases[partition] = now
+        squat = squatter(existing, group, partition) if existing is not None else None
+        if squat is None:
+            self.squatted.pop(partition, None)
+        else:
+            self.squatted[partition] = squat
 
     def mark_sent(self, mark: Mark) -> None:
         """The mark's write is sent: not asked for again until the lock changes."""
@@ -170,6 +187,22 @@ class Memory:
         next pass decides again (on the tracker the re-read fed)."""
         if self.expiries_sent.get(expiry.partition) == (expiry.session, expiry.seen_rv):
             del self.expiries_sent[expiry.partition]
+
+
+def squatter(existing: Obj, group: str, partition: int) -> str | None:
+    """Why ``existing`` (the Lease holding the name of ``group``'s lock of ``partition``)
+    is not that lock, or None when it is (labelled kgroup's partition ``partition`` of
+    ``group``)."""
+    md = codec.meta(existing)
+    labels = md.get("labels") or {}
+    mine = {C.LABEL_GROUP: group, C.LABEL_ROLE: C.ROLE_PARTITION,
+            C.LABEL_PARTITION: str(partition)}
+    wrong = {k: labels.get(k) for k, v in mine.items() if labels.get(k) != v}
+    if not wrong:
+        return None
+    said = ", ".join(f"{k}={v!r}" for k, v in sorted(wrong.items()))
+    return (f"Lease {str(md.get('name', ''))[:253]} (partition {partition}'s lock) is taken by "
+            f"an object that is not this group's lock ({said}); delete or rename it")
 
 
 @dataclass(frozen=True)
@@ -266,23 +299,38 @@ def _normal(status: dict[str, Any] | None) -> dict[str, Any]:
         return {"invalid": status}
 
 
-def _read_status(raw: dict[str, Any]) -> tuple[ConsumerGroupStatus, dict[str, list[int]],
-                                                Problem | None]:
-    """The status as written, with its target parsed; unreadable -> empty + problem."""
+def _read_status(raw: dict[str, Any], partitions: int) -> tuple[
+        ConsumerGroupStatus, dict[str, list[int]], Problem | None]:
+    """The status as written, with its target parsed (bounded by ``partitions``: a range
+    beyond them is refused, never expanded); unreadable -> empty + problem."""
     try:
         status = ConsumerGroupStatus.model_validate(raw)
-        target = {m: parse_ranges(r) for m, r in status.assignment.items()}
-        return status, target, None
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
         return (ConsumerGroupStatus(), {},
                 Problem("StatusEditedByHand", f"status is unreadable: {str(exc)[:300]}"))
+    target: dict[str, list[int]] = {}
+    for m, r in status.assignment.items():
+        try:
+            target[m] = parse_ranges(r, limit=partitions)
+        except ValueError as exc:
+            # keep the epoch (a new target must go above it); the target is planned again
+            # from the live lock holders, as for an empty status
+            return (status.model_copy(update={"assignment": {}}), {},
+                    Problem("StatusEditedByHand",
+                            f"status.assignment is unusable ({m[:63]}: {str(exc)[:200]}); "
+                            "planned again from the lock holders"))
+    return status, target, None
 
 
-def _written_target(memory: Memory) -> tuple[dict[str, list[int]], int] | None:
+def _written_target(memory: Memory, partitions: int) -> tuple[dict[str, list[int]], int] | None:
     if memory.written_status is None or "invalid" in memory.written_status:
         return None
     st = ConsumerGroupStatus.model_validate(memory.written_status)
-    return {m: parse_ranges(r) for m, r in st.assignment.items()}, st.epoch
+    try:
+        return {m: parse_ranges(r, limit=partitions) for m, r in st.assignment.items()}, \
+            st.epoch
+    except ValueError:
+        return None
 
 
 def _next(deadlines: list[float | None], now: float) -> float | None:
@@ -352,7 +400,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         return Plan(wait=None, events=problem_events(
             memory, [Problem("InvalidSpec", str(spec)[:500])]))
     raw_status = body.get("status") or {}
-    status, target, hand_problem, server = memory.status_of(raw_status)
+    status, target, hand_problem, server = memory.status_of(raw_status, spec.partitions)
     problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
 
@@ -367,7 +415,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     ):
         notices.append(
             Problem("StatusEditedByHand", "status was changed by someone else; corrected"))
-        written_target = _written_target(memory)
+        written_target = _written_target(memory, spec.partitions)
         if written_target is not None:
             decision = correct_hand_edit(
                 written_target=written_target[0], written_epoch=written_target[1],
@@ -402,9 +450,20 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     # not shown yet is not repeated until LEASE_CREATE_RECHECK has passed.
     requested = {p: t for p, t in memory.requested_leases.items() if p not in leases.partitions}
     memory.requested_leases = requested
+    memory.squatted = {p: why for p, why in memory.squatted.items()
+                       if p not in leases.partitions and p < spec.partitions}
+    problems.extend(Problem("LeaseNameTaken", why) for _, why in
+                    sorted(memory.squatted.items())[:1])
+    if len(memory.squatted) > 1:
+        problems[-1] = Problem("LeaseNameTaken", f"{problems[-1].message} (and "
+                               f"{len(memory.squatted) - 1} more partitions' locks)")
+
+    def again(p: int) -> float:
+        return SQUAT_RECHECK if p in memory.squatted else LEASE_CREATE_RECHECK
+
     create = [p for p in range(spec.partitions) if p not in leases.partitions
-              and now >= requested.get(p, -LEASE_CREATE_RECHECK) + LEASE_CREATE_RECHECK]
-    recheck = min((t + LEASE_CREATE_RECHECK for p, t in requested.items()
+              and now >= requested.get(p, -again(p)) + again(p)]
+    recheck = min((t + again(p) for p, t in requested.items()
                    if p not in create), default=None)
 
     epoch, new_target = status.epoch, target

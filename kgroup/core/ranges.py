@@ -2,11 +2,26 @@
 
 Status fields and annotations carry partition sets in this form so that ``kubectl get``
 stays readable with thousands of partitions.
+
+Rule: parsing is bounded. Whoever can write a status or an annotation controls the text,
+so :func:`parse_ranges` never expands a range past ``limit`` (the group's
+``spec.partitions``, at most :data:`MAX_PARTITIONS`): a text naming a partition at or
+beyond it, or longer than any list of ``limit`` partitions can be, is refused before
+anything is allocated (``"0-99999999"`` once OOM-killed the operator and the sidecar,
+issue 26). :func:`clip_ranges` is the lenient reader for figures that only inform (a
+member's stalled list): what lies beyond ``limit`` is dropped, never expanded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import pairwise
+
+__all__ = ["MAX_PARTITIONS", "clip_ranges", "format_ranges", "max_ranges_chars",
+           "parse_ranges"]
+
+MAX_PARTITIONS = 100_000
+"""The most partitions a group may have (``spec.partitions``' bound in the CRD)."""
 
 
 def format_ranges(partitions: Iterable[int]) -> str:
@@ -23,23 +38,74 @@ def format_ranges(partitions: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_ranges(text: str) -> list[int]:
-    """Inverse of :func:`format_ranges`; raises ValueError with the offending piece."""
-    out: list[int] = []
-    text = text.strip()
-    if not text:
-        return out
+def max_ranges_chars(limit: int) -> int:
+    """An upper bound of the length of any ranges text of distinct partitions below
+    ``limit`` (each piece names at least one partition in at most 12 characters), with
+    room for spaces: a longer text is not worth reading."""
+    return 12 * max(0, limit) + 64
+
+
+def _pieces(text: str, limit: int) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` pieces of ``text``, each checked against ``limit``; nothing is
+    expanded here."""
+    if len(text) > max_ranges_chars(limit):
+        raise ValueError(f"partition ranges of {len(text)} characters: longer than any list "
+                         f"of {limit} partitions")
+    out: list[tuple[int, int]] = []
     for piece in text.split(","):
         piece = piece.strip()
         lo_text, sep, hi_text = piece.partition("-")
-        try:
-            lo = int(lo_text)
-            hi = int(hi_text) if sep else lo
-        except ValueError:
-            raise ValueError(f"bad partition range {piece!r}: expected N or N-M") from None
-        if lo < 0 or hi < lo:
+        lo_text, hi_text = lo_text.strip(), hi_text.strip()
+        if not lo_text.isdigit() or (sep and not hi_text.isdigit()) or len(lo_text) > 9 \
+                or len(hi_text) > 9:
+            raise ValueError(f"bad partition range {piece!r}: expected N or N-M")
+        lo = int(lo_text)
+        hi = int(hi_text) if sep else lo
+        if hi < lo:
             raise ValueError(f"bad partition range {piece!r}: need 0 <= N <= M")
+        out.append((lo, hi))
+    return out
+
+
+def parse_ranges(text: str, *, limit: int = MAX_PARTITIONS) -> list[int]:
+    """Inverse of :func:`format_ranges`; raises ValueError with the offending piece, for a
+    partition at or beyond ``limit`` (naming it and the limit), or for a partition listed
+    twice. Allocates at most ``limit`` ids whatever the text says."""
+    text = text.strip()
+    if not text:
+        return []
+    pieces = _pieces(text, limit)
+    for _, hi in pieces:
+        if hi >= limit:
+            raise ValueError(f"partition {hi} is beyond the group's partitions "
+                             f"(0-{limit - 1}): {_short(text)!r}")
+    pieces.sort()
+    for (_, hi), (lo, _) in pairwise(pieces):
+        if lo <= hi:
+            raise ValueError(f"partition range {_short(text)!r} lists a partition twice")
+    out: list[int] = []
+    for lo, hi in pieces:
         out.extend(range(lo, hi + 1))
-    if len(out) != len(set(out)):
-        raise ValueError(f"partition range {text!r} lists a partition twice")
-    return sorted(out)
+    return out
+
+
+def clip_ranges(text: str, *, limit: int) -> list[int] | None:
+    """The partitions below ``limit`` that ``text`` names (sorted, duplicates folded;
+    what lies beyond ``limit`` is dropped); None when ``text`` is malformed or too long."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        pieces = _pieces(text, limit)
+    except ValueError:
+        return None
+    keep = sorted((lo, min(hi, limit - 1)) for lo, hi in pieces if lo < limit)
+    out: list[int] = []
+    for lo, hi in keep:
+        start = max(lo, out[-1] + 1) if out else lo
+        out.extend(range(start, hi + 1))
+    return out
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."

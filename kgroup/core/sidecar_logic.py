@@ -63,7 +63,7 @@ from kgroup.core.member import (
     renew_retry_seconds,
     request_timeout,
 )
-from kgroup.core.ranges import parse_ranges
+from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 from kgroup.core.sidecar_requests import (
     Answer,
     Chain,
@@ -137,6 +137,7 @@ class SidecarLogic:
         self.group: Obj | None = None
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0
+        self.partitions = MAX_PARTITIONS  # spec.partitions: the bound of any target parse
         self.target: Target | None = None
         self.in_target = False  # this pod is a key of the target assignment (a member)
         self.group_deleted = False
@@ -240,6 +241,7 @@ class SidecarLogic:
             else:
                 self.timing = timing
                 self.drain_timeout = float(spec.handoff.drain_timeout_seconds)
+                self.partitions = spec.partitions
         status = obj.get("status") or {}
         epoch = status.get("epoch")
         if not isinstance(epoch, int):
@@ -248,11 +250,13 @@ class SidecarLogic:
             return
         assignment = status.get("assignment") or {}
         ranges = assignment.get(self.pod, "")
-        try:
-            partitions = frozenset(parse_ranges(str(ranges)))
+        try:  # bounded: a range beyond spec.partitions is refused, never expanded
+            partitions = frozenset(parse_ranges(str(ranges)[:max_ranges_chars(
+                self.partitions) + 1], limit=self.partitions))
         except ValueError as exc:
-            self._warn_once(f"assign:{ranges}", f"ConsumerGroup {name}: bad assignment: {exc}")
-            return  # keep the previous target
+            self._warn_once(f"assign:{str(ranges)[:80]}",
+                            f"ConsumerGroup {name}: bad assignment: {exc}")
+            return  # keep the previous target (the operator corrects the status)
         self.target = Target(epoch=epoch, partitions=partitions)
         self.in_target = self.pod in assignment
 

@@ -1,9 +1,13 @@
 """What the operator has observed: pods and every group's kgroup Leases, in memory.
 
 Rule: this cache is fed by watch events (kopf handlers) plus one initial listing at
-start-up; nothing here polls. The Leases of each group live in a
-:class:`kgroup.core.group_cache.GroupLeases` (shared with the simulation); pods keep the
-newest ``resourceVersion`` seen, so a late, stale event never overwrites a fresher read.
+start-up; nothing here polls. It holds the Leases of ConsumerGroups that exist only
+(``known``): a worker may create member Leases naming any group, and thousands naming
+groups that do not exist must not grow the one operator's memory; the Leases of a group
+that appears later are listed when it does (``GroupLoops.group_seen``). The Leases of
+each group live in a :class:`kgroup.core.group_cache.GroupLeases` (shared with the
+simulation); pods keep the newest ``resourceVersion`` seen, so a late, stale event never
+overwrites a fresher read.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class Cache:
     pods: dict[str, dict[str, PodObservation]] = field(default_factory=dict)
     pod_bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     groups: dict[GroupKey, GroupLeases] = field(default_factory=dict)
+    known: set[GroupKey] = field(default_factory=set)  # the ConsumerGroups that exist
     # namespace -> StatefulSet name -> the ordinals it keeps (its spec as last seen)
     statefulsets: dict[str, dict[str, range]] = field(default_factory=dict)
     synced: bool = False
@@ -77,10 +82,24 @@ class Cache:
     def group(self, key: GroupKey) -> GroupLeases:
         return self.groups.setdefault(key, GroupLeases())
 
+    def group_added(self, key: GroupKey) -> bool:
+        """The ConsumerGroup ``key`` exists; True if it was not known (its Leases are then
+        to be listed: those seen before were ignored)."""
+        if key in self.known:
+            return False
+        self.known.add(key)
+        return True
+
+    def group_removed(self, key: GroupKey) -> None:
+        """The ConsumerGroup ``key`` is gone: its Leases are forgotten and ignored."""
+        self.known.discard(key)
+        self.groups.pop(key, None)
+
     def put_lease(self, namespace: str, body: Mapping[str, Any], now: float) -> GroupKey | None:
-        """Store a kgroup Lease (and observe its session); returns its group's key."""
+        """Store a kgroup Lease (and observe its session); returns its group's key, or None
+        when the Lease names no group or one that does not exist (nothing is kept)."""
         group = codec.group_of(dict(body))
-        if not group:
+        if not group or (namespace, group) not in self.known:
             return None
         key = (namespace, group)
         self.group(key).put(dict(body), now)
@@ -88,7 +107,7 @@ class Cache:
 
     def drop_lease(self, namespace: str, body: Mapping[str, Any]) -> GroupKey | None:
         group = codec.group_of(dict(body))
-        if not group:
+        if not group or (namespace, group) not in self.groups:
             return None
         key = (namespace, group)
         self.group(key).drop(dict(body))

@@ -51,6 +51,10 @@ from .settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
+FAILURES_UNHEALTHY = 3
+"""Passes of one group failing in a row (not for the API server) that make the operator's
+liveness probe fail: a restart is the one repair left to a process that cannot plan."""
+
 
 class GroupController:
     """The reconcile loop of one group; created on first sight, cancelled on deletion."""
@@ -77,6 +81,9 @@ class GroupController:
         self.task: asyncio.Task[None] | None = None
         self.selector: LabelSelector | None = None
         self.rule = ExpiryRule()
+        self.leases_listed = False  # set by the group's Lease watch after its listing
+        self.failures = 0  # passes in a row that failed for a reason other than the API
+        self.last_error = ""
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -91,6 +98,17 @@ class GroupController:
     def poke(self) -> None:
         self.poked.set()
 
+    def problem(self) -> str | None:
+        """Why this group's loop cannot do its job (None: it can): its task ended, or its
+        last :data:`FAILURES_UNHEALTHY` passes failed (a bug, not the API server)."""
+        if self.task is not None and self.task.done() and not self.task.cancelled():
+            exc = self.task.exception()
+            return f"{self.key[0]}/{self.key[1]}: loop ended ({exc!r})"
+        if self.failures >= FAILURES_UNHEALTHY:
+            return (f"{self.key[0]}/{self.key[1]}: {self.failures} passes failed in a row "
+                    f"(last: {self.last_error})")
+        return None
+
     def start(self) -> None:
         self.task = asyncio.create_task(self.run(), name=f"kgroup:{self.key[0]}/{self.key[1]}")
 
@@ -103,19 +121,25 @@ class GroupController:
     async def run(self) -> None:
         delay: float | None = 0.0
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the poke does, and stop() then waits a whole IDLE_RECHECK
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.poked.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await self.poked.wait()
             self.poked.clear()
             try:
                 delay = await self.reconcile()
+                self.failures = 0
             except asyncio.CancelledError:
                 raise
             except (ApiException, HTTPError, OSError) as exc:
                 log.warning("reconcile of %s/%s: API unavailable (%s); retrying", *self.key,
                             type(exc).__name__)
-                delay = API_RETRY_SECONDS
-            except Exception:
+                delay = API_RETRY_SECONDS  # not a failure of ours: a restart would not help
+            except Exception as exc:
                 log.exception("reconcile of %s/%s failed; retrying", *self.key)
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 delay = FAILED_PASS_RETRY_SECONDS
             if delay is None:
                 delay = IDLE_RECHECK
@@ -128,7 +152,8 @@ class GroupController:
         namespace, name = self.key
         obs = Observation(
             body=self.body, leases=self.cache.group(self.key),
-            pods=list(self.cache.pods.get(namespace, {}).values()), synced=self.cache.synced,
+            pods=list(self.cache.pods.get(namespace, {}).values()),
+            synced=self.cache.synced and self.leases_listed,
             kept_ordinals=self.cache.kept_ordinals(namespace),
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
@@ -137,10 +162,10 @@ class GroupController:
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
-            await self.kube.create_partition_lease(
+            existing = await self.kube.create_partition_lease(
                 namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
                 assigned=plan.owners.get(p))
-            self.memory.lease_created(p, plan.now)
+            self.memory.lease_created(p, plan.now, existing=existing, group=name)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),

@@ -5,6 +5,7 @@ One :class:`GroupLoops` per process, handed to kopf handlers through kopf's ``me
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from kgroup.core.group import PodObservation
 from .cache import Cache, GroupKey
 from .controller import GroupController
 from .kube import Kube
+from .lease_watch import LeaseWatch
 from .metrics import Metrics
 from .settings import OperatorSettings
 
@@ -29,32 +31,44 @@ class GroupLoops:
         # served by main.run from before leader election on (a standby answers scrapes)
         self.metrics = metrics if metrics is not None else Metrics(process=False)
         self.controllers: dict[GroupKey, GroupController] = {}
+        self.watches: dict[GroupKey, LeaseWatch] = {}
 
     async def start(self) -> None:
-        """Initial listing of pods, StatefulSets and kgroup Leases, then let the group loops
-        run (a StatefulSet's replicas say whether a pod away across this restart comes
-        back: ``kgroup.core.rollout.restart_grace``)."""
+        """Initial listing of pods and StatefulSets, then let the group loops run (a
+        StatefulSet's replicas say whether a pod away across this restart comes back:
+        ``kgroup.core.rollout.restart_grace``)."""
         scopes: list[str | None] = list(self.settings.namespaces) or [None]
         for ns in scopes:
             for pod in await self.kube.list_pods(ns):
                 self.cache.put_pod(pod["metadata"]["namespace"], pod)
             for sts in await self.kube.list_statefulsets(ns):
                 self.cache.put_statefulset(sts["metadata"]["namespace"], sts)
-            now = time.monotonic()
-            for lease in await self.kube.list_group_leases(ns):
-                self.cache.put_lease(lease["metadata"]["namespace"], lease, now)
+        # no Lease is listed here: each group's own watch lists its Leases when the group
+        # is seen (lease_watch), so Leases naming groups that do not exist are never read
         self.cache.synced = True
         log.info("caches synced: %d namespaces with pods", len(self.cache.pods))
         for c in self.controllers.values():
             c.poke()
 
+    def problems(self) -> list[str]:
+        """Why this operator cannot do its job (empty: it can): the liveness probe fails
+        while this is not empty (``handlers.liveness``)."""
+        out = [p for c in self.controllers.values() if (p := c.problem()) is not None]
+        out += [f"{ns}/{name}: its Lease watch ended" for (ns, name), w in
+                self.watches.items() if not w.alive()]
+        return out
+
     async def stop(self) -> None:
+        for w in self.watches.values():
+            w.stop()
+        self.watches.clear()
         for key in list(self.controllers):
             await self.controllers.pop(key).stop()
 
     def group_seen(self, key: GroupKey, body: dict[str, Any]) -> None:
         c = self.controllers.get(key)
         if c is None:
+            self.cache.group_added(key)
             c = GroupController(
                 key,
                 cache=self.cache,
@@ -63,14 +77,48 @@ class GroupLoops:
                 settings=self.settings,
             )
             self.controllers[key] = c
+            self.watches[key] = self._watch(key, c)
             c.start()
         c.update(body)
 
+    def _watch(self, key: GroupKey, c: GroupController) -> LeaseWatch:
+        """The group's Lease watch: its first listing lets the group's loop plan."""
+        namespace, _ = key
+
+        def listed(items: list[dict[str, Any]]) -> None:
+            if self.controllers.get(key) is not c:
+                return
+            self.cache.group(key).relist(items, time.monotonic())
+            c.leases_listed = True
+            c.poke()
+
+        def event(kind: str, body: dict[str, Any]) -> None:
+            if self.controllers.get(key) is c:
+                self.lease_event(namespace, kind, body)
+
+        w = LeaseWatch(self.kube.api, namespace, key[1], loop=asyncio.get_running_loop(),
+                       on_list=listed, on_event=event)
+        w.start()
+        return w
+
+    def lease_event(self, namespace: str, kind: str, body: dict[str, Any]) -> None:
+        """A watch event of a kgroup Lease of an existing group: into the cache, and the
+        group's loop poked."""
+        if kind == "DELETED":
+            key = self.cache.drop_lease(namespace, body)
+        else:
+            key = self.cache.put_lease(namespace, body, time.monotonic())
+        if key is not None:
+            self.poke(key)
+
     async def group_deleted(self, key: GroupKey) -> None:
+        w = self.watches.pop(key, None)
+        if w is not None:
+            w.stop()
         c = self.controllers.pop(key, None)
         if c is not None:
             await c.stop()
-        self.cache.groups.pop(key, None)
+        self.cache.group_removed(key)
         self.metrics.forget(key)
 
     def poke(self, key: GroupKey) -> None:

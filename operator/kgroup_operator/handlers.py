@@ -1,17 +1,18 @@
 """Every kopf decorator of the operator, and nothing else: each handler only feeds the
 in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that care.
 
-Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope) and
-Leases labelled ``kgroup.dev/group``. No handler lists or polls; the only listing is the
-initial one at start-up, so that no group is reconciled before the caches are complete
-(a group reconciled against half a cache would see members "leave" and move partitions).
+Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope).
+Leases are not kopf's: each existing group's Leases are watched by their group label
+(``lease_watch``), so Leases naming groups that do not exist never reach the process.
+No handler lists or polls; the only listing is the initial one at start-up, so that no
+group is reconciled before the caches are complete (a group reconciled against half a
+cache would see members "leave" and move partitions).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
 from typing import Any
 
 import kopf
@@ -43,6 +44,24 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     await _rt(memo).start()
+
+
+def health(rt: GroupLoops) -> dict[str, Any]:
+    """What the liveness probe reports; raises :class:`kopf.PermanentError` (kopf answers
+    500) while a group's loop cannot do its job: it ended, or keeps failing for a reason
+    other than the API server (``GroupController.problem``)."""
+    problems = rt.problems()
+    if problems:
+        log.error("unhealthy: %s", "; ".join(problems))
+        raise kopf.PermanentError("; ".join(problems)[:1000])
+    return {"groups": len(rt.controllers), "synced": rt.cache.synced}
+
+
+@kopf.on.probe(id="groups")
+async def liveness(memo: Any, **_: Any) -> dict[str, Any]:
+    """kopf's ``/healthz`` (the pod's liveness probe): the kubelet restarts an operator
+    that plans nothing instead of trusting a healthy-looking process."""
+    return health(_rt(memo))
 
 
 @kopf.on.cleanup()
@@ -93,18 +112,3 @@ async def statefulset_event(
     elif not rt.cache.put_statefulset(namespace, body):
         return
     rt.poke_namespace(namespace)
-
-
-@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={C.LABEL_GROUP: kopf.PRESENT})
-async def lease_event(
-    type: str, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
-) -> None:
-    rt = _rt(memo)
-    if namespace is None:
-        return
-    if type == "DELETED":
-        key = rt.cache.drop_lease(namespace, body)
-    else:
-        key = rt.cache.put_lease(namespace, body, time.monotonic())
-    if key is not None:
-        rt.poke(key)

@@ -92,21 +92,30 @@ class Kube:
     async def create_partition_lease(
         self, *, namespace: str, group: dict[str, Any], partition: int, duration: int,
         assigned: str | None = None,
-    ) -> None:
+    ) -> dict[str, Any] | None:
         """Create a free lock for `partition` (no holder, leaseTransitions 0) marked for
-        `assigned`; exists → ok (a later pass marks it)."""
+        `assigned`. None when created; when the name is taken (409), the Lease that holds
+        it (read back: ours, which a later pass marks, or someone else's object)."""
         body = lease_codec.new_partition_lease(namespace=namespace, group=group,
                                                partition=partition, duration=duration,
                                                assigned=assigned)
+        name = body["metadata"]["name"]
 
-        def call() -> None:
+        def call() -> dict[str, Any] | None:
             try:
                 self.coord.create_namespaced_lease(namespace, cast(Any, body))
+                return None
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+            try:
+                return self._plain(self.coord.read_namespaced_lease(name, namespace))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None  # gone again: the next pass creates it
+                raise
 
-        await asyncio.to_thread(call)
+        return await asyncio.to_thread(call)
 
     async def mark_partition_lease(
         self, *, namespace: str, group: str, partition: int, member: str
@@ -176,10 +185,6 @@ class Kube:
     async def list_statefulsets(self, namespace: str | None) -> list[dict[str, Any]]:
         return await self._list(namespace, self.apps.list_stateful_set_for_all_namespaces,
                                 self.apps.list_namespaced_stateful_set)
-
-    async def list_group_leases(self, namespace: str | None) -> list[dict[str, Any]]:
-        return await self._list(namespace, self.coord.list_lease_for_all_namespaces,
-                                self.coord.list_namespaced_lease, label_selector=C.LABEL_GROUP)
 
     async def post_event(
         self, body: dict[str, Any], *, type_: str, reason: str, message: str

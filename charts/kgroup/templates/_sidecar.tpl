@@ -21,9 +21,10 @@ pod's Ready condition.
 Where it listens (sidecar.listen): by default a Unix socket in an emptyDir shared with the
 app; the pod then also needs, from the templates below,
   volumes:        {{ include "kgroup.sidecarVolume" (dict "root" $) }}
+  (always: it holds the sidecar's token volume too)
   app container:  volumeMounts: {{ include "kgroup.sidecarVolumeMount" (dict "root" $) }}
                   env:          {{ include "kgroup.sidecarUrlEnv" (dict "root" $) }}
-(each renders a list item, or nothing when sidecar.listen is loopback TCP).
+(the mount and env render a list item, or nothing when sidecar.listen is loopback TCP).
 
 Why exec probes: the API is on a Unix socket or loopback (any pod on the network could
 otherwise release partitions), and a kubelet httpGet probe connects to the pod IP, so
@@ -36,8 +37,11 @@ KGROUP_POD_UID (the downward API; the uid ties the sidecar's Events to its pod),
 KGROUP_LISTEN, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_METRICS_LISTEN and a port named
 kgroup-metrics when sidecar.metrics.enabled (docs/operations.md);
 KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
-The pod needs serviceAccountName: <workerRbac.serviceAccountName> and a projected
-(pod-bound) token, which is the default for pods.
+The pod needs serviceAccountName: <workerRbac.serviceAccountName>,
+automountServiceAccountToken: false, and the volumes of kgroup.sidecarVolume (which
+include the sidecar's token, kgroup.sidecarTokenVolume): only the sidecar holds an API
+token (a projected one, bound to the pod, at the standard service-account path, so the
+in-cluster configuration reads it unchanged); the app container gets none.
 */}}
 {{- define "kgroup.sidecarProbe" -}}
 exec:
@@ -58,12 +62,42 @@ exec:
 
 {{/* The emptyDir holding the sidecar's socket, as a `volumes` list item. */}}
 {{- define "kgroup.sidecarVolume" -}}
-{{- if include "kgroup.sidecarSocketDir" (include "kgroup.sidecarListen" .) -}}
+{{- if include "kgroup.sidecarSocketDir" (include "kgroup.sidecarListen" .) }}
 - name: kgroup-sidecar
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
+{{- end }}
+{{ include "kgroup.sidecarTokenVolume" . }}
 {{- end -}}
+
+{{/*
+The sidecar's API token, as a `volumes` list item (rendered by kgroup.sidecarVolume too):
+what the kubelet's automount would give every container (a projected token bound to the
+pod, the cluster's CA, the namespace), mounted at the standard service-account path into
+the sidecar alone. The pod sets automountServiceAccountToken: false, so the app container
+holds no API token: a compromised app (the code that parses the stream's data) cannot act
+as the worker (issue 26).
+*/}}
+{{- define "kgroup.sidecarTokenVolume" -}}
+- name: kgroup-sidecar-token
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
 {{- end -}}
 
 {{/* Its mount, as a `volumeMounts` list item (the sidecar and the app containers). */}}
@@ -178,8 +212,11 @@ exec:
       type: RuntimeDefault
   resources:
     {{- toYaml $resources | nindent 4 }}
-  {{- with include "kgroup.sidecarVolumeMount" . }}
   volumeMounts:
+    - name: kgroup-sidecar-token
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
+    {{- with include "kgroup.sidecarVolumeMount" . }}
     {{- . | nindent 4 }}
-  {{- end }}
+    {{- end }}
 {{- end -}}
