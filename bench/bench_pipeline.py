@@ -123,7 +123,7 @@ def bench_light(client: Any, stream: str) -> tuple[int, float]:
     return worker.stats.rows, time.monotonic() - t0
 
 
-def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, float]:
+def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, Any]:
     t0 = time.monotonic()
     spark = build_session(master)
     session_s = time.monotonic() - t0
@@ -147,6 +147,7 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, fl
     steady_rows = sum(r for _, r in hist[1:])
     steady_s = hist[-1][0] - hist[0][0] if len(hist) > 1 else float("nan")
     return {
+        "stages": stage_breakdown(progress),
         "session_s": session_s,
         "first_batch_s": (progress.first_batch_at or t1) - t0,
         "rows": float(progress.rows),
@@ -155,6 +156,34 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, fl
         "steady_rows": float(steady_rows),
         "steady_eps": steady_rows / steady_s if steady_s else float("nan"),
     }
+
+
+SPARK_STAGES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch",
+                "commitOffsets", "triggerExecution")
+
+
+def stage_breakdown(progress: Any) -> dict[str, Any]:
+    """Mean milliseconds per steady batch (the first one left out): Spark's durationMs
+    (latestOffset = our PLAN round, addBatch = the job + our sink) and the sink's own
+    timers inside addBatch (job = df.toArrow: read + aggregate tasks; convert; commit)."""
+    spark = progress.spark[1:] or progress.spark
+    ours = progress.stages[1:] or progress.stages
+    out: dict[str, Any] = {"batches": len(spark),
+                           "rows_per_batch": sum(b["rows"] for b in ours) / max(1, len(ours))}
+    for k in SPARK_STAGES:
+        out[k] = sum(float(b.get(k, 0)) for b in spark) / max(1, len(spark))
+    for k in ("job_s", "convert_s", "commit_s"):
+        out[k[:-2] + "_ms"] = 1000 * sum(b[k] for b in ours) / max(1, len(ours))
+    return out
+
+
+def print_stages(st: dict[str, Any]) -> None:
+    if not st:
+        return
+    print(f"per steady batch ({st['batches']} batches, {st['rows_per_batch']:.0f} rows), ms: "
+          + ", ".join(f"{k} {st[k]:.0f}" for k in SPARK_STAGES)
+          + f"; in addBatch: job {st['job_ms']:.0f}, convert {st['convert_ms']:.0f}, "
+          f"commit {st['commit_ms']:.0f}")
 
 
 # -- separate drivers: 1 or 3 processes, each its own SparkSession and JVM -----------------
@@ -408,7 +437,7 @@ def main() -> int:
         n, s = bench_light(client, "light")
         rows.append({"consumer": "light worker (fenced)", "events": n, "seconds": s,
                      "events_per_s": n / s})
-        spark: dict[str, float] = {}
+        spark: dict[str, Any] = {}
         if not args.no_spark:
             backlog(client, "spark", args.events)
             spark = bench_spark(client, srv.url, "spark", args.master)
@@ -428,6 +457,7 @@ def main() -> int:
     if spark:
         print(f"SparkSession start-up {spark['session_s']:.1f}s; first committed batch "
               f"{spark['first_batch_s']:.1f}s after launch; {int(spark['batches'])} batches")
+        print_stages(spark["stages"])
     print_drivers(spark3, latency)
     meta = {"events": args.events, "partitions": PARTS, "master": args.master,
             "cpus": os.cpu_count(), "python": platform.python_version(),

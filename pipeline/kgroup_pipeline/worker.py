@@ -91,6 +91,10 @@ class Progress:
     last_at: float = field(default_factory=time.monotonic)
     quiet: bool = False
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic end, rows)
+    # per batch: seconds in the job (df.toArrow: read + aggregate tasks), in turning its
+    # rows into results, in the fenced commit; and Spark's own durationMs of each batch
+    stages: list[dict[str, float]] = field(default_factory=list)
+    spark: list[dict[str, Any]] = field(default_factory=list)
 
 
 class FencedBatchSink:
@@ -103,9 +107,13 @@ class FencedBatchSink:
         self.progress = Progress(quiet=quiet)
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        t0 = time.perf_counter()
         table = df.toArrow()
+        t1 = time.perf_counter()
         results = results_from_rows(table.to_pylist())
+        t2 = time.perf_counter()
         outcomes = self.store.commit(results)
+        t3 = time.perf_counter()
         rows = sum(r.events for r, o in zip(results, outcomes, strict=True)
                    if o.status == "committed")
         refused = [o for o in outcomes if o.status != "committed"]
@@ -118,6 +126,8 @@ class FencedBatchSink:
         p.rows += rows
         p.refused += len(refused)
         p.history.append((now, rows))
+        p.stages.append({"batch": batch_id, "rows": rows, "job_s": t1 - t0,
+                         "convert_s": t2 - t1, "commit_s": t3 - t2})
         if not p.quiet:
             print(f"batch={batch_id} partitions={len(results)} rows={rows} "
                   f"events/s={rows / elapsed:.0f} lag={self.lag([r.partition for r in results])}"
@@ -141,15 +151,17 @@ class FencedBatchSink:
 
 def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, checkpoint: str,
                 sink: FencedBatchSink, trigger_seconds: float = 0.25,
-                max_rows: int = 100_000) -> Any:
+                max_rows: int = 100_000, fused: bool = True) -> Any:
     from kgroup_pipeline.source import aggregate_arrow
 
-    events = (spark.readStream.format("kgroup")
+    reader = (spark.readStream.format("kgroup")
               .option("redis", redis_url).option("stream", stream)
               .option("ownership", ownership).option("maxRowsPerBatch", str(max_rows))
-              .option("splits", str(spark.sparkContext.defaultParallelism))
-              .load())
-    results = events.mapInArrow(aggregate_arrow, RESULT_DDL)
+              .option("splits", str(spark.sparkContext.defaultParallelism)))
+    if fused:
+        results = reader.option("output", "aggregates").load()
+    else:
+        results = reader.load().mapInArrow(aggregate_arrow, RESULT_DDL)
     return (results.writeStream.foreachBatch(sink)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
@@ -166,7 +178,8 @@ def held(handoff: HandoffController) -> bool:
 def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint: str,
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
-        executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1) -> Progress:
+        executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1,
+        fused: bool = True) -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -182,7 +195,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
-                        max_rows=max_rows)
+                        max_rows=max_rows, fused=fused)
     handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
@@ -196,6 +209,9 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
             handoff.step(time.monotonic(), everything=True)
             time.sleep(0.1)
     finally:
+        sink.progress.spark = [
+            {"batch": p["batchId"], "rows": p["numInputRows"], **p["durationMs"]}
+            for p in (query.recentProgress or []) if p.get("numInputRows")]
         query.stop()
         if own_session:
             spark.stop()
