@@ -186,6 +186,53 @@ def print_stages(st: dict[str, Any]) -> None:
           f"commit {st['commit_ms']:.0f}")
 
 
+def bench_startup(srv: RedisServer, *, master: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Launch → first committed batch of the worker as a pod runs it
+    (``python -m kgroup_pipeline.worker``), a small backlog waiting: the worker's own lines
+    give session and query start; the first commit is seen in the sink (polled every 20 ms).
+    """
+    client = srv.client()
+    stream = "startup"
+    produce(client, stream=stream, partitions=PARTS, count=2000, keys=100, seed=3)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kgroup_pipeline.worker", "--redis", srv.url, "--stream",
+         stream, "--static", "0-15", "--master", master, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        start_new_session=True)
+    lines: list[tuple[float, str]] = []
+
+    def collect() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.monotonic() - t0, line.strip()))
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    keys = StreamKeys(stream)
+    try:
+        wait_for("first commit", lambda: any(
+            client.hget(keys.sink_partition(p), "batches") for p in range(PARTS)), 300,
+            procs=[proc], step=0.02)
+        first_s = time.monotonic() - t0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=5)
+
+    def said(prefix: str) -> float | None:
+        return next((t for t, line in lines if line.startswith(prefix)), None)
+
+    return {"first_commit_s": first_s, "session_line_s": said("worker: session"),
+            "query_line_s": said("worker: query started"),
+            "lines": [f"{t:.1f}s {line}" for t, line in lines[:12]]}
+
+
 # -- separate drivers: 1 or 3 processes, each its own SparkSession and JVM -----------------
 
 SHARES = {1: ["0-15"], 3: ["0-5", "6-10", "11-15"]}
@@ -417,7 +464,18 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-drivers", action="store_true", help="skip the 1- and 3-driver runs")
+    ap.add_argument("--startup", action="store_true",
+                    help="only the start-up run: launch -> first committed batch")
     args = ap.parse_args()
+    if args.startup:
+        with RedisServer() as srv:
+            load = os.getloadavg()[0]
+            st = bench_startup(srv, master=args.master)
+        print("\n".join(st["lines"]))
+        print(f"worker launch -> first committed batch {st['first_commit_s']:.1f}s (session "
+              f"line at {st['session_line_s']}s, query started at {st['query_line_s']}s); "
+              f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+        return 0
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     load_start = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
