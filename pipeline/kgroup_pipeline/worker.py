@@ -45,6 +45,13 @@ def spark_env() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
+# The driver JVM of a pod with a core or two: C1 only (the tiered C2 compiler's threads
+# compete with start-up and with the Python workers for the pod's cores; the hot path is
+# Python, not JVM code) and the serial collector (a small heap, no GC threads to start).
+# KGROUP_SPARK_JAVA_OPTIONS replaces them ("" for the JVM's defaults).
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def build_session(master: str = "local[*]", app: str = "kgroup-pipeline", *,
                   executor_cores: int = 1, executor_memory: str = "512m",
                   cores_max: int = 1) -> Any:
@@ -62,6 +69,9 @@ def build_session(master: str = "local[*]", app: str = "kgroup-pipeline", *,
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.streaming.schemaInference", "false"))
+    java_options = os.environ.get("KGROUP_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     on_cluster = not master.startswith("local")
     if on_cluster:
         from kgroup_pipeline.spark_cluster import cluster_conf
@@ -168,6 +178,29 @@ def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, chec
             .start())
 
 
+def _warm(batches: Any) -> Any:
+    """Runs in each Python worker of the warm-up job: the source's imports, once."""
+    import kgroup_pipeline.source  # noqa: F401  (pyarrow, numpy, redis, the reader)
+
+    yield from batches
+
+
+def warm_up(spark: Any) -> threading.Thread:
+    """Start the Python workers the first batch's tasks will reuse (and import the source
+    in them) on a thread of its own, while the query is being started."""
+    n = spark.sparkContext.defaultParallelism
+
+    def job() -> None:
+        try:
+            spark.range(0, n, 1, n).mapInArrow(_warm, "id long").collect()
+        except Exception as e:
+            log.warning("warm-up failed: %s", e)
+
+    thread = threading.Thread(target=job, name="kgroup-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def held(handoff: HandoffController) -> bool:
     try:
         return bool(handoff.ownership.assignment().partitions)
@@ -179,7 +212,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
         executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1,
-        fused: bool = True) -> Progress:
+        fused: bool = True, warm: bool = True) -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -192,6 +225,8 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         if not quiet:
             print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
                   flush=True)
+        if warm:
+            warm_up(spark)
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
@@ -238,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", type=float, default=0.25, help="trigger interval, seconds")
     ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="do not start the Python workers while the query starts")
     args = ap.parse_args(argv)
     spec = ownership_spec(ap, args)
     stop = stop_on_signals()
@@ -246,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
         max_rows=args.max_rows, drain_timeout=args.drain_timeout,
         executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-        cores_max=args.cores_max)
+        cores_max=args.cores_max, warm=not args.no_warm_up)
     return 0
 
 
