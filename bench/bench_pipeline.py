@@ -245,7 +245,7 @@ def redis_ms(client: Any) -> float:
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout: float, *,
-             procs: Sequence[subprocess.Popen[bytes]] = (), step: float = 0.05) -> None:
+             procs: Sequence[subprocess.Popen[Any]] = (), step: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         dead = [p.args for p in procs if p.poll() is not None]
@@ -259,8 +259,9 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float, *,
 def child(argv: list[str]) -> int:
     """One driver: session, warm-up on a private stream, gate, run its share until stop."""
     ap = argparse.ArgumentParser(prog="bench_pipeline.py --child")
-    for name in ("--redis", "--stream", "--share", "--master", "--name", "--out"):
+    for name in ("--redis", "--stream", "--share", "--master", "--name", "--out", "--trigger"):
         ap.add_argument(name, required=True)
+    ap.add_argument("--async-progress", action="store_true")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     client = redis.Redis.from_url(args.redis, decode_responses=True)
@@ -295,7 +296,8 @@ def child(argv: list[str]) -> int:
         progress = run_worker(redis_url=args.redis, stream=args.stream,
                               ownership=f"static:{args.share}@1", master=args.master,
                               checkpoint=f"{ckpt}/main", stop=stop, quiet=True, spark=spark,
-                              max_rows=MAX_ROWS)
+                              max_rows=MAX_ROWS, trigger_seconds=float(args.trigger),
+                              async_progress=args.async_progress)
     spark.stop()
     Path(args.out).write_text(json.dumps({
         "share": args.share, "session_s": session_s, "warm_s": warm_s, "rows": progress.rows,
@@ -371,7 +373,8 @@ def latencies(client: Any, stream: str, samples: Sequence[tuple[float, list[tupl
 
 
 def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: float,
-            seconds: float, tmp: str) -> dict[str, Any]:
+            seconds: float, tmp: str, trigger: float = 0.25,
+            async_progress: bool = False) -> dict[str, Any]:
     """Drain a backlog with `workers` warmed drivers, then produce at `rate` for latency."""
     client = srv.client()
     stream = f"d{workers}"
@@ -386,7 +389,8 @@ def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: f
             with open(f"{tmp}/{stream}-{i}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, "--child", "--redis", srv.url, "--stream", stream,
-                     "--share", share, "--master", master, "--name", str(i), "--out", outs[i]],
+                     "--share", share, "--master", master, "--name", str(i), "--out", outs[i],
+                     "--trigger", str(trigger)] + (["--async-progress"] if async_progress else []),
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         wait_for("drivers ready", lambda: int(client.get(f"bench:{stream}:ready") or 0) == workers,
                  600, procs=procs, step=0.2)
@@ -464,6 +468,13 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-drivers", action="store_true", help="skip the 1- and 3-driver runs")
+    ap.add_argument("--workers", default="1,3", help="driver runs: 1, 3 or 1,3")
+    ap.add_argument("--only-drivers", action="store_true",
+                    help="skip the in-process PySpark row (the driver runs and latency only)")
+    ap.add_argument("--trigger", type=float, default=0.25,
+                    help="the drivers' trigger interval, seconds (latency run)")
+    ap.add_argument("--async-progress", action="store_true",
+                    help="the drivers write Spark's offset/commit logs in the background")
     ap.add_argument("--startup", action="store_true",
                     help="only the start-up run: launch -> first committed batch")
     args = ap.parse_args()
@@ -496,7 +507,7 @@ def main() -> int:
         rows.append({"consumer": "light worker (fenced)", "events": n, "seconds": s,
                      "events_per_s": n / s})
         spark: dict[str, Any] = {}
-        if not args.no_spark:
+        if not args.no_spark and not args.only_drivers:
             backlog(client, "spark", args.events)
             spark = bench_spark(client, srv.url, "spark", args.master)
             rows.append({"consumer": "PySpark worker, steady", "events": spark["steady_rows"],
@@ -536,18 +547,21 @@ def bench_drivers(srv: RedisServer, args: argparse.Namespace,
     runs: dict[int, dict[str, Any]] = {}
     events = args.driver_events or 3 * args.events
     with tempfile.TemporaryDirectory(prefix="kgroup-bench-drivers-") as tmp:
-        for workers in (1, 3):
+        for workers in (int(w) for w in args.workers.split(",")):
             try:
                 runs[workers] = drivers(srv, workers=workers, events=events,
                                         master=args.master, rate=args.rate,
-                                        seconds=args.latency_seconds, tmp=tmp)
+                                        seconds=args.latency_seconds, tmp=tmp,
+                                        trigger=args.trigger,
+                                        async_progress=args.async_progress)
             except (RuntimeError, TimeoutError, AssertionError, OSError) as exc:
                 logs = sorted(Path(tmp).glob(f"d{workers}-*.log"))
                 tail = logs[-1].read_text(errors="replace")[-800:] if logs else ""
                 runs[workers] = {"fell_short": f"{type(exc).__name__}: {exc}", "log_tail": tail}
                 print(f"{workers} driver(s) fell short: {exc}\n{tail}", file=sys.stderr)
     latency: dict[str, Any] = {"method": LATENCY_METHOD, "rate": args.rate,
-                               "seconds": args.latency_seconds}
+                               "seconds": args.latency_seconds, "trigger_s": args.trigger,
+                               "async_progress": args.async_progress}
     for workers, r in runs.items():
         if "fell_short" in r:
             continue

@@ -161,7 +161,8 @@ class FencedBatchSink:
 
 def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, checkpoint: str,
                 sink: FencedBatchSink, trigger_seconds: float = 0.25,
-                max_rows: int = 100_000, fused: bool = True) -> Any:
+                max_rows: int = 100_000, fused: bool = True,
+                async_progress: bool = False) -> Any:
     from kgroup_pipeline.source import aggregate_arrow
 
     reader = (spark.readStream.format("kgroup")
@@ -172,7 +173,15 @@ def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, chec
         results = reader.option("output", "aggregates").load()
     else:
         results = reader.load().mapInArrow(aggregate_arrow, RESULT_DDL)
-    return (results.writeStream.foreachBatch(sink)
+    writer = results.writeStream.foreachBatch(sink)
+    if async_progress:
+        # Spark writes its offset and commit logs in the background (the sink's fenced
+        # offsets are the truth, so a log that lags only means a refused replay after a
+        # restart). Spark admits only some sinks for this; foreachBatch needs its override.
+        writer = (writer.option("asyncProgressTrackingEnabled", "true")
+                  .option("_asyncProgressTrackingOverrideSinkSupportCheck", "true")
+                  .option("asyncProgressTrackingCheckpointIntervalMs", "1000"))
+    return (writer
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
             .start())
@@ -212,7 +221,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
         executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1,
-        fused: bool = True, warm: bool = True) -> Progress:
+        fused: bool = True, warm: bool = True, async_progress: bool = False) -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -230,7 +239,7 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
-                        max_rows=max_rows, fused=fused)
+                        max_rows=max_rows, fused=fused, async_progress=async_progress)
     handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
@@ -273,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", type=float, default=0.25, help="trigger interval, seconds")
     ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--async-progress", action="store_true",
+                    help="Spark's offset/commit logs written in the background (experimental)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="do not start the Python workers while the query starts")
     args = ap.parse_args(argv)
@@ -283,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
         max_rows=args.max_rows, drain_timeout=args.drain_timeout,
         executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-        cores_max=args.cores_max, warm=not args.no_warm_up)
+        cores_max=args.cores_max, warm=not args.no_warm_up, async_progress=args.async_progress)
     return 0
 
 
