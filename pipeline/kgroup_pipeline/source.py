@@ -46,7 +46,8 @@ from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
 
 log = logging.getLogger(__name__)
-UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one Lua call
+UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one range
+ROWS_PER_TASK = 10_000  # a smaller batch is read by fewer tasks (each costs a round trip)
 
 
 Range = tuple[int, int, str, str, int]  # partition, token, from (excl.), to (incl.), limit
@@ -137,7 +138,10 @@ class KgroupStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
-        return [RangesPartition(r) for r in split_ranges(end.get("p", {}), self.splits)]
+        entries = end.get("p", {})
+        rows = sum(int(e.get("rows", 0)) for e in entries.values())
+        tasks = min(self.splits, max(1, -(-rows // ROWS_PER_TASK)))
+        return [RangesPartition(r) for r in split_ranges(entries, tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangesPartition)
