@@ -301,8 +301,9 @@ def test_the_columnar_read_and_aggregation_match_a_plain_python_fold(
     produce(rclient, stream=stream, partitions=1, count=500, keys=30, seed=40)
     raw = redis.Redis(connection_pool=redis.ConnectionPool(
         **{**rclient.connection_pool.connection_kwargs, "decode_responses": False}))
+    stored = cast("list[tuple[bytes, dict[bytes, bytes]]]", raw.xrange(name))
     entries = [(i.decode(), {k.decode(): v.decode(errors="replace") for k, v in f.items()})
-               for i, f in raw.xrange(name)]
+               for i, f in stored]
     want_keys, want_dead = reference(entries)
     (res,) = aggregate(read_range(rclient, stream=stream, partition=0, token=1, from_id="0-0",
                                   to_id=entries[-1][0], chunk=chunk))
