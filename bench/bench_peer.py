@@ -9,7 +9,10 @@ One redis-server; then, each in a child process of its own (a fresh JVM, as the 
 harness does):
 
 - raw XRANGE: redis-py reading the 16 stream keys in pages of 5,000 (median of 3), the
-  ceiling for any Python reader of this Redis, as in ``bench_pipeline.py``;
+  ceiling for any Python reader of this Redis, as in ``bench_pipeline.py``; measured right
+  before and right after the kgroup run (their mean is the "÷ raw" reference: on a shared
+  machine the load changes by the minute), while the peer's harness measures its own right
+  before its runs (printed beside its rows);
 - kgroup: ``bench_pipeline.py``'s producer data (seed 42, 1,000 keys, 16 partitions, no
   malformed events), the whole backlog in Redis before the query starts, drained by one
   worker (source → fenced sink, admission control ``--max-rows`` per batch) on ``--master``;
@@ -158,16 +161,18 @@ def main() -> int:
     with RedisServer() as srv:
         client = srv.client()
         backlog(client, "raw", args.events)
-        reps = []
-        for _ in range(3):
-            n, s = bench_raw(client, "raw")
-            reps.append(n / s)
-        raw = statistics.median(reps)
-        client.delete(*[f"kgroup:{{raw}}:p:{p}" for p in range(PARTS)])
-        result["raw_xrange_eps"] = raw
+
+        def raw_median() -> float:
+            rates = [n / s for n, s in (bench_raw(client, "raw") for _ in range(3))]
+            return float(statistics.median(rates))
+
         backlog(client, "kg", args.events)
+        before = raw_median()  # raw beside each consumer: the load here changes by minutes
         result["kgroup"] = run_kgroup(srv.url, "kg", args.master, args.max_rows)
-        client.delete(*[f"kgroup:{{kg}}:p:{p}" for p in range(PARTS)])
+        after = raw_median()
+        client.delete(*[f"kgroup:{{{s}}}:p:{p}" for p in range(PARTS) for s in ("raw", "kg")])
+        result["raw_xrange_eps"] = statistics.mean((before, after))
+        result["raw_xrange_before_after_kgroup"] = [before, after]
         if peer_ready:
             assert harness is not None
             result["peer"] = run_peer(srv.port, args.events, args.peer_masters,
@@ -185,7 +190,9 @@ def report(r: dict[str, Any]) -> None:
     raw = r["raw_xrange_eps"]
     kg = r["kgroup"]
     print(f"{'consumer':<46}{'steady events/s':>16}{'÷ raw':>8}")
-    print(f"{'raw XRANGE (redis-py, median of 3)':<46}{raw:>16.0f}{1:>8.2f}")
+    print(f"{'raw XRANGE (redis-py), beside kgroup':<46}{raw:>16.0f}{1:>8.2f}   (before "
+          f"{r['raw_xrange_before_after_kgroup'][0]:.0f}, after "
+          f"{r['raw_xrange_before_after_kgroup'][1]:.0f}; median of 3 each)")
     if kg.get("steady_eps"):
         print(f"{'kgroup PySpark worker, ' + kg['master']:<46}{kg['steady_eps']:>16.0f}"
               f"{kg['steady_eps'] / raw:>8.2f}")
@@ -202,11 +209,13 @@ def report(r: dict[str, Any]) -> None:
             print(f"spark-redis {run.get('master')} failed: {run.get('error')}")
             continue
         name = f"spark-redis 3.0.0, block 0, {run['master']}"
-        print(f"{name:<46}{eps:>16.0f}{eps / raw:>8.2f}"
+        own = f" ({eps / peer_raw:.2f} x the raw beside it)" if peer_raw else ""
+        print(f"{name:<46}{eps:>16.0f}{eps / raw:>8.2f}{own}"
               + (f"   kgroup ÷ this: {kg['steady_eps'] / eps:.2f}" if kg.get("steady_eps")
                  else ""))
     if peer_raw:
-        print(f"  (the peer harness's own raw XRANGE median in this run: {peer_raw:.0f})")
+        print(f"  (raw XRANGE beside the peer, by its harness just before its runs: "
+              f"{peer_raw:.0f})")
     if "error" in peer:
         print(f"peer failed: {peer['error']}\n{peer.get('log_tail', '')}")
     print(f"load average at start {r['load_avg_start'][0]:.2f}, at end {r['load_avg_end'][0]:.2f}")
