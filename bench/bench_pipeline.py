@@ -123,7 +123,7 @@ def bench_light(client: Any, stream: str) -> tuple[int, float]:
     return worker.stats.rows, time.monotonic() - t0
 
 
-def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, float]:
+def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, Any]:
     t0 = time.monotonic()
     spark = build_session(master)
     session_s = time.monotonic() - t0
@@ -147,6 +147,7 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, fl
     steady_rows = sum(r for _, r in hist[1:])
     steady_s = hist[-1][0] - hist[0][0] if len(hist) > 1 else float("nan")
     return {
+        "stages": stage_breakdown(progress),
         "session_s": session_s,
         "first_batch_s": (progress.first_batch_at or t1) - t0,
         "rows": float(progress.rows),
@@ -155,6 +156,81 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, fl
         "steady_rows": float(steady_rows),
         "steady_eps": steady_rows / steady_s if steady_s else float("nan"),
     }
+
+
+SPARK_STAGES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch",
+                "commitOffsets", "triggerExecution")
+
+
+def stage_breakdown(progress: Any) -> dict[str, Any]:
+    """Mean milliseconds per steady batch (the first one left out): Spark's durationMs
+    (latestOffset = our PLAN round, addBatch = the job + our sink) and the sink's own
+    timers inside addBatch (job = df.toArrow: read + aggregate tasks; convert; commit)."""
+    spark = progress.spark[1:] or progress.spark
+    ours = progress.stages[1:] or progress.stages
+    out: dict[str, Any] = {"batches": len(spark),
+                           "rows_per_batch": sum(b["rows"] for b in ours) / max(1, len(ours))}
+    for k in SPARK_STAGES:
+        out[k] = sum(float(b.get(k, 0)) for b in spark) / max(1, len(spark))
+    for k in ("job_s", "convert_s", "commit_s"):
+        out[k[:-2] + "_ms"] = 1000 * sum(b[k] for b in ours) / max(1, len(ours))
+    return out
+
+
+def print_stages(st: dict[str, Any]) -> None:
+    if not st:
+        return
+    print(f"per steady batch ({st['batches']} batches, {st['rows_per_batch']:.0f} rows), ms: "
+          + ", ".join(f"{k} {st[k]:.0f}" for k in SPARK_STAGES)
+          + f"; in addBatch: job {st['job_ms']:.0f}, convert {st['convert_ms']:.0f}, "
+          f"commit {st['commit_ms']:.0f}")
+
+
+def bench_startup(srv: RedisServer, *, master: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Launch → first committed batch of the worker as a pod runs it
+    (``python -m kgroup_pipeline.worker``), a small backlog waiting: the worker's own lines
+    give session and query start; the first commit is seen in the sink (polled every 20 ms).
+    """
+    client = srv.client()
+    stream = "startup"
+    produce(client, stream=stream, partitions=PARTS, count=2000, keys=100, seed=3)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kgroup_pipeline.worker", "--redis", srv.url, "--stream",
+         stream, "--static", "0-15", "--master", master, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        start_new_session=True)
+    lines: list[tuple[float, str]] = []
+
+    def collect() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.monotonic() - t0, line.strip()))
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    keys = StreamKeys(stream)
+    try:
+        wait_for("first commit", lambda: any(
+            client.hget(keys.sink_partition(p), "batches") for p in range(PARTS)), 300,
+            procs=[proc], step=0.02)
+        first_s = time.monotonic() - t0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=5)
+
+    def said(prefix: str) -> float | None:
+        return next((t for t, line in lines if line.startswith(prefix)), None)
+
+    return {"first_commit_s": first_s, "session_line_s": said("worker: session"),
+            "query_line_s": said("worker: query started"),
+            "lines": [f"{t:.1f}s {line}" for t, line in lines[:12]]}
 
 
 # -- separate drivers: 1 or 3 processes, each its own SparkSession and JVM -----------------
@@ -169,7 +245,7 @@ def redis_ms(client: Any) -> float:
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout: float, *,
-             procs: Sequence[subprocess.Popen[bytes]] = (), step: float = 0.05) -> None:
+             procs: Sequence[subprocess.Popen[Any]] = (), step: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         dead = [p.args for p in procs if p.poll() is not None]
@@ -183,8 +259,9 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float, *,
 def child(argv: list[str]) -> int:
     """One driver: session, warm-up on a private stream, gate, run its share until stop."""
     ap = argparse.ArgumentParser(prog="bench_pipeline.py --child")
-    for name in ("--redis", "--stream", "--share", "--master", "--name", "--out"):
+    for name in ("--redis", "--stream", "--share", "--master", "--name", "--out", "--trigger"):
         ap.add_argument(name, required=True)
+    ap.add_argument("--async-progress", action="store_true")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     client = redis.Redis.from_url(args.redis, decode_responses=True)
@@ -219,7 +296,9 @@ def child(argv: list[str]) -> int:
         progress = run_worker(redis_url=args.redis, stream=args.stream,
                               ownership=f"static:{args.share}@1", master=args.master,
                               checkpoint=f"{ckpt}/main", stop=stop, quiet=True, spark=spark,
-                              max_rows=MAX_ROWS)
+                              max_rows=MAX_ROWS, trigger_seconds=float(args.trigger),
+                              **({"async_progress": True} if args.async_progress
+                                 else {}))  # type: ignore[arg-type]  # (a base tree lacks it)
     spark.stop()
     Path(args.out).write_text(json.dumps({
         "share": args.share, "session_s": session_s, "warm_s": warm_s, "rows": progress.rows,
@@ -295,7 +374,8 @@ def latencies(client: Any, stream: str, samples: Sequence[tuple[float, list[tupl
 
 
 def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: float,
-            seconds: float, tmp: str) -> dict[str, Any]:
+            seconds: float, tmp: str, trigger: float = 0.25,
+            async_progress: bool = False) -> dict[str, Any]:
     """Drain a backlog with `workers` warmed drivers, then produce at `rate` for latency."""
     client = srv.client()
     stream = f"d{workers}"
@@ -310,7 +390,8 @@ def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: f
             with open(f"{tmp}/{stream}-{i}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, "--child", "--redis", srv.url, "--stream", stream,
-                     "--share", share, "--master", master, "--name", str(i), "--out", outs[i]],
+                     "--share", share, "--master", master, "--name", str(i), "--out", outs[i],
+                     "--trigger", str(trigger)] + (["--async-progress"] if async_progress else []),
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         wait_for("drivers ready", lambda: int(client.get(f"bench:{stream}:ready") or 0) == workers,
                  600, procs=procs, step=0.2)
@@ -388,7 +469,25 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-drivers", action="store_true", help="skip the 1- and 3-driver runs")
+    ap.add_argument("--workers", default="1,3", help="driver runs: 1, 3 or 1,3")
+    ap.add_argument("--only-drivers", action="store_true",
+                    help="skip the in-process PySpark row (the driver runs and latency only)")
+    ap.add_argument("--trigger", type=float, default=0.25,
+                    help="the drivers' trigger interval, seconds (latency run)")
+    ap.add_argument("--async-progress", action="store_true",
+                    help="the drivers write Spark's offset/commit logs in the background")
+    ap.add_argument("--startup", action="store_true",
+                    help="only the start-up run: launch -> first committed batch")
     args = ap.parse_args()
+    if args.startup:
+        with RedisServer() as srv:
+            load = os.getloadavg()[0]
+            st = bench_startup(srv, master=args.master)
+        print("\n".join(st["lines"]))
+        print(f"worker launch -> first committed batch {st['first_commit_s']:.1f}s (session "
+              f"line at {st['session_line_s']}s, query started at {st['query_line_s']}s); "
+              f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+        return 0
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     load_start = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
@@ -408,8 +507,8 @@ def main() -> int:
         n, s = bench_light(client, "light")
         rows.append({"consumer": "light worker (fenced)", "events": n, "seconds": s,
                      "events_per_s": n / s})
-        spark: dict[str, float] = {}
-        if not args.no_spark:
+        spark: dict[str, Any] = {}
+        if not args.no_spark and not args.only_drivers:
             backlog(client, "spark", args.events)
             spark = bench_spark(client, srv.url, "spark", args.master)
             rows.append({"consumer": "PySpark worker, steady", "events": spark["steady_rows"],
@@ -428,6 +527,7 @@ def main() -> int:
     if spark:
         print(f"SparkSession start-up {spark['session_s']:.1f}s; first committed batch "
               f"{spark['first_batch_s']:.1f}s after launch; {int(spark['batches'])} batches")
+        print_stages(spark["stages"])
     print_drivers(spark3, latency)
     meta = {"events": args.events, "partitions": PARTS, "master": args.master,
             "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -448,18 +548,21 @@ def bench_drivers(srv: RedisServer, args: argparse.Namespace,
     runs: dict[int, dict[str, Any]] = {}
     events = args.driver_events or 3 * args.events
     with tempfile.TemporaryDirectory(prefix="kgroup-bench-drivers-") as tmp:
-        for workers in (1, 3):
+        for workers in (int(w) for w in args.workers.split(",")):
             try:
                 runs[workers] = drivers(srv, workers=workers, events=events,
                                         master=args.master, rate=args.rate,
-                                        seconds=args.latency_seconds, tmp=tmp)
+                                        seconds=args.latency_seconds, tmp=tmp,
+                                        trigger=args.trigger,
+                                        async_progress=args.async_progress)
             except (RuntimeError, TimeoutError, AssertionError, OSError) as exc:
                 logs = sorted(Path(tmp).glob(f"d{workers}-*.log"))
                 tail = logs[-1].read_text(errors="replace")[-800:] if logs else ""
                 runs[workers] = {"fell_short": f"{type(exc).__name__}: {exc}", "log_tail": tail}
                 print(f"{workers} driver(s) fell short: {exc}\n{tail}", file=sys.stderr)
     latency: dict[str, Any] = {"method": LATENCY_METHOD, "rate": args.rate,
-                               "seconds": args.latency_seconds}
+                               "seconds": args.latency_seconds, "trigger_s": args.trigger,
+                               "async_progress": args.async_progress}
     for workers, r in runs.items():
         if "fell_short" in r:
             continue

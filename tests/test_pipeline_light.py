@@ -119,7 +119,8 @@ def test_a_zombie_write_with_a_stale_token_is_refused_and_counted(
     # a plans and reads partition 0 under token 1 ... and stalls before committing.
     (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=10_000)
     stale = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
-                                 from_id=plan.from_id, to_id=plan.to_id))
+                                 from_id=plan.from_id, to_id=plan.to_id,
+                                 limit=plan.limit))
     coord.expire("a")  # its session lapsed; the lock goes to b with token 2
     coord.assign("b", [0, 1])
     assert coord.holder(0) == ("b", 2)
@@ -141,11 +142,12 @@ def test_a_replayed_range_is_refused_and_a_gap_is_refused(
     store = FencedStore(rclient, stream)
     (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=60)
     first = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
-                                 from_id=plan.from_id, to_id=plan.to_id))
+                                 from_id=plan.from_id, to_id=plan.to_id,
+                                 limit=plan.limit))
     assert [o.status for o in store.commit(first)] == ["committed"]
     assert [o.status for o in store.commit(first)] == ["offset-mismatch"]  # replay
     (plan2,) = store.plan([OwnedPartition(0, 1)], max_rows=60)
-    assert plan2.from_id == plan.to_id and plan2.rows == 40
+    assert plan2.from_id == first[0].to_id and plan2.rows == 40
     entries = xrange(rclient, f"kgroup:{{{stream}}}:p:0", min="(" + plan2.from_id, count=20)
     skipping = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
                                     from_id=entries[-1][0], to_id=plan2.to_id))
@@ -161,7 +163,10 @@ def test_the_sink_offset_wins_over_the_handed_position_and_sealed_partitions_are
     ids = [i for i, _ in xrange(rclient, f"kgroup:{{{stream}}}:p:0")]
     # Never seen by the sink: start after the handed-over position.
     (plan,) = store.plan([OwnedPartition(0, 1, position=ids[9])], max_rows=1000)
-    assert (plan.from_id, plan.rows) == (ids[9], 40)
+    assert plan.from_id == ids[9]
+    (res,) = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                  from_id=plan.from_id, to_id=plan.to_id, limit=plan.limit))
+    assert (res.events, res.to_id) == (40, ids[-1])
     # Known to the sink: its committed offset wins over a handed position.
     (plan,) = store.plan([OwnedPartition(0, 2, position=ids[0])], max_rows=1000)
     assert plan.from_id == ids[9]
@@ -202,13 +207,15 @@ def test_a_revoked_partition_is_released_only_after_its_last_planned_batch_commi
     # The planner read "active" a moment before the seal: its plan is refused now.
     assert store.plan([OwnedPartition(0, 1)], max_rows=100)[0].status == "sealed"
     in_flight = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
-                                     from_id=plan.from_id, to_id=plan.to_id))
+                                     from_id=plan.from_id, to_id=plan.to_id, limit=plan.limit))
+    assert in_flight[0].events == 100  # the plan's limit, not the whole stream
     assert [o.status for o in store.commit(in_flight)] == ["committed"]
     assert handoff.step(now=1.0) == [0]
-    assert coord.releases == [("a", 0, 1, plan.to_id)]
+    end = in_flight[0].to_id
+    assert coord.releases == [("a", 0, 1, end)]
     assert coord.holder(0) == ("b", 2)
-    (b_plan,) = store.plan([OwnedPartition(0, 2, position=plan.to_id)], max_rows=1000)
-    assert b_plan.status == "ok" and b_plan.from_id == plan.to_id
+    (b_plan,) = store.plan([OwnedPartition(0, 2, position=end)], max_rows=1000)
+    assert b_plan.status == "ok" and b_plan.from_id == end
 
 
 def test_a_batch_that_never_commits_is_released_at_the_committed_offset_after_the_timeout(
@@ -235,7 +242,8 @@ def test_resource_version_tokens_fence_above_the_leasetransitions_era(
     store = FencedStore(rclient, stream)
     (old,) = store.plan([OwnedPartition(0, 3)], max_rows=10)  # a leaseTransitions token
     assert store.commit(aggregate(read_range(rclient, stream=stream, partition=0, token=3,
-                                             from_id=old.from_id, to_id=old.to_id)))[
+                                             from_id=old.from_id, to_id=old.to_id,
+                                             limit=old.limit)))[
         0].status == "committed"
     high = 2**52 + 1  # an etcd revision (in practice ~1e6-1e10)
     (new,) = store.plan([OwnedPartition(0, high)], max_rows=10)
@@ -243,5 +251,81 @@ def test_resource_version_tokens_fence_above_the_leasetransitions_era(
     (zombie,) = store.plan([OwnedPartition(0, high - 1)], max_rows=10)
     assert zombie.status == "fenced"  # one below is refused: exact
     batch = aggregate(read_range(rclient, stream=stream, partition=0, token=high,
-                                 from_id=new.from_id, to_id=new.to_id))
+                                 from_id=new.from_id, to_id=new.to_id,
+                                 limit=new.limit))
     assert store.commit(batch)[0].status == "committed"
+
+
+def reference(entries: list[tuple[str, dict[str, str]]]) -> tuple[dict[str, tuple[int, ...]],
+                                                                  list[tuple[str, str]]]:
+    """Per key (count, total, first, last, gaps) and the dead letters (id, reason), one event
+    at a time in plain Python: what the columnar read + aggregation must reproduce."""
+    keys: dict[str, list[int]] = {}
+    dead: list[tuple[str, str]] = []
+    for eid, f in entries:
+        try:
+            if not f.get("key") or "event" not in f:
+                raise ValueError
+            amount, seq = int(f["amount"]), int(f["seq"])
+        except (KeyError, ValueError):
+            dead.append((eid, "?"))
+            continue
+        k = keys.setdefault(f["key"], [0, 0, seq, seq, 0])
+        k[4] += k[0] > 0 and seq != k[3] + 1
+        k[0], k[1], k[3] = k[0] + 1, k[1] + amount, seq
+    return {k: tuple(v) for k, v in keys.items()}, dead
+
+
+@pytest.mark.parametrize(("odd_every", "chunk"), [(0, 700), (7, 700), (7, 5)])
+def test_the_columnar_read_and_aggregation_match_a_plain_python_fold(
+        rclient: redis.Redis, stream: str, odd_every: int, chunk: int) -> None:
+    """The fast path cuts columns out of whole chunks; any odd entry (fields in another
+    order, hex or padded numbers, an empty key, non-UTF-8, a missing field) sends its chunk
+    down the per-entry path. Both must give what a plain fold gives, gaps included."""
+    produce(rclient, stream=stream, partitions=1, count=3000, keys=30, bad_every=0, seed=21)
+    name = f"kgroup:{{{stream}}}:p:0"
+    odd: list[dict[str, str | bytes]] = [
+        {"seq": "1", "amount": "5", "event": "x", "key": "reordered"},
+        {"key": "hex", "amount": "0x1", "event": "x", "seq": "1"},
+        {"key": "pad", "amount": " 4", "event": "x", "seq": "1"},
+        {"key": "", "amount": "1", "event": "x", "seq": "1"},
+        {"key": b"\xff\xfe", "amount": "1", "event": "x", "seq": "1"},
+        {"key": "noseq", "amount": "1", "event": "x"},
+        {"key": "c00003", "amount": "2", "event": "x", "seq": "999"},  # a gap for c00003
+        {"key": "extra", "amount": "2", "event": "x", "seq": "1", "more": "y"},
+    ]
+    for i, fields in enumerate(odd if odd_every else []):
+        rclient.xadd(name, fields)  # type: ignore[arg-type]
+        produce(rclient, stream=stream, partitions=1, count=odd_every * (i + 1), keys=30,
+                seed=22 + i)
+    produce(rclient, stream=stream, partitions=1, count=500, keys=30, seed=40)
+    raw = redis.Redis(connection_pool=redis.ConnectionPool(
+        **{**rclient.connection_pool.connection_kwargs, "decode_responses": False}))
+    stored = cast("list[tuple[bytes, dict[bytes, bytes]]]", raw.xrange(name))
+    entries = [(i.decode(), {k.decode(): v.decode(errors="replace") for k, v in f.items()})
+               for i, f in stored]
+    want_keys, want_dead = reference(entries)
+    (res,) = aggregate(read_range(rclient, stream=stream, partition=0, token=1, from_id="0-0",
+                                  to_id=entries[-1][0], chunk=chunk))
+    got = {k.key: (k.count, k.total, k.first_seq, k.last_seq, k.gaps) for k in res.keys}
+    assert got == want_keys
+    assert [(d.id, "?") for d in res.dead] == want_dead
+    assert res.events == len(entries) and res.to_id == entries[-1][0]
+    assert [k.key for k in res.keys] == sorted(want_keys)
+    if odd_every:
+        assert want_keys["c00003"][4] >= 1 and len(want_dead) == 3  # hex, empty key, no seq
+
+
+def test_a_limit_cuts_the_range_and_a_second_read_sees_the_same_rows(
+        rclient: redis.Redis, stream: str) -> None:
+    produce(rclient, stream=stream, partitions=1, count=1000, keys=10, seed=23)
+    store = FencedStore(rclient, stream)
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=300)
+    assert plan.rows == plan.limit == 300
+    ids = [i for i, _ in xrange(rclient, f"kgroup:{{{stream}}}:p:0")]
+    assert plan.to_id == ids[-1]  # the bound; the limit cuts the read at the 300th entry
+    produce(rclient, stream=stream, partitions=1, count=200, keys=10, seed=24)  # arrives later
+    first, again = (aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                         from_id=plan.from_id, to_id=plan.to_id,
+                                         limit=plan.limit, chunk=128)) for _ in range(2))
+    assert first == again and first[0].events == 300 and first[0].to_id == ids[299]

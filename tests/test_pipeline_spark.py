@@ -46,7 +46,7 @@ class SparkWorker:
     """worker.run in a thread, stopped (drain + release) by `stop()`."""
 
     def __init__(self, spark: Any, *, redis_url: str, stream: str, ownership: str,
-                 checkpoint: str | None = None) -> None:
+                 checkpoint: str | None = None, max_rows: int = 20_000) -> None:
         self.stop_event = threading.Event()
         self.progress: Progress | None = None
         self.error: BaseException | None = None
@@ -56,7 +56,7 @@ class SparkWorker:
                 self.progress = run_worker(
                     redis_url=redis_url, stream=stream, ownership=ownership, master="",
                     checkpoint=checkpoint or tempfile.mkdtemp(prefix="kgroup-test-ckpt-"),
-                    stop=self.stop_event, max_rows=20_000, drain_timeout=20.0, spark=spark)
+                    stop=self.stop_event, max_rows=max_rows, drain_timeout=20.0, spark=spark)
             except BaseException as e:
                 self.error = e
 
@@ -169,3 +169,50 @@ def test_a_batch_replayed_after_a_restart_under_a_stale_token_is_refused(
     report = verify(rclient, stream)
     assert report.clean and report.caught_up and report.zombie_refused >= 1
     assert report.total("committed") == 8000
+
+
+def test_a_backlog_is_consumed_in_bounded_batches(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str) -> None:
+    """Admission control: a backlog of 24,000 becomes batches of at most 4,000 rows."""
+    produce(rclient, stream=stream, partitions=PARTS, count=24_000, keys=300, seed=14)
+    worker = SparkWorker(spark, redis_url=redis_url, stream=stream, ownership="static:0-15@1",
+                         max_rows=4000)
+    try:
+        wait_for(lambda: worker.error is not None or verify(rclient, stream).caught_up,
+                 what="catch-up")
+    finally:
+        progress = worker.stop()
+    sizes = [b["rows"] for b in progress.stages]
+    assert sum(sizes) == 24_000 and max(sizes) <= 4000 and len(sizes) >= 6, sizes
+    report = verify(rclient, stream)
+    assert report.clean and report.caught_up
+
+
+def test_a_batch_is_read_again_with_the_same_rows_and_malformed_events_stay_rows(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str, tmp_path: Path) -> None:
+    """A second action on the micro-batch recomputes it from the source (no cache): it must
+    see the same rows (a retried task reads the same way: a range is fixed by its plan).
+    A malformed event is a row with its error, never a failed task."""
+    produce(rclient, stream=stream, partitions=4, count=6000, keys=50, bad_every=100, seed=15)
+    seen: list[tuple[int, Any, Any]] = []
+
+    def twice(df: Any, batch_id: int) -> None:
+        if not seen:
+            seen.append((batch_id, df.toArrow(), df.toArrow()))
+
+    query = (spark.readStream.format("kgroup").option("redis", redis_url)
+             .option("stream", stream).option("ownership", "static:0-3@1")
+             .option("maxRowsPerBatch", "2000").load()
+             .writeStream.foreachBatch(twice)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        wait_for(lambda: bool(seen) or query.exception() is not None, what="a batch")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    _, first, second = seen[0]
+    order = [("partition", "ascending"), ("id", "ascending"), ("seq", "ascending"),
+             ("key", "ascending")]
+    assert first.num_rows == second.num_rows == 2000 + 4  # 500 events per range + 4 markers
+    assert first.sort_by(order).equals(second.sort_by(order))
+    assert first.column("error").null_count < first.num_rows - 4  # malformed rows are in it

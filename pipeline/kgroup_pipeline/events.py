@@ -11,6 +11,7 @@ with its reason; it counts as read (the offset moves past it) and never stops th
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
+from redis.client import NEVER_DECODE
 
 from kgroup_pipeline.keys import StreamKeys
 
@@ -99,54 +102,148 @@ def _parse(fields: Any) -> tuple[str | None, int | None, int | None, str | None]
     return key, amount, seq, None
 
 
+_INT = "^-?[0-9]+$"  # what both int() and Arrow's cast read the same way
+_NAMES = (b"key", b"amount", b"event", b"seq")
+
+
+def _raw_client(client: redis.Redis) -> redis.Redis:
+    """A client on the same pool whose XRANGE answers hiredis' nested lists of bytes as they
+    are (no per-entry dict, no decoding): the columns are cut out of them in C."""
+    raw = redis.Redis(connection_pool=client.connection_pool)
+    raw.set_response_callback("XRANGE", lambda r, **kw: r)
+    return raw
+
+
+def _columns(fields: list[list[bytes]]) -> tuple[pa.Array, pa.Array, pa.Array] | None:
+    """(key, amount, seq) of a chunk whose entries all have the four fields at the same
+    places and well-formed values, found without a Python step per entry; else None."""
+    n = len(fields)
+    first = fields[0]
+    if len(first) != 8 or set(first[0::2]) != set(_NAMES) \
+            or list(map(len, fields)).count(8) != n:
+        return None
+    flat = list(itertools.chain.from_iterable(fields))
+    at = {name: first.index(name) for name in _NAMES}
+    if any(flat[i::8].count(name) != n for name, i in at.items()):
+        return None
+    try:
+        key = pa.array(flat[at[b"key"] + 1::8], pa.binary()).cast(pa.string())
+        nums = [pa.array(flat[at[f] + 1::8], pa.binary()).cast(pa.string())
+                for f in (b"amount", b"seq")]
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        return None
+    if pc.any(pc.equal(pc.binary_length(key), 0)).as_py() or not all(
+            pc.all(pc.match_substring_regex(a, _INT)).as_py() for a in nums):
+        return None
+    try:
+        amount, seq = (a.cast(pa.int64()) for a in nums)
+    except pa.ArrowInvalid:  # beyond int64
+        return None
+    return key, amount, seq
+
+
+def _slow_chunk(entries: list[Any]) -> tuple[list[Any], list[Any], list[Any],
+                                              dict[int, tuple[str, str, str]]]:
+    keys: list[str | None] = []
+    amounts: list[int | None] = []
+    seqs: list[int | None] = []
+    bad: dict[int, tuple[str, str, str]] = {}
+    for entry_id, raw_fields in entries:
+        fields = {k.decode(errors="replace"): v.decode(errors="replace")
+                  for k, v in zip(raw_fields[0::2], raw_fields[1::2], strict=True)}
+        key, amount, seq, error = _parse(fields)
+        if error is not None:
+            bad[len(keys)] = (entry_id.decode(), error, json.dumps(fields, sort_keys=True))
+        keys.append(key)
+        amounts.append(amount)
+        seqs.append(seq)
+    return keys, amounts, seqs, bad
+
+
 def read_range(
     client: redis.Redis, *, stream: str, partition: int, token: int, from_id: str, to_id: str,
-    chunk: int = 5000,
+    limit: int | None = None, chunk: int = 10_000,
 ) -> Iterator[pa.RecordBatch]:
-    """The events of ``(from_id, to_id]`` of one partition as RecordBatches (SOURCE_SCHEMA)."""
+    """The events of ``(from_id, to_id]`` of one partition, at most the first `limit` of
+    them, as RecordBatches (SOURCE_SCHEMA), then the marker row closing the range: its
+    ``to_id`` is where the read stopped (``to_id`` itself unless `limit` cut it short).
+
+    The same range always reads the same entries (ids only grow, so nothing can enter
+    ``(from, to]`` later): a retried task or a second action sees the same rows.
+    """
     name = StreamKeys(stream).partition(partition)
-    cursor = from_id
+    raw = _raw_client(client)
+    cursor, end = from_id, to_id
+    left = limit if limit is not None else -1
     read = 0
-    while cursor != to_id:
-        entries: Any = client.xrange(name, min="(" + cursor, max=to_id, count=chunk)
+    while cursor != to_id and left != 0:
+        count = chunk if left < 0 else min(chunk, left)
+        entries: Any = raw.execute_command(  # type: ignore[no-untyped-call]
+            "XRANGE", name, "(" + cursor, to_id, "COUNT", count, **{NEVER_DECODE: True})
         if not entries:
             break
-        keys: list[str | None] = []
-        amounts: list[int | None] = []
-        seqs: list[int | None] = []
-        bad: dict[int, tuple[str, str, str]] = {}
-        for entry_id, fields in entries:
-            key: str | None
-            amount: int | None
-            seq: int | None
-            try:  # the fast path: a well-formed event
-                key, amount, seq = fields["key"], int(fields["amount"]), int(fields["seq"])
-                if "event" not in fields or not key:
-                    raise KeyError("event")
-            except (KeyError, ValueError):
-                key, amount, seq, error = _parse(fields)
-                bad[len(keys)] = (entry_id, str(error), json.dumps(fields, sort_keys=True))
-            keys.append(key)
-            amounts.append(amount)
-            seqs.append(seq)
-        cursor = entries[-1][0]
-        n = len(keys)
+        n = len(entries)
+        cursor = entries[-1][0].decode()
         read += n
+        left = left - n if left > 0 else left
+        if left == 0:
+            end = cursor
         nulls = pa.nulls(n, pa.string())
-        if bad:
-            ids, errors, raws = (
-                pa.array([bad[i][j] if i in bad else None for i in range(n)], pa.string())
-                for j in range(3))
-        else:
+        cols = _columns([e[1] for e in entries])
+        if cols is not None:
+            key, amount, seq = cols
             ids = errors = raws = nulls
+        else:
+            keys, amounts, seqs, bad = _slow_chunk(entries)
+            key, amount, seq = (pa.array(keys, pa.string()), pa.array(amounts, pa.int64()),
+                                pa.array(seqs, pa.int64()))
+            if bad:
+                ids, errors, raws = (
+                    pa.array([bad[i][j] if i in bad else None for i in range(n)], pa.string())
+                    for j in range(3))
+            else:
+                ids = errors = raws = nulls
         yield pa.RecordBatch.from_arrays([
             pa.array(np.full(n, partition, np.int32)), pa.array(np.full(n, token, np.int64)),
-            nulls, nulls, ids, pa.array(keys, pa.string()),
-            pa.array(amounts, pa.int64()), pa.array(seqs, pa.int64()), errors, raws,
-        ], schema=SOURCE_SCHEMA)
+            nulls, nulls, ids, key, amount, seq, errors, raws], schema=SOURCE_SCHEMA)
     yield pa.RecordBatch.from_pylist(
-        [{"partition": partition, "token": token, "from_id": from_id, "to_id": to_id,
+        [{"partition": partition, "token": token, "from_id": from_id, "to_id": end,
           "seq": read}], schema=SOURCE_SCHEMA)
+
+
+def _key_groups(events: pa.Table) -> dict[tuple[int, int], list[KeyResult]]:
+    """(partition, token) -> per-key results of the well-formed events, in C: one stable
+    sort by (partition, token, key), then reductions over the runs."""
+    if events.num_rows == 0:
+        return {}
+    keys = pc.dictionary_encode(events["key"]).combine_chunks()
+    names = keys.dictionary
+    rank = np.empty(len(names), np.int64)  # dictionary code -> rank of the key's name
+    rank[pc.sort_indices(names).to_numpy()] = np.arange(len(names))
+    code = rank[keys.indices.to_numpy(zero_copy_only=False)]
+    ranges = pc.dictionary_encode(pc.binary_join_element_wise(
+        pc.cast(events["partition"], pa.string()), pc.cast(events["token"], pa.string()),
+        "/")).combine_chunks()
+    comp = ranges.indices.to_numpy(zero_copy_only=False).astype(np.int64) * len(names) + code
+    order = np.argsort(comp, kind="stable")  # stable: stream order within a key
+    c = comp[order]
+    seq = events["seq"].to_numpy()[order]
+    amount = events["amount"].to_numpy()[order]
+    cut = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    last = np.r_[cut[1:], len(c)] - 1
+    same = np.r_[False, c[1:] == c[:-1]]
+    broken = same & np.r_[False, seq[1:] != seq[:-1] + 1]
+    gaps = np.add.reduceat(broken.astype(np.int64), cut)
+    total = np.add.reduceat(amount, cut)
+    sorted_names = pc.take(names, pc.sort_indices(names)).to_pylist()
+    range_names = ranges.dictionary.to_pylist()
+    out: dict[tuple[int, int], list[KeyResult]] = {}
+    for i, (s, e) in enumerate(zip(cut.tolist(), last.tolist(), strict=True)):
+        r, k = divmod(int(c[s]), len(names))
+        part, tok = range_names[r].split("/")
+        out.setdefault((int(part), int(tok)), []).append(KeyResult(
+            sorted_names[k], e - s + 1, int(total[i]), int(seq[s]), int(seq[e]), int(gaps[i])))
+    return out
 
 
 def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
@@ -154,27 +251,21 @@ def aggregate(batches: Iterable[pa.RecordBatch]) -> list[PartitionResult]:
     table = pa.Table.from_batches(list(batches), schema=SOURCE_SCHEMA)
     if table.num_rows == 0:
         return []
-    df = table.to_pandas()
-    is_marker = df["from_id"].notna()
-    events = df[~is_marker]
-    by_range = {k: g for k, g in events.groupby(["partition", "token"], sort=False)}
+    is_marker = pc.is_valid(table["from_id"])
+    markers = table.filter(is_marker)
+    events = table.filter(pc.invert(is_marker))
+    bad_rows = pc.is_valid(events["error"])
+    by_range = _key_groups(events.filter(pc.invert(bad_rows)))
+    dead: dict[tuple[int, int], list[DeadLetter]] = {}
+    for part, token, i, r, w in zip(*(events.filter(bad_rows)[c].to_pylist() for c in (
+            "partition", "token", "id", "error", "raw")), strict=True):
+        dead.setdefault((part, token), []).append(DeadLetter(str(i), str(r), str(w)))
     out: list[PartitionResult] = []
-    for part, token, from_id, to_id, read in df.loc[
-            is_marker, ["partition", "token", "from_id", "to_id", "seq"]].itertuples(index=False):
+    for part, token, from_id, to_id, read in zip(*(markers[c].to_pylist() for c in (
+            "partition", "token", "from_id", "to_id", "seq")), strict=True):
         res = PartitionResult(int(part), int(token), str(from_id), str(to_id), int(read))
-        rows = by_range.get((part, token), events.iloc[:0])
-        bad = rows[rows["error"].notna()]
-        res.dead = [DeadLetter(str(i), str(r), str(w))
-                    for i, r, w in zip(bad["id"], bad["error"], bad["raw"], strict=True)]
-        good = rows[rows["error"].isna()]
-        if len(good):
-            by_key = good.groupby("key", sort=True)
-            gaps = (by_key["seq"].diff().fillna(1) != 1).groupby(good["key"]).sum()
-            agg = by_key.agg(count=("seq", "size"), total=("amount", "sum"),
-                             first=("seq", "first"), last=("seq", "last"))
-            res.keys = [KeyResult(str(k), int(c), int(t), int(f), int(la), int(gaps[k]))
-                        for k, c, t, f, la in zip(agg.index, agg["count"], agg["total"],
-                                                  agg["first"], agg["last"], strict=True)]
+        res.keys = by_range.get((part, token), [])
+        res.dead = dead.get((part, token), [])
         out.append(res)
     return sorted(out, key=lambda r: r.partition)
 

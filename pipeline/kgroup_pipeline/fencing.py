@@ -33,6 +33,12 @@ from kgroup_pipeline.ownership import OwnedPartition
 
 PLAN_LUA = """
 local max = tonumber(ARGV[1])
+local function after(a, b)  -- stream id a > b
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
 local out = {}
 for i = 1, #KEYS / 2 do
   local sink, stream = KEYS[2*i-1], KEYS[2*i]
@@ -51,12 +57,20 @@ for i = 1, #KEYS / 2 do
       if handed ~= '' then from = handed else from = '0-0' end
       redis.call('HSET', sink, 'offset', from)
     end
-    local entries = redis.call('XRANGE', stream, '(' .. from, '+', 'COUNT', max)
-    local n = #entries
-    local to = from
-    if n > 0 then
-      to = entries[n][1]
-      redis.call('HSET', sink, 'planned_to', to, 'planned_token', token)
+    local to, n = from, 0
+    if redis.call('EXISTS', stream) == 1 then
+      local info = redis.call('XINFO', 'STREAM', stream)
+      local last, added = '0-0', 0
+      for j = 1, #info, 2 do
+        if info[j] == 'last-generated-id' then last = info[j+1] end
+        if info[j] == 'entries-added' then added = tonumber(info[j+1]) end
+      end
+      if after(last, from) then
+        to = last
+        local done = tonumber(redis.call('HGET', sink, 'events') or '0')
+        n = math.max(1, math.min(max, added - done))
+        redis.call('HSET', sink, 'planned_from', from, 'planned_token', token)
+      end
     end
     out[#out+1] = {'ok', from, to, n}
   end
@@ -112,7 +126,7 @@ if stored > token then return {'fenced', '', '', '0'} end
 local sealed = tonumber(redis.call('HGET', KEYS[1], 'sealed') or '0')
 if token > sealed then redis.call('HSET', KEYS[1], 'sealed', token) end
 return {'sealed', redis.call('HGET', KEYS[1], 'offset') or '',
-        redis.call('HGET', KEYS[1], 'planned_to') or '',
+        redis.call('HGET', KEYS[1], 'planned_from') or '',
         redis.call('HGET', KEYS[1], 'planned_token') or '0'}
 """
 
@@ -123,8 +137,9 @@ class Plan:
     token: int
     status: str  # ok | fenced | sealed
     from_id: str
-    to_id: str
-    rows: int
+    to_id: str  # the stream's last id at planning: the range is (from, to], first `limit`
+    rows: int  # an upper bound of the entries to read (0: nothing new), at most `limit`
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -161,7 +176,7 @@ class FencedStore:
             keys += [self.keys.sink_partition(p.partition), self.keys.partition(p.partition)]
             args += [p.token, p.position or ""]
         raw = self._plan(keys=keys, args=args)
-        return [Plan(p.partition, p.token, str(s), str(f), str(t), int(n))
+        return [Plan(p.partition, p.token, str(s), str(f), str(t), int(n), max(1, max_rows))
                 for p, (s, f, t, n) in zip(owned, raw, strict=True)]
 
     def _commit_call(self, r: PartitionResult, client: redis.client.Pipeline | None) -> object:
@@ -189,9 +204,10 @@ class FencedStore:
                 for r, (s, d) in zip(results, raw, strict=True)]
 
     def seal(self, partition: int, token: int) -> Seal:
-        status, offset, planned_to, planned_token = self._seal(
+        status, offset, planned_from, planned_token = self._seal(
             keys=[self.keys.sink_partition(partition)], args=[token])
-        drained = int(planned_token) != token or planned_to in ("", offset)
+        # a planned range always ends past its start, so its commit moves the offset
+        drained = int(planned_token) != token or planned_from == "" or planned_from != offset
         return Seal(str(status), offset or None, drained)
 
     def committed(self, partition: int) -> dict[str, str]:

@@ -62,7 +62,8 @@ class LightWorker:
                 continue
             results += aggregate(read_range(
                 self.store.client, stream=self.stream, partition=plan.partition,
-                token=plan.token, from_id=plan.from_id, to_id=plan.to_id))
+                token=plan.token, from_id=plan.from_id, to_id=plan.to_id,
+                limit=plan.limit))
         rows = 0
         outcomes = self.store.commit(results)
         self.health.observe(plans, outcomes)

@@ -34,16 +34,23 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from kgroup.client import SidecarError
-from kgroup_pipeline.events import SOURCE_DDL, aggregate, read_range, results_to_arrow
+from kgroup_pipeline.events import (
+    RESULT_DDL,
+    SOURCE_DDL,
+    aggregate,
+    read_range,
+    results_to_arrow,
+)
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
 
 log = logging.getLogger(__name__)
-UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one Lua call
+UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one range
+ROWS_PER_TASK = 10_000  # a smaller batch is read by fewer tasks (each costs a round trip)
 
 
-Range = tuple[int, int, str, str]  # partition, token, from (exclusive), to (inclusive)
+Range = tuple[int, int, str, str, int]  # partition, token, from (excl.), to (incl.), limit
 
 
 class RangesPartition(InputPartition):
@@ -65,7 +72,8 @@ def split_ranges(entries: dict[str, dict[str, Any]], splits: int) -> list[list[R
     for p, e in sorted(entries.items(), key=lambda kv: (-int(kv[1].get("rows", 0)), int(kv[0]))):
         i = min(range(len(bins)), key=lambda j: bins[j][0])
         load, ranges = bins[i]
-        ranges.append((int(p), int(e["token"]), str(e["from"]), str(e["to"])))
+        ranges.append((int(p), int(e["token"]), str(e["from"]), str(e["to"]),
+                       int(e.get("limit", 0)) or UNLIMITED_ROWS))
         bins[i] = (load + int(e.get("rows", 0)), ranges)
     return [sorted(r) for _, r in bins if r]
 
@@ -77,6 +85,7 @@ class KgroupStreamReader(DataSourceStreamReader):
         self.ownership_spec = options["ownership"]
         self.max_rows = int(options.get("maxrowsperbatch", "50000"))
         self.splits = int(options.get("splits", "2"))
+        self.aggregated = options.get("output", "events") == "aggregates"
         self._store: FencedStore | None = None
         self._ownership: Ownership | None = None
         self._health: HealthReporter | None = None
@@ -114,7 +123,7 @@ class KgroupStreamReader(DataSourceStreamReader):
         plans = store.plan(active, max_rows=max(1, total // len(active)))
         self._reporter(store, ownership).observe(plans)
         entries = {str(p.partition): {"from": p.from_id, "to": p.to_id, "token": p.token,
-                                      "rows": p.rows}
+                                      "rows": p.rows, "limit": p.limit}
                    for p in sorted(plans, key=lambda p: p.partition)
                    if p.status == "ok" and p.rows > 0}
         if not entries:
@@ -129,15 +138,24 @@ class KgroupStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
-        return [RangesPartition(r) for r in split_ranges(end.get("p", {}), self.splits)]
+        entries = end.get("p", {})
+        rows = sum(int(e.get("rows", 0)) for e in entries.values())
+        tasks = min(self.splits, max(1, -(-rows // ROWS_PER_TASK)))
+        return [RangesPartition(r) for r in split_ranges(entries, tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangesPartition)
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         try:
-            for part, token, from_id, to_id in partition.ranges:
-                yield from read_range(client, stream=self.stream, partition=part, token=token,
-                                      from_id=from_id, to_id=to_id)
+            for part, token, from_id, to_id, limit in partition.ranges:
+                batches = read_range(client, stream=self.stream, partition=part, token=token,
+                                     from_id=from_id, to_id=to_id, limit=limit)
+                if self.aggregated:
+                    results = aggregate(batches)
+                    if results:
+                        yield results_to_arrow(results)
+                else:
+                    yield from batches
         finally:
             client.close()
 
@@ -154,7 +172,7 @@ class KgroupStreamSource(DataSource):
         return "kgroup"
 
     def schema(self) -> str:
-        return SOURCE_DDL
+        return RESULT_DDL if self.options.get("output", "events") == "aggregates" else SOURCE_DDL
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KgroupStreamReader(dict(self.options))

@@ -45,6 +45,13 @@ def spark_env() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
+# The driver JVM of a pod with a core or two: C1 only (the tiered C2 compiler's threads
+# compete with start-up and with the Python workers for the pod's cores; the hot path is
+# Python, not JVM code) and the serial collector (a small heap, no GC threads to start).
+# KGROUP_SPARK_JAVA_OPTIONS replaces them ("" for the JVM's defaults).
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def build_session(master: str = "local[*]", app: str = "kgroup-pipeline", *,
                   executor_cores: int = 1, executor_memory: str = "512m",
                   cores_max: int = 1) -> Any:
@@ -62,6 +69,9 @@ def build_session(master: str = "local[*]", app: str = "kgroup-pipeline", *,
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.streaming.schemaInference", "false"))
+    java_options = os.environ.get("KGROUP_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     on_cluster = not master.startswith("local")
     if on_cluster:
         from kgroup_pipeline.spark_cluster import cluster_conf
@@ -91,6 +101,10 @@ class Progress:
     last_at: float = field(default_factory=time.monotonic)
     quiet: bool = False
     history: list[tuple[float, int]] = field(default_factory=list)  # (monotonic end, rows)
+    # per batch: seconds in the job (df.toArrow: read + aggregate tasks), in turning its
+    # rows into results, in the fenced commit; and Spark's own durationMs of each batch
+    stages: list[dict[str, float]] = field(default_factory=list)
+    spark: list[dict[str, Any]] = field(default_factory=list)
 
 
 class FencedBatchSink:
@@ -103,9 +117,13 @@ class FencedBatchSink:
         self.progress = Progress(quiet=quiet)
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        t0 = time.perf_counter()
         table = df.toArrow()
+        t1 = time.perf_counter()
         results = results_from_rows(table.to_pylist())
+        t2 = time.perf_counter()
         outcomes = self.store.commit(results)
+        t3 = time.perf_counter()
         rows = sum(r.events for r, o in zip(results, outcomes, strict=True)
                    if o.status == "committed")
         refused = [o for o in outcomes if o.status != "committed"]
@@ -118,6 +136,8 @@ class FencedBatchSink:
         p.rows += rows
         p.refused += len(refused)
         p.history.append((now, rows))
+        p.stages.append({"batch": batch_id, "rows": rows, "job_s": t1 - t0,
+                         "convert_s": t2 - t1, "commit_s": t3 - t2})
         if not p.quiet:
             print(f"batch={batch_id} partitions={len(results)} rows={rows} "
                   f"events/s={rows / elapsed:.0f} lag={self.lag([r.partition for r in results])}"
@@ -141,19 +161,53 @@ class FencedBatchSink:
 
 def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, checkpoint: str,
                 sink: FencedBatchSink, trigger_seconds: float = 0.25,
-                max_rows: int = 100_000) -> Any:
+                max_rows: int = 100_000, fused: bool = True,
+                async_progress: bool = False) -> Any:
     from kgroup_pipeline.source import aggregate_arrow
 
-    events = (spark.readStream.format("kgroup")
+    reader = (spark.readStream.format("kgroup")
               .option("redis", redis_url).option("stream", stream)
               .option("ownership", ownership).option("maxRowsPerBatch", str(max_rows))
-              .option("splits", str(spark.sparkContext.defaultParallelism))
-              .load())
-    results = events.mapInArrow(aggregate_arrow, RESULT_DDL)
-    return (results.writeStream.foreachBatch(sink)
+              .option("splits", str(spark.sparkContext.defaultParallelism)))
+    if fused:
+        results = reader.option("output", "aggregates").load()
+    else:
+        results = reader.load().mapInArrow(aggregate_arrow, RESULT_DDL)
+    writer = results.writeStream.foreachBatch(sink)
+    if async_progress:
+        # Spark writes its offset and commit logs in the background (the sink's fenced
+        # offsets are the truth, so a log that lags only means a refused replay after a
+        # restart). Spark admits only some sinks for this; foreachBatch needs its override.
+        writer = (writer.option("asyncProgressTrackingEnabled", "true")
+                  .option("_asyncProgressTrackingOverrideSinkSupportCheck", "true")
+                  .option("asyncProgressTrackingCheckpointIntervalMs", "1000"))
+    return (writer
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
             .start())
+
+
+def _warm(batches: Any) -> Any:
+    """Runs in each Python worker of the warm-up job: the source's imports, once."""
+    import kgroup_pipeline.source  # noqa: F401  (pyarrow, numpy, redis, the reader)
+
+    yield from batches
+
+
+def warm_up(spark: Any) -> threading.Thread:
+    """Start the Python workers the first batch's tasks will reuse (and import the source
+    in them) on a thread of its own, while the query is being started."""
+    n = spark.sparkContext.defaultParallelism
+
+    def job() -> None:
+        try:
+            spark.range(0, n, 1, n).mapInArrow(_warm, "id long").collect()
+        except Exception as e:
+            log.warning("warm-up failed: %s", e)
+
+    thread = threading.Thread(target=job, name="kgroup-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def held(handoff: HandoffController) -> bool:
@@ -166,7 +220,8 @@ def held(handoff: HandoffController) -> bool:
 def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint: str,
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
-        executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1) -> Progress:
+        executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1,
+        fused: bool = True, warm: bool = True, async_progress: bool = False) -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -179,10 +234,12 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         if not quiet:
             print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
                   flush=True)
+        if warm:
+            warm_up(spark)
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
-                        max_rows=max_rows)
+                        max_rows=max_rows, fused=fused, async_progress=async_progress)
     handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
@@ -196,6 +253,9 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
             handoff.step(time.monotonic(), everything=True)
             time.sleep(0.1)
     finally:
+        sink.progress.spark = [
+            {"batch": p["batchId"], "rows": p["numInputRows"], **p["durationMs"]}
+            for p in (query.recentProgress or []) if p.get("numInputRows")]
         query.stop()
         if own_session:
             spark.stop()
@@ -222,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", type=float, default=0.25, help="trigger interval, seconds")
     ap.add_argument("--max-rows", type=int, default=100_000, help="rows per micro-batch")
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--async-progress", action="store_true",
+                    help="Spark's offset/commit logs written in the background (experimental)")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="do not start the Python workers while the query starts")
     args = ap.parse_args(argv)
     spec = ownership_spec(ap, args)
     stop = stop_on_signals()
@@ -230,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
         max_rows=args.max_rows, drain_timeout=args.drain_timeout,
         executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-        cores_max=args.cores_max)
+        cores_max=args.cores_max, warm=not args.no_warm_up, async_progress=args.async_progress)
     return 0
 
 
