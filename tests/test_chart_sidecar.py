@@ -89,7 +89,7 @@ def test_exec_probes_need_the_socket_volume(tmp_path: Path) -> None:
     (parent / "values.yaml").write_text(
         "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '9.9.9'}, "
         "probes: {mode: exec}}\n")
-    with pytest.raises(Exception, match="sidecar.listen must be unix"):
+    with pytest.raises(AssertionError, match=r"sidecar\.listen must be unix"):
         render(chart=parent)
 
 

@@ -206,7 +206,8 @@ def test_a_restart_without_lost_history_rewatches_without_a_relist(
         c = api()
         try:
             adapter.start()
-            await eventually("listed", lambda: w.listed("member") == 1 and w.listed("group"))
+            await eventually("listed",
+                             lambda: w.listed("member") == 1 and w.listed("group") == 1)
             await asyncio.to_thread(cluster.restart_apiserver)
             await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-c"), timeout=5)
             await eventually("the event after the restart",

@@ -156,11 +156,11 @@ def kubeconfig_config(path: str | Path) -> ApiConfig:
     ctx: ssl.SSLContext | bool
     if cluster.get("insecure-skip-tls-verify"):
         ctx = False
-    else:
+    elif cluster.get("certificate-authority-data"):  # the cluster's CA only, as client-go
+        ctx = ssl.create_default_context(
+            cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    else:  # a CA file, or else the system's store
         ctx = ssl.create_default_context(cafile=file_of("certificate-authority"))
-        if cluster.get("certificate-authority-data"):
-            ctx.load_verify_locations(
-                cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
     if isinstance(ctx, ssl.SSLContext):
         cert, key = user.get("client-certificate-data"), user.get("client-key-data")
         if cert and key:
