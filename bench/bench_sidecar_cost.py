@@ -9,8 +9,14 @@ member holds its target, ``--window`` seconds of steady state: per process the C
 ``--code DIR`` runs the sidecar from another source tree (``git archive <commit> | tar -x
 -C DIR``), e.g. the code before a change, with this environment's packages.
 
+``--real-node``: the same on the local real node instead, as a user runs it: the chart
+(e2e/values-real-node.yaml: exec probes), the example ConsumerGroup and 4 light workers
+of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up). Per
+sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU, RSS,
+working set; probes included), and per sidecar *process* the same /proc figures.
+
     .venv/bin/python bench/bench_sidecar_cost.py [--members 4] [--partitions 16]
-        [--window 60] [--code /tmp/old] [--out file.json]
+        [--window 60] [--code /tmp/old] [--real-node] [--out file.json]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import os
 import secrets
+import sys
 import threading
 import time
 from pathlib import Path
@@ -30,6 +37,7 @@ from kubernetes import client
 from kgroup.client import Report, SidecarClient
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
+from kgroup_sidecar import testing
 from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, wait_until
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -56,14 +64,87 @@ def report_health(sc: SidecarProcess, stop: threading.Event) -> None:
                                       lag=0) for p in held])
 
 
+def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
+    """pod uid -> pid of its kgroup-sidecar process (found in /proc by cgroup and command)."""
+    found: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            groups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if b"kgroup-sidecar" not in cmd:
+            continue
+        for uid in pod_uids:
+            if uid.replace("-", "_") in groups or uid in groups:
+                found[uid] = int(proc.name)
+    return found
+
+
+def real_node(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_real_node import group_on_node, kubelet_stats
+
+    from kgroup_devcluster.cluster import ensure_up
+    from kgroup_devcluster.images import ensure_on_node
+
+    cluster = ensure_up(who="bench")
+    ensure_on_node(cluster.state_dir)
+    with group_on_node(cluster, args.partitions) as (g, _producer):
+        time.sleep(15)  # settle
+
+        def containers() -> dict[str, Any]:
+            return {p["podRef"]["uid"]: c for p in kubelet_stats(cluster)
+                    if p["podRef"]["namespace"] == g.namespace
+                    for c in p.get("containers", []) if c["name"] == "kgroup-sidecar"}
+
+        load0 = os.getloadavg()
+        a = containers()
+        pids = sidecar_pids(set(a))
+        t0, c0 = time.monotonic(), {u: cpu_seconds(p) for u, p in pids.items()}
+        time.sleep(args.window)
+        t1, b = time.monotonic(), containers()
+        c1 = {u: cpu_seconds(p) for u, p in pids.items()}
+        rows = []
+        for uid, c in b.items():
+            if uid not in a:
+                continue
+            used = c["cpu"]["usageCoreNanoSeconds"] - a[uid]["cpu"]["usageCoreNanoSeconds"]
+            row = {"container_mcpu": used / 1e6 / (t1 - t0),
+                   "container_rss_mb": (c.get("memory", {}).get("rssBytes") or 0) / 1e6,
+                   "container_working_set_mb":
+                       (c.get("memory", {}).get("workingSetBytes") or 0) / 1e6}
+            if uid in pids:
+                row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
+                row["process_rss_mb"] = rss_mb(pids[uid])
+            rows.append(row)
+        return {"where": "real node", "members": len(rows), "partitions": args.partitions,
+                "window_s": args.window, "load_avg_start": load0,
+                "load_avg_end": os.getloadavg(), "containers": rows,
+                **{f"{k}_max": max(r.get(k, 0.0) for r in rows) for k in rows[0]},
+                **{f"{k}_mean": sum(r.get(k, 0.0) for r in rows) / len(rows)
+                   for k in rows[0]}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--code", type=Path, help="run the sidecar from this source tree")
+    ap.add_argument("--real-node", action="store_true")
+    ap.add_argument("--profile", type=Path,
+                    help="run the first sidecar under cProfile, its stats written here")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.real_node:
+        on_node = real_node(args)
+        print(json.dumps(on_node, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(on_node, indent=2) + "\n")
+        return
     cluster = join()
     api = admin_api_client(cluster)
     ns = f"bench-cost-{secrets.token_hex(3)}"
@@ -81,9 +162,21 @@ def main() -> None:
         target.create(partitions=args.partitions, duration=8, renew=2, drain=30)
         pods = [f"pod-{i}" for i in range(args.members)]
         for pod in pods:
-            sidecars.append(SidecarProcess(pod=pod, group="cost", namespace=ns,
-                                           kubeconfig=str(cluster.kubeconfig),
-                                           workdir=workdir, env=dict(env)).start())
+            sc = SidecarProcess(pod=pod, group="cost", namespace=ns,
+                                kubeconfig=str(cluster.kubeconfig), workdir=workdir,
+                                env=dict(env))
+            if args.profile and not sidecars:
+                plain = testing.sidecar_command
+                testing.sidecar_command = lambda: [
+                    sys.executable, "-m", "cProfile", "-o", str(args.profile), "-m",
+                    "kgroup_sidecar.main"]
+                try:
+                    sc.start()
+                finally:
+                    testing.sidecar_command = plain
+            else:
+                sc.start()
+            sidecars.append(sc)
         assignment = {pod: list(range(i, args.partitions, args.members))
                       for i, pod in enumerate(pods)}
         epoch = target.assign(assignment)
@@ -120,6 +213,8 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         stop.set()
+        if args.profile and sidecars:
+            sidecars[0].terminate()  # a graceful exit writes the profile
         for sc in sidecars:
             sc.stop()
         with contextlib.suppress(client.ApiException):
