@@ -152,7 +152,10 @@ def main() -> None:
         metadata=client.V1ObjectMeta(name=ns)))
     workdir = Path(f"/tmp/{ns}")
     workdir.mkdir()
-    env: dict[str, str] = {"KGROUP_LOG_LEVEL": "INFO"}
+    # as in a pod: the cluster's CA is the process's trust store (kgroup_sidecar.main sets
+    # it from the service account's ca.crt; these processes use a kubeconfig instead)
+    env: dict[str, str] = {"KGROUP_LOG_LEVEL": "INFO",
+                           "SSL_CERT_FILE": str(cluster.pki.ca_cert)}
     if args.code:
         env["PYTHONPATH"] = f"{args.code}:{args.code / 'worker_sidecar'}"
     sidecars: list[SidecarProcess] = []
