@@ -293,8 +293,9 @@ class ApiClient:
                                   headers=self.config.headers(), timeout=timeout) as resp:
             if resp.status != 200:
                 raise _error(resp.status, await resp.read())
-            # Lines are split here, not with readline(): aiohttp caps a line at 64 KiB, and
-            # a ConsumerGroup with a large status is one longer line.
+            # Lines are split here, not with readline(): aiohttp refuses a line longer than
+            # twice its read buffer (512 KiB in 3.14, 128 KiB before), and one event is one
+            # line of up to an object's size (1.5 MiB: a ConsumerGroup's large status).
             pending = bytearray()
             async for chunk in resp.content.iter_any():
                 pending += chunk
