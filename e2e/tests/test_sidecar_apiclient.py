@@ -199,30 +199,6 @@ def test_a_watch_whose_version_is_gone_relists_and_a_restart_rewatches(
     run(go())
 
 
-def test_a_restart_without_lost_history_rewatches_without_a_relist(
-        cluster: Cluster, crd: list[str], namespace: str, api: Callable[[], ApiClient]) -> None:
-    async def go() -> None:
-        w = Watcher(cluster, namespace)
-        adapter = w.adapter()
-        c = api()
-        try:
-            adapter.start()
-            await eventually("listed",
-                             lambda: w.listed("member") == 1 and w.listed("group") == 1)
-            await asyncio.to_thread(cluster.restart_apiserver)
-            await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-c"), timeout=5)
-            await eventually("the event after the restart",
-                             lambda: w.saw("member", "ADDED", f"{GROUP}-member-c"))
-        finally:
-            await adapter.aclose()
-            await c.close()
-        # either a resumed watch (no new list) or, if the API server had no history for
-        # it, one re-list; never a list per reconnect attempt
-        assert w.listed("member") <= 2
-
-    run(go())
-
-
 def _service_account_dir(tmp: Path, cluster: Cluster, token: str) -> Path:
     """A projected service-account volume as the kubelet writes it: ..data -> a dated
     directory, token and ca.crt through it."""
