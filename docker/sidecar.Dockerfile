@@ -1,9 +1,11 @@
 # The kgroup sidecar (one per worker pod; its API listens on 127.0.0.1 only).
 #   docker build -f docker/sidecar.Dockerfile -t ghcr.io/kgroup/kgroup-sidecar:0.1.0 .
-# The chart's probes run `python3 -c ...` inside this image against loopback.
+# The chart's probes start no interpreter: httpGet on the pod's IP, or (hostNetwork pods)
+# `find` on the sidecar's probe files (GNU findutils, in every Debian image).
 # Holds the core (kgroup/) and the sidecar only, with the `sidecar` extra's packages
-# (kubernetes, aiohttp, prometheus-client, python-json-logger, pydantic): no kopf, operator,
-# pipeline or dev-cluster code.
+# (aiohttp, prometheus-client, python-json-logger, PyYAML, and pydantic from the core,
+# which the sidecar does not import): no kubernetes client, kopf, operator, pipeline or
+# dev-cluster code.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

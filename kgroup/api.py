@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from kgroup.constants import DRAIN_TIMEOUT_SECONDS, LEASE_DURATION_SECONDS, RENEW_INTERVAL_SECONDS
+
 Phase = Literal["Pending", "Rebalancing", "Stable", "Degraded", "Paused"]
 AssignorName = Literal["sticky", "range"]
 
@@ -70,12 +72,16 @@ class LabelSelector(_Model):
 
 
 class LeaseSettings(_Model):
-    duration_seconds: int = Field(default=8, ge=2, le=3600)
-    renew_interval_seconds: int = Field(default=2, ge=1, le=3600)
+    duration_seconds: int = Field(default=LEASE_DURATION_SECONDS[0],
+                                  ge=LEASE_DURATION_SECONDS[1], le=LEASE_DURATION_SECONDS[2])
+    renew_interval_seconds: int = Field(default=RENEW_INTERVAL_SECONDS[0],
+                                        ge=RENEW_INTERVAL_SECONDS[1],
+                                        le=RENEW_INTERVAL_SECONDS[2])
 
 
 class HandoffSettings(_Model):
-    drain_timeout_seconds: int = Field(default=30, ge=0, le=86400)
+    drain_timeout_seconds: int = Field(default=DRAIN_TIMEOUT_SECONDS[0],
+                                       ge=DRAIN_TIMEOUT_SECONDS[1], le=DRAIN_TIMEOUT_SECONDS[2])
 
 
 class ConsumerGroupSpec(_Model):

@@ -113,7 +113,11 @@ _LEASE_CALL = re.compile(r"\.(read|list|create|replace|patch|delete)_(?:namespac
 
 
 _VERB = {"read": "get", "list": "list", "create": "create", "replace": "update",
-         "patch": "patch", "delete": "delete"}
+         "patch": "patch", "delete": "delete", "get": "get"}
+# The sidecar's own client (kgroup_sidecar.apiclient): verb(LEASES, ...), and its watches
+# as data: WatchSpec("kind", LEASES, ...) is a list plus a watch.
+_SIDECAR_CALL = re.compile(r"\.(get|list|create|replace|patch|delete)\(\s*LEASES\b")
+_SIDECAR_WATCH = re.compile(r"WatchSpec\(\s*\"\w+\",\s*LEASES\b")
 
 
 def lease_verbs_called(*files: str) -> set[str]:
@@ -122,6 +126,9 @@ def lease_verbs_called(*files: str) -> set[str]:
     for name in files:
         text = (REPO / name).read_text()
         verbs |= {_VERB[m] for m in _LEASE_CALL.findall(text)}
+        verbs |= {_VERB[m] for m in _SIDECAR_CALL.findall(text)}
+        if _SIDECAR_WATCH.search(text):
+            verbs |= {"list", "watch"}
         if "watch.Watch" in text or "kopf.on.event(\"coordination.k8s.io\"" in text:
             verbs |= {"list", "watch"}
     return verbs

@@ -39,15 +39,59 @@ def test_sidecar_template_renders_a_native_sidecar_with_the_protocol_env(
     assert env["KGROUP_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["KGROUP_LISTEN"]["value"] == "unix:///var/run/kgroup/sidecar.sock"
     assert "KUBERNETES_SERVICE_HOST" not in env
-    probes = {k: side[k]["exec"]["command"]
-              for k in ("startupProbe", "livenessProbe", "readinessProbe")}
-    assert probes["livenessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/healthz"]
-    assert probes["readinessProbe"] == ["python3", "-m", "kgroup_sidecar.probe", "/readyz"]
+    # the default probes: httpGet on a port of the pod's IP that serves only the probes
+    probes = {k: side[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["startupProbe"] == probes["livenessProbe"] == {
+        "path": "/livez", "port": "kgroup-probe"}
+    assert probes["readinessProbe"] == {"path": "/readyz", "port": "kgroup-probe"}
+    assert side["ports"] == [{"name": "kgroup-probe", "containerPort": 8471, "protocol": "TCP"}]
+    assert env["KGROUP_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["KGROUP_PROBE_LISTEN"]["value"] == "$(KGROUP_POD_IP):8471"
+    assert "KGROUP_PROBE_DIR" not in env
     assert side["readinessProbe"]["periodSeconds"] == 2
     assert side["volumeMounts"] == [TOKEN_MOUNT,
                                    {"name": "kgroup-sidecar", "mountPath": "/var/run/kgroup"}]
     assert side["securityContext"]["readOnlyRootFilesystem"] is True
     assert side["securityContext"]["runAsNonRoot"] is True
+
+
+def no_interpreter(command: list[str]) -> bool:
+    return not any("python" in word for word in command)
+
+
+def test_exec_probes_test_the_sidecars_files_with_find_not_python(tmp_path: Path) -> None:
+    parent = parent_chart(tmp_path, POD_TEMPLATE % {"where": "initContainers", "extra": ""})
+    (parent / "values.yaml").write_text(
+        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '9.9.9'}, "
+        "probes: {mode: exec}}\n")
+    (side,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
+    env = {e["name"]: e.get("value") for e in side["env"]}
+    assert env["KGROUP_PROBE_DIR"] == "/var/run/kgroup/probe"  # in the socket's emptyDir
+    assert "KGROUP_PROBE_LISTEN" not in env and "KGROUP_POD_IP" not in env
+    assert "ports" not in side  # nothing to collide on a hostNetwork node
+    alive = ["find", "/var/run/kgroup/probe/alive", "-mmin", "+0.5", "-exec", "false", "{}",
+             "+"]
+    ready = ["find", "/var/run/kgroup/probe/ready", "-mmin", "+0.25", "-exec", "false", "{}",
+             "+"]
+    assert side["startupProbe"]["exec"]["command"] == alive
+    assert side["livenessProbe"]["exec"]["command"] == alive
+    assert side["readinessProbe"]["exec"]["command"] == ready
+    assert all(no_interpreter(side[k]["exec"]["command"])
+               for k in ("startupProbe", "livenessProbe", "readinessProbe"))
+    # the sidecar's own module writes the files those commands test
+    from kgroup_sidecar.probe_files import ALIVE, READY, probe_command
+    assert probe_command("/var/run/kgroup/probe", ALIVE) == alive
+    assert probe_command("/var/run/kgroup/probe", READY) == ready
+
+
+def test_exec_probes_need_the_socket_volume(tmp_path: Path) -> None:
+    parent = parent_chart(tmp_path, POD_TEMPLATE % {
+        "where": "initContainers", "extra": '"listen" "127.0.0.1:9470"'})
+    (parent / "values.yaml").write_text(
+        "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '9.9.9'}, "
+        "probes: {mode: exec}}\n")
+    with pytest.raises(AssertionError, match=r"sidecar\.listen must be unix"):
+        render(chart=parent)
 
 
 def test_sidecar_template_renders_a_plain_container_when_not_native(tmp_path: Path) -> None:
@@ -154,7 +198,7 @@ def test_example_worker_deployment_matches_the_sidecar_template(tmp_path: Path) 
     (side,) = [c for c in pod["initContainers"] if c["name"] == "kgroup-sidecar"]
     (app,) = pod["containers"]
     rendered = app_pod(tmp_path, "")["spec"]
-    assert side == rendered["initContainers"][0]
+    assert side == rendered["initContainers"][0]  # the chart's default probes: httpGet
     (url_env,) = rendered["containers"][0]["env"]
     assert url_env in app["env"]
     (mount,) = rendered["containers"][0]["volumeMounts"]
@@ -204,7 +248,8 @@ def test_log_format_reaches_both_components(tmp_path: Path) -> None:
     env = {e["name"]: e for e in side["env"]}
     assert env["KGROUP_LOG_FORMAT"]["value"] == "json"
     assert env["KGROUP_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
-    assert "KGROUP_METRICS_LISTEN" not in env and "ports" not in side
+    assert "KGROUP_METRICS_LISTEN" not in env
+    assert [p["name"] for p in side["ports"]] == ["kgroup-probe"]  # the probes' port only
 
 
 def test_sidecar_metrics_bind_the_pod_ip_or_the_host_given(tmp_path: Path) -> None:
@@ -215,10 +260,14 @@ def test_sidecar_metrics_bind_the_pod_ip_or_the_host_given(tmp_path: Path) -> No
     names = [e["name"] for e in side["env"]]
     assert names.index("KGROUP_POD_IP") < names.index("KGROUP_METRICS_LISTEN")  # $(...) order
     assert env["KGROUP_METRICS_LISTEN"]["value"] == "$(KGROUP_POD_IP):9471"
-    assert side["ports"] == [{"name": "kgroup-metrics", "containerPort": 9471,
-                              "protocol": "TCP"}]
+    assert side["ports"] == [
+        {"name": "kgroup-probe", "containerPort": 8471, "protocol": "TCP"},
+        {"name": "kgroup-metrics", "containerPort": 9471, "protocol": "TCP"}]
+    assert names.count("KGROUP_POD_IP") == 1  # shared by the probes and the metrics
     side = app_pod(tmp_path / "b", "  sidecar: {metrics: {enabled: true, host: 127.0.0.1, "
                     "port: 9500}, image: {tag: '0.1.0'}}\n")["spec"]["initContainers"][0]
     env = {e["name"]: e for e in side["env"]}
     assert env["KGROUP_METRICS_LISTEN"]["value"] == "127.0.0.1:9500"
-    assert "KGROUP_POD_IP" not in env
+    side = app_pod(tmp_path / "c", "  sidecar: {metrics: {enabled: true, host: 127.0.0.1}, "
+                    "probes: {mode: exec}, image: {tag: '0.1.0'}}\n")["spec"]["initContainers"][0]
+    assert "KGROUP_POD_IP" not in {e["name"] for e in side["env"]}  # neither needs it

@@ -3,7 +3,10 @@ only placement, API address, pull policy and Redis change; the sidecar stays the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
+from test_chart_sidecar import app_pod, no_interpreter
 
 from kgroup_devcluster.real_node import EXAMPLE, example_workers
 
@@ -36,5 +39,22 @@ def test_only_those_fields_differ_from_the_example() -> None:
     assert set(a_pod) - set(o_pod) == {"hostNetwork", "dnsPolicy", "nodeSelector",
                                        "tolerations"}
     assert a_pod["containers"][0]["command"] == o_pod["containers"][0]["command"]
+    o_side, a_side = o_pod["initContainers"][0], a_pod["initContainers"][0]
+    assert "httpGet" in o_side["readinessProbe"] and "exec" in a_side["readinessProbe"]
     assert a_pod["volumes"] == o_pod["volumes"]
     assert adapted[0]["data"]["KGROUP_STREAM"] == original[0]["data"]["KGROUP_STREAM"]
+
+
+def test_on_the_real_node_the_sidecar_is_the_charts_with_exec_probes(tmp_path: Path) -> None:
+    """A hostNetwork pod has no port of its own: the adapted sidecar is exactly what the
+    chart renders with sidecar.probes.mode=exec (plus the API address and pull policy)."""
+    adapted = example_workers(api_port=40123, redis_url="redis://127.0.0.1:1/0")
+    (side,) = adapted[1]["spec"]["template"]["spec"]["initContainers"]
+    rendered = app_pod(tmp_path, "  sidecar: {probes: {mode: exec}, image: {tag: '0.1.0'}}\n"
+                       )["spec"]["initContainers"][0]
+    side = dict(side, imagePullPolicy=rendered["imagePullPolicy"], env=[
+        e for e in side["env"] if not e["name"].startswith("KUBERNETES_SERVICE_")])
+    assert side == rendered
+    assert "ports" not in side
+    for key in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert no_interpreter(side[key]["exec"]["command"])

@@ -6,7 +6,9 @@ The chart's own objects take `e2e/values-real-node.yaml`; the worker Deployment 
 the same pod) is the user's, so the same settings are added here, each
 one a field a user of such a node would add by hand (the example's header lists them):
 hostNetwork with the node's resolver, the API server on loopback for the sidecar, the
-real node's label and taint, images that are never pulled, and where Redis is.
+sidecar's exec probes instead of httpGet (a hostNetwork pod has no port of its own: the
+chart's `sidecar.probes.mode: exec`, `exec_probes`), the real node's label and taint,
+images that are never pulled, and where Redis is.
 Pure: manifests in, manifests out (``kubectl apply`` is the caller's).
 """
 
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kgroup_sidecar.probe_files import ALIVE, READY, probe_command
 
 from .cluster import REPO
 
@@ -35,6 +39,27 @@ NODE_VALUE = "real"
 # surge pod Pending. Tests and the demo ask for little CPU; memory requests and every limit
 # stay the example's (24 GiB hold them).
 SMALL_CPU_REQUEST = "50m"
+PROBE_DIR = "/var/run/kgroup/probe"  # in the socket's emptyDir, as the chart renders it
+
+
+def exec_probes(sidecar: Obj, probe_dir: str = PROBE_DIR) -> None:
+    """The sidecar container switched from httpGet probes to the exec probes of the chart's
+    `sidecar.probes.mode: exec` (tests/test_real_node_manifests.py compares the two)."""
+    sidecar["env"] = [e for e in sidecar["env"]
+                      if e["name"] not in ("KGROUP_POD_IP", "KGROUP_PROBE_LISTEN")]
+    sidecar["env"].append({"name": "KGROUP_PROBE_DIR", "value": probe_dir})
+    ports = [p for p in sidecar.get("ports", []) if p.get("name") != "kgroup-probe"]
+    if ports:
+        sidecar["ports"] = ports
+    else:
+        sidecar.pop("ports", None)
+    for key, name in (("startupProbe", ALIVE), ("livenessProbe", ALIVE),
+                      ("readinessProbe", READY)):
+        probe = sidecar[key]
+        probe.pop("httpGet", None)
+        probe["exec"] = {"command": probe_command(probe_dir, name)}
+    # a stale file, not a slow answer, is what fails: one slow exec must not kill it
+    sidecar["livenessProbe"].update(timeoutSeconds=10, failureThreshold=2)
 
 
 def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
@@ -71,6 +96,7 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
                     c.setdefault("resources", {}).setdefault("requests", {})["cpu"] = (
                         SMALL_CPU_REQUEST)
                 if c["name"] == "kgroup-sidecar":
+                    exec_probes(c)
                     c["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                  {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]
                     c["env"] += [{"name": k, "value": v}

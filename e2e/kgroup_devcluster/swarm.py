@@ -12,9 +12,9 @@ member identity, session Lease and audit trail. Only three things are shared, be
   scope (``next_watch_scope`` of their interest) holds it, and a re-list of its scope to a
   member whose scope changes; a member that joins late gets the hub's current objects as
   its initial lists, exactly what its own lists would have returned;
-- one ``ApiClient`` (connection pool) for every member's writes;
-- one asyncio loop (in a thread of its own), with a larger default executor, since
-  every write is a blocking call in ``asyncio.to_thread``.
+- one pair of ``ApiClient`` (aiohttp connection pools: the shared one and the one for
+  member-Lease writes) for every member's requests;
+- one asyncio loop (in a thread of its own).
 
 The hub hands events over in batches (``batch_seconds``, default 0.05 s): a member steps
 once per batch instead of once per event. A pod's own sidecar steps once per burst of
@@ -57,10 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubernetes import client
-
 from kgroup.core.lease_codec import parse_partition_lease
-from kgroup_sidecar.kube import KubeAdapter, Scope, make_configuration
+from kgroup_sidecar.apiclient import ApiClient, load_config
+from kgroup_sidecar.kube import KubeAdapter, Scope
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
@@ -69,7 +68,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 T = TypeVar("T")
 EXECUTOR_THREADS = 32
-SESSION_THREADS_POOLED = 256  # connections kept for the members' session-write threads
+SHARED_CONNECTIONS = 32
+SESSION_CONNECTIONS = 256  # the members' member-Lease writes (kube.py)
 
 
 class Hub:
@@ -199,11 +199,11 @@ class SwarmAdapter(KubeAdapter):
     """A member's adapter: its watches are the hub's, its writes share one client."""
 
     def __init__(self, settings: Settings, *, hub: Hub, sidecar: Sidecar,
-                 writer: client.ApiClient, loop: asyncio.AbstractEventLoop) -> None:
+                 clients: tuple[ApiClient, ApiClient], loop: asyncio.AbstractEventLoop
+                 ) -> None:
         super().__init__(settings, loop=loop, on_list=sidecar.on_list,
-                         on_event=sidecar.on_event, metrics=sidecar.metrics)
-        self._writer = writer
-        self._leases = client.CoordinationV1Api(writer)
+                         on_event=sidecar.on_event, metrics=sidecar.metrics,
+                         api=clients[0], session_api=clients[1])
         self._hub = hub
         self._sidecar = sidecar
 
@@ -215,7 +215,6 @@ class SwarmAdapter(KubeAdapter):
 
     def stop(self) -> None:
         self._hub.unregister(self.settings.pod_name)
-        self._session_writes.shutdown(wait=False, cancel_futures=True)
 
 
 class AckingSidecar(Sidecar):
@@ -248,10 +247,7 @@ class Swarm:
         self.members: dict[str, Running] = {}
         self.crashed_at: dict[str, float] = {}
         hub_settings = self.settings("swarm-hub", audit=False)
-        cfg = make_configuration(hub_settings)
-        # the shared pool, plus one session-write thread per member (kube.py)
-        cfg.connection_pool_maxsize = EXECUTOR_THREADS + SESSION_THREADS_POOLED
-        self.writer = client.ApiClient(cfg)
+        self.clients: tuple[ApiClient, ApiClient] | None = None  # made in the loop
         self.hub = Hub(hub_settings, self.loop)
         self.lag_max_s = 0.0
 
@@ -275,6 +271,13 @@ class Swarm:
         if self.audit_dir is not None:
             self.audit_dir.mkdir(parents=True, exist_ok=True)
         self.thread.start()
+
+        async def clients() -> tuple[ApiClient, ApiClient]:
+            config = load_config(self.kubeconfig)
+            return (ApiClient(config, connections=SHARED_CONNECTIONS),
+                    ApiClient(config, connections=SESSION_CONNECTIONS))
+
+        self.clients = self._call(clients())
         self.loop.call_soon_threadsafe(self.hub.adapter.start)
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._watch_lag()))
         return self
@@ -284,8 +287,9 @@ class Swarm:
             for pod in pods:
                 settings = self.settings(pod)
                 sc: Sidecar = (AckingSidecar if self.auto_ack else Sidecar)(settings)
-                adapter = SwarmAdapter(settings, hub=self.hub, sidecar=sc, writer=self.writer,
-                                       loop=self.loop)
+                assert self.clients is not None
+                adapter = SwarmAdapter(settings, hub=self.hub, sidecar=sc,
+                                       clients=self.clients, loop=self.loop)
                 task = self.loop.create_task(sc.run(adapter), name=f"sidecar-{pod}")
                 self.members[pod] = Running(sc, task, time.monotonic())
 
@@ -343,10 +347,18 @@ class Swarm:
                 self.crash(pod)
             except Exception as exc:  # the loop may be gone already
                 log.warning("swarm: could not stop %s: %s", pod, exc)
-        self.loop.call_soon_threadsafe(self.hub.adapter.stop)
+
+        async def close_clients() -> None:
+            await self.hub.adapter.aclose()
+            for api in self.clients or ():
+                await api.close()
+
+        try:
+            self._call(close_clients(), 10)
+        except Exception as exc:  # the loop may be gone already
+            log.warning("swarm: could not close its clients: %s", exc)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
-        self.writer.close()  # type: ignore[no-untyped-call]
 
 
 class SwarmProcs:

@@ -32,14 +32,14 @@ TAGS = {
 # What each image's Python must and must not be able to import.
 HOLDS = {
     "operator": {"kgroup", "kgroup_operator", "kopf", "kubernetes", "aiohttp", "pydantic"},
-    "sidecar": {"kgroup", "kgroup_sidecar", "kubernetes", "aiohttp", "pydantic"},
+    "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
 LACKS = {
     "operator": {"kgroup_sidecar", "kgroup_pipeline", "kgroup_devcluster", "pyspark",
                  "redis", "pyarrow", "pandas", "pytest"},
-    "sidecar": {"kopf", "kgroup_operator", "kgroup_pipeline", "kgroup_devcluster",
-                "pyspark", "redis", "pyarrow", "pandas", "pytest"},
+    "sidecar": {"kopf", "kubernetes", "kgroup_operator", "kgroup_pipeline",
+                "kgroup_devcluster", "pyspark", "redis", "pyarrow", "pandas", "pytest"},
     "worker": {"kopf", "kubernetes", "aiohttp", "kgroup_operator", "kgroup_sidecar",
                "kgroup_devcluster", "pytest"},
 }
@@ -176,6 +176,20 @@ def test_the_sidecar_entry_point_starts_and_refuses_missing_settings(
     assert proc.returncode == 2, proc.stderr
     assert "kgroup-sidecar: missing required environment variable" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_sidecar_starts_light_and_its_exec_probes_binary_is_there(
+        built: dict[str, Built], containerd: str, loaded: dict[str, bool]) -> None:
+    """What a running sidecar imports (no pydantic, no YAML, no Kubernetes client: memory,
+    docs/design.md), and `find`, which the chart's exec probes run, is in the image."""
+    proc = run_in(containerd, built["sidecar"].tag, "python3", "-c",
+                  "import sys, kgroup_sidecar.main; print(sorted({m.split('.')[0] for m in "
+                  "sys.modules} & {'pydantic', 'yaml', 'kubernetes', 'urllib3', 'kopf'}))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    find = run_in(containerd, built["sidecar"].tag, "find", "/nonexistent", "-mmin", "+0.5",
+                  "-exec", "false", "{}", "+")
+    assert find.returncode == 1  # a missing probe file fails the probe
 
 
 @pytest.mark.spark

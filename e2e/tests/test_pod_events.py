@@ -29,6 +29,7 @@ from kgroup.client import SidecarClient, SidecarError
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig
+from kgroup_sidecar.apiclient import ApiClient, kubeconfig_config
 from kgroup_sidecar.events import EventPoster, Pod
 from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess
 
@@ -166,11 +167,15 @@ def test_the_pod_token_creates_and_patches_events_but_cannot_delete_them(
         kube: client.ApiClient, worker: Worker) -> None:
     api = api_client_from_kubeconfig(worker.kubeconfig)
     try:
-        poster = EventPoster.for_client(api, Pod(worker.namespace, worker.pod, worker.uid))
-
         async def twice() -> tuple[str | None, str | None]:
-            first = await poster.post("Warning", "HandoffTimedOut", "partition 3: test")
-            second = await poster.post("Warning", "HandoffTimedOut", "partition 3: test")
+            # the sidecar's own client with the pod's token, as the sidecar posts them
+            own = ApiClient(kubeconfig_config(worker.kubeconfig))
+            try:
+                poster = EventPoster(own, Pod(worker.namespace, worker.pod, worker.uid))
+                first = await poster.post("Warning", "HandoffTimedOut", "partition 3: test")
+                second = await poster.post("Warning", "HandoffTimedOut", "partition 3: test")
+            finally:
+                await own.close()
             return first, second
 
         first, second = asyncio.run(twice())

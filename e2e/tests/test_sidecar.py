@@ -108,7 +108,7 @@ def test_two_members_join_split_the_target_and_acknowledge(harness: Harness) -> 
 
 
 def _readiness(h: Harness, pod: str) -> tuple[bool, str]:
-    """What the kubelet's exec probe (kgroup_sidecar.probe /readyz) sees."""
+    """What /readyz answers (the chart's httpGet readiness probe asks the same)."""
     return probe("/readyz", h.sidecars[pod].listen)
 
 

@@ -158,6 +158,6 @@ def test_the_driver_makes_exactly_the_calls_each_decision_asks_for(drive: Drive)
         assert await drive.tick(kube) == [("delete", member, T)]
         assert drive.target.member_lease(POD) is None
         assert drive.sidecar.logic.tick().exit == "session ended"
-        kube.stop()
+        await kube.aclose()  # stops, and closes its clients (the shared and the session's)
 
     asyncio.run(scenario())

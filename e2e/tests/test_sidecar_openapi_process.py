@@ -53,6 +53,7 @@ def test_a_real_sidecar_answers_as_its_openapi_document_says(
             conn.close()
 
     wait_until("sidecar up", lambda: call("GET", "/healthz")[0] == 200, timeout=30)
+    assert call("GET", "/livez")[0] == 200
     assert call("GET", "/readyz")[0] == 503  # no target yet
     target.assign({"pod-a": [0, 1]})
     c = SidecarClient(sc.url)

@@ -35,9 +35,6 @@ from collections.abc import Callable, Generator
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core import health
 from kgroup.core import lease_codec as codec
@@ -63,6 +60,7 @@ from kgroup.core.member import (
     renew_retry_seconds,
     request_timeout,
 )
+from kgroup.core.member_spec import member_spec, spec_partitions
 from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 from kgroup.core.sidecar_requests import (
     Answer,
@@ -231,17 +229,14 @@ class SidecarLogic:
         if raw_spec is not self._spec_raw and raw_spec != self._spec_raw:
             self._spec_raw = raw_spec
             try:
-                spec = ConsumerGroupSpec.model_validate(raw_spec)
-                timing = LeaseTiming(
-                    duration=spec.lease.duration_seconds,
-                    renew_interval=spec.lease.renew_interval_seconds,
-                )
-            except (ValidationError, ValueError) as exc:
+                timing, drain_timeout = member_spec(raw_spec)
+                partitions = spec_partitions(raw_spec)
+            except ValueError as exc:
                 self._warn_once(f"spec:{exc}", f"ConsumerGroup {name}: unusable spec: {exc}")
             else:
                 self.timing = timing
-                self.drain_timeout = float(spec.handoff.drain_timeout_seconds)
-                self.partitions = spec.partitions
+                self.drain_timeout = drain_timeout
+                self.partitions = partitions
         status = obj.get("status") or {}
         epoch = status.get("epoch")
         if not isinstance(epoch, int):

@@ -8,7 +8,7 @@ again within :data:`AGGREGATE_SECONDS` patches the first Event's ``count`` and
 ``lastTimestamp`` instead of creating another, so a flapping member costs one object, not
 one per flap. ``involvedObject`` names the pod with its uid (``KGROUP_POD_UID`` from the
 downward API): ``kubectl describe pod`` lists only Events whose uid matches. Posting is
-best effort and never blocks the loop: the calls run in a worker thread and a failure is
+best effort and never blocks the loop: the calls run as their own tasks and a failure is
 only logged (an Event must not cost a lock). The worker Role allows ``events`` create and
 patch in the pod's namespace (charts/kgroup/templates/_worker-rbac.tpl).
 
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from kgroup_sidecar.apiclient import ApiClient, ApiError, Resource
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,8 @@ AGGREGATE_SECONDS = 600.0
 COMPONENT = "kgroup-sidecar"
 REPORTING_COMPONENT = "kgroup.dev/sidecar"
 MAX_MESSAGE = 1024
+EVENTS = Resource("", "v1", "events")
+REQUEST_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,10 @@ class Aggregator:
 
 
 class EventPoster:
-    """Posts Events on one pod through ``api`` (a CoreV1Api), aggregating repeats."""
+    """Posts Events on one pod through ``api`` (the sidecar's shared client), aggregating
+    repeats."""
 
-    def __init__(self, api: Any, pod: Pod, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, api: ApiClient, pod: Pod, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._api = api
         self.pod = pod
@@ -114,10 +116,6 @@ class EventPoster:
         self._aggregator = Aggregator()
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[str | None]] = set()
-
-    @classmethod
-    def for_client(cls, api_client: client.ApiClient, pod: Pod) -> EventPoster:
-        return cls(client.CoreV1Api(api_client), pod)
 
     async def post(self, type_: str, reason: str, message: str) -> str | None:
         """Create the Event, or patch the count of the same one posted shortly before.
@@ -130,17 +128,17 @@ class EventPoster:
                 if seen is not None:
                     seen.count += 1
                     patch = {"count": seen.count, "lastTimestamp": _stamp(self._wall())}
-                    await asyncio.to_thread(self._api.patch_namespaced_event, seen.name,
-                                            self.pod.namespace, patch)
+                    await self._api.patch(EVENTS, self.pod.namespace, seen.name, patch,
+                                          timeout=REQUEST_TIMEOUT)
                     return seen.name
                 body = event_body(self.pod, type_=type_, reason=reason, message=message,
                                   now=self._wall())
-                created = await asyncio.to_thread(self._api.create_namespaced_event,
-                                                  self.pod.namespace, body)
-                name = str(created.metadata.name)
+                created = await self._api.create(EVENTS, self.pod.namespace, body,
+                                                 timeout=REQUEST_TIMEOUT)
+                name = str(created["metadata"]["name"])
                 self._aggregator.created(key, name, now)
                 return name
-            except ApiException as exc:
+            except ApiError as exc:
                 log.warning("could not post Event %s on pod %s: %s %s", reason, self.pod.name,
                             exc.status, exc.reason)
             except Exception as exc:  # unreachable API server: the log line is all we can do

@@ -97,6 +97,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """200 while the sidecar's event loop answers (``/livez`` is the same)."""
     return web.json_response({"ok": True})
 
 
@@ -129,6 +130,7 @@ def build_app(sidecar: Sidecar) -> web.Application:
     app.router.add_post("/v1/partitions/{n}/release", release)
     app.router.add_post("/v1/health", health)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.yaml", openapi)
@@ -153,4 +155,23 @@ async def serve(sidecar: Sidecar, settings: Settings) -> web.AppRunner:
     else:
         site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
         await site.start()
+    return runner
+
+
+async def serve_probes(sidecar: Sidecar, host: str, port: int) -> web.AppRunner:
+    """``/healthz``, ``/livez`` and ``/readyz`` alone on ``host:port``
+    (``KGROUP_PROBE_LISTEN``: the pod's IP, for the kubelet's httpGet probes); nothing
+    there can change the sidecar's state. The caller cleans the runner up."""
+    app = web.Application()
+    app[SIDECAR_KEY] = sidecar
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner

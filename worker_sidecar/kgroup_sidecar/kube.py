@@ -1,11 +1,13 @@
-"""Kubernetes adapter of the sidecar: two watch threads feeding the asyncio loop, and
-blocking writes run in worker threads.
+"""Kubernetes adapter of the sidecar: list+watch tasks and writes, all on the asyncio loop.
 
-Why threads: the official ``kubernetes`` client is synchronous. Each watch runs
-list-then-watch in its own daemon thread and hands every event to the loop with
-``call_soon_threadsafe``; the loop alone touches the state. A ``410 Gone`` re-lists; a
-broken stream (API server restart, network) re-watches from the last resourceVersion after
-a short backoff. The two watches:
+Everything runs in the sidecar's one event loop (:mod:`kgroup_sidecar.apiclient`, aiohttp
+straight to the API server): no threads. Each watch is a task that lists, hands the list to
+``on_list``, then watches from the list's resourceVersion (with bookmarks) and hands every
+event to ``on_event``. A ``410 Gone`` re-lists; a broken stream (API server restart,
+network) re-watches from the last resourceVersion after a short backoff; a stream the
+server ended (its timeout) is simply watched again.
+
+The watches are data (:func:`watches`): one :class:`WatchSpec` per watch.
 
 - ``group``: the ConsumerGroup (field selector on its name);
 - ``partition``: the partition Leases **this member cares about** (its target, what it
@@ -16,36 +18,32 @@ a short backoff. The two watches:
   by ``kgroup.core.sidecar_logic`` (``next_watch_scope``: widen at once when the interest
   gains a partition, narrow only when the scope holds more than twice the interest) and
   handed over with ``set_partition_scope``; steady state never restarts the watch.
-  A scope change re-lists under the new selector (the list is authoritative only inside
-  that scope, which ``on_list`` receives) and shuts the old stream's socket so a quiet
-  stream does not linger; an interest beyond ``MAX_SELECTED_PARTITIONS`` watches the
+  A scope change cancels the partition watch's task (a quiet old stream is closed at
+  once) and starts it again, which re-lists under the new selector (the list is
+  authoritative only inside that scope, which ``on_list`` receives); an empty scope is an
+  empty list and no watch; an interest beyond ``MAX_SELECTED_PARTITIONS`` watches the
   group's partition Leases whole.
 
 No member Lease is watched (not even our own: the write answers tell us about it): the
 operator is the failure detector and marks a lock whose holder's session it saw expire
 (docs/design.md), so no sidecar receives another member's renewals.
 
-Writes go through worker threads with the request timeout each request carries (the
-logic's ``request_timeout``: short enough that a renewal whose answer is lost is retried
-before the fencing deadline), and return the raw JSON of the object written, so the
-caller learns the new resourceVersion. Writes of the member Lease (session start,
-renewal, end) have a thread of their own: a member taking hundreds
-of partitions at once queues those acquisitions in the shared pool, and a renewal queued
-behind them would miss its deadline and fence the member.
+Writes carry the request timeout each request has (the logic's ``request_timeout``: short
+enough that a renewal whose answer is lost is retried before the fencing deadline), and
+return the JSON of the object written, so the caller learns the new resourceVersion.
+Requests about the member Lease (session start, renewal, end) go through a client of their
+own, with its own connection pool: a member taking hundreds of partitions at once queues
+those acquisitions in the shared pool, and a renewal queued behind them would miss its
+deadline and fence the member.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import json
 import logging
-import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from dataclasses import dataclass
+from typing import Any
 
 from kgroup.constants import (
     API_GROUP,
@@ -57,21 +55,47 @@ from kgroup.constants import (
     ROLE_MEMBER,
     ROLE_PARTITION,
 )
+from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-T = TypeVar("T")
 Scope = frozenset[int] | None
 """The partitions a list or watch covers; None: every partition Lease of the group."""
 ListHandler = Callable[[str, list[Obj], Scope], None]
 EventHandler = Callable[[str, str, Obj], None]
 
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
+GROUPS = Resource(API_GROUP, API_VERSION, PLURAL)
 WATCH_SECONDS = 240
-watch_factory: Any = watch.Watch
+LIST_TIMEOUT = 10.0
 BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
+SHARED_CONNECTIONS = 16
+SESSION_CONNECTIONS = 2
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One list+watch: the kind the logic knows it by, the resource, its selectors;
+    ``scoped``: the partition watch, whose label selector follows the scope."""
+
+    kind: str
+    resource: Resource
+    label_selector: str | None = None
+    field_selector: str | None = None
+    scoped: bool = False
+
+
+def watches(group: str) -> list[WatchSpec]:
+    """What a sidecar watches (dropping a watch is dropping its line)."""
+    return [
+        WatchSpec("group", GROUPS, field_selector=f"metadata.name={group}"),
+        WatchSpec("partition", LEASES, scoped=True),
+    ]
+
+
 def partition_selector(group: str, scope: Scope) -> str:
     base = f"{LABEL_GROUP}={group},{LABEL_ROLE}={ROLE_PARTITION}"
     if scope is None:
@@ -79,26 +103,18 @@ def partition_selector(group: str, scope: Scope) -> str:
     return f"{base},{LABEL_PARTITION} in ({','.join(str(p) for p in sorted(scope))})"
 
 
-def make_configuration(settings: Settings) -> client.Configuration:
-    cfg = client.Configuration()
-    loader: Any = config  # the loaders carry no type hints
-    if settings.kubeconfig:
-        loader.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
-    else:
-        loader.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = 16
-    cfg.retries = False
-    return cfg
-
-
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an API error, or None when the server was not reached."""
-    if isinstance(exc, ApiException) and exc.status:
-        return int(exc.status)
+    if isinstance(exc, ApiError):
+        return exc.status
     return None
 
 
 class KubeAdapter:
+    """The sidecar's watches and Lease requests. ``api``/``session_api``: clients to share
+    (the swarm's members share one pair); by default the adapter makes its own, inside the
+    loop, on first use, and :meth:`aclose` closes them."""
+
     def __init__(
         self,
         settings: Settings,
@@ -108,6 +124,8 @@ class KubeAdapter:
         on_event: EventHandler,
         metrics: Metrics,
         watch_all_partitions: bool = False,
+        api: ApiClient | None = None,
+        session_api: ApiClient | None = None,
     ) -> None:
         self.settings = settings
         self.namespace = settings.namespace
@@ -115,236 +133,142 @@ class KubeAdapter:
         self._on_list = on_list
         self._on_event = on_event
         self._metrics = metrics
-        self._cfg = make_configuration(settings)
-        self._writer = client.ApiClient(self._cfg)
-        # Any: called with raw dict bodies and _preload_content=False (raw JSON back).
-        self._leases: Any = client.CoordinationV1Api(self._writer)
-        self._stop = threading.Event()
-        self._watches: list[Any] = []
-        self._session_writes = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="session-write")
-        # The partition watch's scope: guarded by _scope_changed's lock; a new generation
-        # makes the watch thread re-list under the new selector.
-        self._scope_changed = threading.Condition()
+        self._api, self._session_api = api, session_api
+        self._own_clients = api is None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._specs = {w.kind: w for w in watches(settings.group)}
+        self._stopped = False
         self._scope: Scope = None if watch_all_partitions else frozenset()
         self._whole = watch_all_partitions
-        self._scope_gen = 0
         self.scope_changes = 0
+
+    def _clients(self) -> tuple[ApiClient, ApiClient]:
+        if self._api is None or self._session_api is None:
+            config = load_config(self.settings.kubeconfig)
+            self._api = ApiClient(config, connections=SHARED_CONNECTIONS)
+            self._session_api = ApiClient(config, connections=SESSION_CONNECTIONS)
+        return self._api, self._session_api
+
+    @property
+    def api(self) -> ApiClient:
+        """The shared client (Events go through it too)."""
+        return self._clients()[0]
 
     # ---- watches --------------------------------------------------------------------
 
     def start(self) -> None:
-        group_api = client.CustomObjectsApi(client.ApiClient(self._cfg))
-        lease_api = client.CoordinationV1Api(client.ApiClient(self._cfg))
-        group_field = f"metadata.name={self.settings.group}"
+        self._clients()
+        for spec in self._specs.values():
+            self._start_watch(spec)
 
-        def list_groups(**kw: Any) -> Any:
-            return group_api.list_namespaced_custom_object(
-                API_GROUP, API_VERSION, self.namespace, PLURAL, field_selector=group_field, **kw
-            )
-
-        def list_partitions(**kw: Any) -> Any:
-            return lease_api.list_namespaced_lease(self.namespace, **kw)
-
-        for kind, fn in (("group", list_groups), ("partition", list_partitions)):
-            thread = threading.Thread(
-                target=self._watch_forever, args=(kind, fn), name=f"watch-{kind}", daemon=True
-            )
-            thread.start()
+    def _start_watch(self, spec: WatchSpec) -> None:
+        self._tasks[spec.kind] = self._loop.create_task(self._watch_forever(spec),
+                                                        name=f"watch-{spec.kind}")
 
     def stop(self) -> None:
-        self._stop.set()
-        with self._scope_changed:
-            self._scope_changed.notify_all()
-        for w in list(self._watches):
-            w.stop()
-        self._session_writes.shutdown(wait=False, cancel_futures=True)
+        self._stopped = True
+        for task in self._tasks.values():
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop, and close the clients this adapter made."""
+        self.stop()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._own_clients:
+            for api in (self._api, self._session_api):
+                if api is not None:
+                    await api.close()
 
     def set_partition_scope(self, scope: Scope) -> None:
         """The partition Leases to watch (the logic's scope, handed over after each tick);
         a new scope restarts the partition watch with a re-list."""
-        if self._whole:
+        if self._whole or scope == self._scope:
             return
-        with self._scope_changed:
-            if scope == self._scope:
-                return
-            self._scope = scope
-            self._scope_gen += 1
-            self.scope_changes += 1
-            self._scope_changed.notify_all()
-        for w in list(self._watches):
-            if getattr(w, "kgroup_kind", None) == "partition":
-                w.stop()
-                # Unblock a read waiting on a quiet stream (urllib3 >= 2.3; ``_resp`` is the
-                # client's Watch's own). Without it a quiet old stream would hold the new
-                # scope back until its next event or its timeout. The stream may already be
-                # gone (ENOTCONN): the thread then re-lists on its own.
-                resp = getattr(w, "_resp", None)
-                try:
-                    if resp is not None and hasattr(resp, "shutdown"):
-                        resp.shutdown()
-                except Exception as exc:
-                    log.debug("partition watch: shutting the old stream failed: %s", exc)
+        self._scope = scope
+        self.scope_changes += 1
+        spec = next((s for s in self._specs.values() if s.scoped), None)
+        task = self._tasks.get(spec.kind) if spec is not None else None
+        if spec is None or task is None or self._stopped:
+            return  # not started yet: start() lists the current scope
+        task.cancel()  # closes its stream; the new task lists under the new selector
+        self._start_watch(spec)
 
-    def _current_scope(self, kind: str) -> tuple[int, Scope, dict[str, Any]]:
-        """(generation, scope, list/watch arguments) of a watch; the fixed watches have
-        generation 0 and no scope."""
-        if kind != "partition":
-            return 0, None, {}
-        with self._scope_changed:
-            while not self._stop.is_set() and self._scope == frozenset():
-                # Nothing of interest: an empty list, then wait for an interest.
-                empty_gen = self._scope_gen
-                self._emit_list(kind, [], frozenset())
-                while not self._stop.is_set() and self._scope_gen == empty_gen:
-                    self._scope_changed.wait()
-            gen, scope = self._scope_gen, self._scope
-        return gen, scope, {"label_selector": partition_selector(self.settings.group, scope)}
+    def _selection(self, spec: WatchSpec) -> tuple[Scope, dict[str, str | None]]:
+        if not spec.scoped:
+            return None, {"label_selector": spec.label_selector,
+                          "field_selector": spec.field_selector}
+        return self._scope, {"label_selector": partition_selector(self.settings.group,
+                                                                  self._scope)}
 
-    def _scope_moved(self, kind: str, gen: int) -> bool:
-        return kind == "partition" and self._scope_gen != gen
-
-    def _emit_list(self, kind: str, items: list[Obj], scope: Scope) -> None:
-        self._loop.call_soon_threadsafe(self._on_list, kind, items, scope)
-
-    def _emit_event(self, kind: str, event_type: str, obj: Obj) -> None:
-        self._loop.call_soon_threadsafe(self._on_event, kind, event_type, obj)
-
-    def _watch_forever(self, kind: str, list_fn: Callable[..., Any]) -> None:
+    async def _watch_forever(self, spec: WatchSpec) -> None:
+        api = self._clients()[0]
+        kind = spec.kind
+        scope, selection = self._selection(spec)
+        if spec.scoped and scope == frozenset():
+            self._on_list(kind, [], scope)  # nothing of interest: an empty list, no watch
+            return
         failures = 0
         resource_version: str | None = None
-        listed_gen, gen = -1, 0
-        while not self._stop.is_set():
+        while not self._stopped:
             try:
-                gen, scope, selection = self._current_scope(kind)
-                if self._stop.is_set():
-                    break
-                if gen != listed_gen:
-                    resource_version = None  # a new scope: list it afresh
                 if resource_version is None:
-                    raw = list_fn(_preload_content=False, _request_timeout=(3, 10), **selection)
-                    body = json.loads(raw.data)
-                    resource_version = body["metadata"]["resourceVersion"]
-                    listed_gen = gen
-                    self._emit_list(kind, list(body.get("items") or []), scope)
-                w: Any = watch_factory()
-                w.kgroup_kind = kind
-                self._watches.append(w)
-                try:
-                    if self._scope_moved(kind, gen):
-                        continue  # the scope changed during the list: re-list at once
-                    for event in w.stream(
-                        list_fn,
-                        resource_version=resource_version,
-                        timeout_seconds=WATCH_SECONDS,
-                        allow_watch_bookmarks=True,
-                        _request_timeout=(3, WATCH_SECONDS + 10),
-                        **selection,
-                    ):
-                        if self._stop.is_set() or self._scope_moved(kind, gen):
-                            break
-                        failures = 0
-                        raw_obj: Obj = event["raw_object"]
-                        rv = (raw_obj.get("metadata") or {}).get("resourceVersion")
-                        if rv:
-                            resource_version = rv
-                        if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                            self._emit_event(kind, event["type"], raw_obj)
-                finally:
-                    self._watches.remove(w)
-                if self._scope_moved(kind, gen):
-                    continue
-            except ApiException as exc:
-                if exc.status == 410:
-                    log.info("watch of %s expired (410 Gone): re-listing", kind)
-                    resource_version = None
-                    continue
+                    body = await api.list(spec.resource, self.namespace,
+                                          timeout=LIST_TIMEOUT, **selection)
+                    resource_version = str(body["metadata"]["resourceVersion"])
+                    self._on_list(kind, list(body.get("items") or []), scope)
+                async for event in api.watch(spec.resource, self.namespace,
+                                             resource_version=resource_version,
+                                             timeout_seconds=WATCH_SECONDS, **selection):
+                    failures = 0
+                    obj: Obj = event.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        resource_version = str(rv)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self._on_event(kind, str(event["type"]), obj)
+                continue  # the server ended the stream (its timeout): watch again
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                log.info("watch of %s expired (410 Gone): re-listing", kind)
+                resource_version = None
+                continue
+            except ApiError as exc:
                 failures += 1
-                log.warning("watch of %s failed (%s %s); retrying", kind, exc.status, exc.reason)
-            except Exception as exc:  # the API server went away: urllib3, socket, ssl errors
-                if self._scope_moved(kind, gen):
-                    continue  # our own shutdown of the old stream
+                log.warning("watch of %s failed (%s %s); retrying", kind, exc.status,
+                            exc.reason)
+            except Exception as exc:  # the API server went away: connection, TLS, timeout
                 failures += 1
                 log.warning("watch of %s broke (%s); retrying", kind, type(exc).__name__)
-            if not self._stop.is_set():
-                # Backoff between reconnects only: events are waited for, never polled.
-                self._stop.wait(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
+            # Backoff between reconnects only: events are waited for, never polled.
+            await asyncio.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
 
     # ---- reads and writes -----------------------------------------------------------
 
-    async def _call(self, call: Callable[[], T], *, session: bool) -> T:
-        """Run a blocking request in a worker thread: the member Lease's own thread for
-        session writes, the shared pool for the rest."""
-        if session:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._session_writes, call)
-        return await asyncio.to_thread(call)
+    def _via(self, session: bool) -> ApiClient:
+        shared, own = self._clients()
+        return own if session else shared
 
     async def get_lease(self, name: str, *, timeout: float, session: bool = False) -> Obj | None:
-        def call() -> Obj | None:
-            try:
-                raw = self._leases.read_namespaced_lease(
-                    name, self.namespace, _preload_content=False,
-                    _request_timeout=_limits(timeout),
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    return None
-                raise
-            result: Obj = json.loads(raw.data)
-            return result
-
-        return await self._call(call, session=session)
+        return await self._via(session).get(LEASES, self.namespace, name, timeout=timeout)
 
     async def create_lease(self, body: Obj, *, timeout: float) -> Obj:
-        def call() -> Obj:
-            raw = self._leases.create_namespaced_lease(
-                self.namespace, body, _preload_content=False, _request_timeout=_limits(timeout)
-            )
-            result: Obj = json.loads(raw.data)
-            return result
-
         self._metrics.api_write("create")
-        return await self._call(call, session=_is_member_lease(body))
+        return await self._via(_is_member_lease(body)).create(
+            LEASES, self.namespace, body, timeout=timeout)
 
     async def replace_lease(self, body: Obj, *, timeout: float) -> Obj:
         """PUT with ``metadata.resourceVersion`` in the body: a conditional update."""
-        name = body["metadata"]["name"]
-
-        def call() -> Obj:
-            raw = self._leases.replace_namespaced_lease(
-                name, self.namespace, body, _preload_content=False,
-                _request_timeout=_limits(timeout),
-            )
-            result: Obj = json.loads(raw.data)
-            return result
-
         self._metrics.api_write("update")
-        return await self._call(call, session=_is_member_lease(body))
+        return await self._via(_is_member_lease(body)).replace(
+            LEASES, self.namespace, body, timeout=timeout)
 
     async def delete_lease(self, name: str, *, timeout: float,
                            resource_version: str | None = None, session: bool = False) -> None:
-        def call() -> None:
-            options = client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(resource_version=resource_version)
-                if resource_version
-                else None
-            )
-            try:
-                self._leases.delete_namespaced_lease(
-                    name, self.namespace, body=options, _request_timeout=_limits(timeout)
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
+        """Delete (only that resourceVersion, when given); a Lease already gone is fine."""
         self._metrics.api_write("delete")
-        await self._call(call, session=session)
-
-
-def _limits(timeout: float) -> tuple[float, float]:
-    """(connect, total) limits of a request that may wait ``timeout`` seconds in all."""
-    return (min(2.0, timeout), timeout)
+        await self._via(session).delete(LEASES, self.namespace, name, timeout=timeout,
+                                        resource_version=resource_version)
 
 
 def _is_member_lease(body: Obj) -> bool:

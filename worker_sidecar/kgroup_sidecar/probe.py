@@ -1,10 +1,11 @@
-"""The kubelet's exec probe of the sidecar: ``python3 -m kgroup_sidecar.probe /readyz``.
+"""Ask the sidecar by hand: ``python3 -m kgroup_sidecar.probe /readyz``.
 
-Why exec: the API listens on a Unix socket or on loopback, and a kubelet ``httpGet`` probe
-connects to the pod IP. The probe reads the address from the container's own
-``KGROUP_LISTEN`` (``unix:///path`` or ``host:port``), asks ``GET <path>`` and exits 0 on a
-2xx answer, 1 otherwise (the reason, from the JSON body, goes to stdout, which the kubelet
-puts in the probe's failure event). Stdlib only, so a probe costs one interpreter start.
+For a human (``kubectl exec ... -- python3 -m kgroup_sidecar.probe /readyz``), not for
+the kubelet: it starts a Python interpreter, which as a probe every 2 s cost a sidecar
+about 45 mCPU. The chart's probes are an httpGet on the probe port or ``find`` on the
+probe files (docs/deploy.md, "Probes"). It reads the address from the container's own
+``KGROUP_LISTEN`` (``unix:///path`` or ``host:port``), asks ``GET <path>`` and exits 0 on
+a 2xx answer, 1 otherwise (the reason, from the JSON body, on stdout). Stdlib only.
 """
 
 from __future__ import annotations

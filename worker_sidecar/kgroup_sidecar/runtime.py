@@ -41,6 +41,7 @@ from kgroup_sidecar.events import EventPoster
 from kgroup_sidecar.health import SidecarHealth
 from kgroup_sidecar.kube import KubeAdapter, status_of
 from kgroup_sidecar.metrics import Metrics
+from kgroup_sidecar.probe_files import ProbeFiles
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class Sidecar:
         self.kube: KubeAdapter | None = None
         # Events on this pod (main sets it; None in tests and the swarm: nothing posted)
         self.events: EventPoster | None = None
+        # The exec probes' files (main sets it when KGROUP_PROBE_DIR is set)
+        self.probe_files: ProbeFiles | None = None
         self.dirty = asyncio.Event()
         self.changed = asyncio.Event()
         self._published = -1
@@ -175,6 +178,8 @@ class Sidecar:
 
     def publish(self) -> None:
         self.metrics.publish(self.member.view(self.clock()))
+        if self.probe_files is not None:
+            self.probe_files.set_ready(self.readiness().ready)
         if self.member.version != self._published:
             self._published = self.member.version
             self.changed.set()

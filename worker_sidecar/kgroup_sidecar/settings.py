@@ -1,6 +1,6 @@
 """The sidecar's settings, read once from the environment (names in docs/protocol.md).
 
-One pydantic model with a documented field per variable; a bad value is a clear message
+One frozen dataclass with a documented field per variable; a bad value is a clear message
 and exit status 2 (see ``main``), never a traceback. The local API must stay local: either
 a Unix socket (``KGROUP_LISTEN=unix:///var/run/kgroup/sidecar.sock``, what the chart sets:
 two hostNetwork pods on one node share the host's loopback ports, never a pod's volume)
@@ -8,108 +8,133 @@ or ``host:port`` on loopback; any other bind address is refused here, before any
 listens. The metrics may also be served on their own TCP address
 (``KGROUP_METRICS_LISTEN=host:port``, e.g. the pod's IP, for a scraper outside the pod): an
 IP address, never a wildcard (on a hostNetwork pod that would be every interface of the
-node); empty or unset: only on the local API.
+node); empty or unset: only on the local API. Likewise the probe port
+(``KGROUP_PROBE_LISTEN``, the kubelet's httpGet probes: ``/healthz``, ``/livez``,
+``/readyz`` only), and ``KGROUP_PROBE_DIR``, where the sidecar keeps the files its exec
+probes test (``kgroup_sidecar.probe_files``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kgroup.core.health import DEFAULT_STALL_AFTER_SECONDS
 
 UNIX_SCHEME = "unix://"
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class SettingsError(Exception):
     """The environment does not describe a usable sidecar."""
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+def _loopback(name: str, host: str) -> str:
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ValueError(f"{name} host {host!r} is not an IP address") from None
+    if not address.is_loopback:
+        raise ValueError(f"{name} host {host!r} is not a loopback address")
+    return str(address)
 
-    group: str = Field(min_length=1, description="KGROUP_GROUP: the ConsumerGroup name")
-    namespace: str = Field(min_length=1, description="KGROUP_NAMESPACE")
-    pod_name: str = Field(min_length=1, description="KGROUP_POD_NAME: the member id")
-    pod_uid: str | None = Field(
-        default=None, description="KGROUP_POD_UID: the pod's uid, for Events on it")
-    listen_host: str = Field(default="127.0.0.1", description="KGROUP_LISTEN host")
-    listen_port: int = Field(default=8470, ge=0, le=65535, description="KGROUP_LISTEN port")
-    listen_socket: str | None = Field(
-        default=None, description="KGROUP_LISTEN=unix://<path>: serve on this Unix socket"
-    )
-    kubeconfig: str | None = Field(default=None, description="KUBECONFIG; None: in-cluster")
-    log_level: str = Field(default="INFO", description="KGROUP_LOG_LEVEL")
-    audit_file: str | None = Field(default=None, description="KGROUP_AUDIT_FILE: JSON lines")
-    metrics_host: str | None = Field(
-        default=None, description="KGROUP_METRICS_LISTEN host (None: no own metrics port)")
-    metrics_port: int = Field(default=9471, ge=0, le=65535,
-                              description="KGROUP_METRICS_LISTEN port")
-    log_format: str = Field(default="text", description="KGROUP_LOG_FORMAT: text or json")
-    termination_grace_seconds: float = Field(
-        default=30.0, gt=0, description="KGROUP_TERMINATION_GRACE_SECONDS: SIGTERM budget"
-    )
 
-    stall_after_seconds: float = Field(
-        default=DEFAULT_STALL_AFTER_SECONDS, gt=0,
-        description="KGROUP_STALL_AFTER_SECONDS: no progress with lag this long = stalled")
+def _specific(name: str, host: str | None) -> str | None:
+    if host is None:
+        return None
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ValueError(f"{name} host {host!r} is not an IP address") from None
+    if address.is_unspecified:
+        raise ValueError(f"{name} host {host!r} is a wildcard: give the pod's IP "
+                         "(status.podIP) or a loopback address")
+    return str(address)
 
-    @field_validator("listen_host")
-    @classmethod
-    def _loopback_only(cls, host: str) -> str:
-        if host == "localhost":
-            return "127.0.0.1"
-        try:
-            address = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            raise ValueError(f"KGROUP_LISTEN host {host!r} is not an IP address") from None
-        if not address.is_loopback:
-            raise ValueError(f"KGROUP_LISTEN host {host!r} is not a loopback address")
-        return str(address)
 
-    @field_validator("log_level")
-    @classmethod
-    def _known_level(cls, level: str) -> str:
-        level = level.upper()
-        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+def _port(name: str, value: object) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        raise ValueError(f"{name} port {value!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{name} port {port} is not between 0 and 65535")
+    return port
+
+
+def _seconds(name: str, value: object) -> float:
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not a number of seconds") from None
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One field per variable; checked and normalised on construction (``ValueError``).
+    A plain dataclass, not a pydantic model: the sidecar imports no pydantic (memory,
+    docs/design.md)."""
+
+    group: str  # KGROUP_GROUP: the ConsumerGroup name
+    namespace: str  # KGROUP_NAMESPACE
+    pod_name: str  # KGROUP_POD_NAME: the member id
+    pod_uid: str | None = None  # KGROUP_POD_UID: the pod's uid, for Events on it
+    listen_host: str = "127.0.0.1"  # KGROUP_LISTEN host
+    listen_port: int = 8470  # KGROUP_LISTEN port
+    listen_socket: str | None = None  # KGROUP_LISTEN=unix://<path>: this Unix socket
+    kubeconfig: str | None = None  # KUBECONFIG; None: in-cluster
+    log_level: str = "INFO"  # KGROUP_LOG_LEVEL
+    audit_file: str | None = None  # KGROUP_AUDIT_FILE: JSON lines
+    metrics_host: str | None = None  # KGROUP_METRICS_LISTEN host (None: no own port)
+    metrics_port: int = 9471  # KGROUP_METRICS_LISTEN port
+    probe_host: str | None = None  # KGROUP_PROBE_LISTEN host (None: no probe port)
+    probe_port: int = 8471  # KGROUP_PROBE_LISTEN port
+    probe_dir: str | None = None  # KGROUP_PROBE_DIR: readiness/liveness files here
+    log_format: str = "text"  # KGROUP_LOG_FORMAT: text or json
+    termination_grace_seconds: float = 30.0  # KGROUP_TERMINATION_GRACE_SECONDS
+    # KGROUP_STALL_AFTER_SECONDS: no progress with lag this long = stalled
+    stall_after_seconds: float = field(default=DEFAULT_STALL_AFTER_SECONDS)
+
+    def __post_init__(self) -> None:
+        for name in ("group", "namespace", "pod_name"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        level, fmt = self.log_level.upper(), self.log_format.lower()
+        if level not in LEVELS:
             raise ValueError(f"KGROUP_LOG_LEVEL {level!r} is not a logging level")
-        return level
-
-    @field_validator("metrics_host")
-    @classmethod
-    def _specific_address(cls, host: str | None) -> str | None:
-        if host is None:
-            return None
-        if host == "localhost":
-            return "127.0.0.1"
-        try:
-            address = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            raise ValueError(f"KGROUP_METRICS_LISTEN host {host!r} is not an IP address") from None
-        if address.is_unspecified:
-            raise ValueError(f"KGROUP_METRICS_LISTEN host {host!r} is a wildcard: give the "
-                             "pod's IP (status.podIP) or a loopback address")
-        return str(address)
-
-    @field_validator("log_format")
-    @classmethod
-    def _known_format(cls, fmt: str) -> str:
-        fmt = fmt.lower()
         if fmt not in {"text", "json"}:
             raise ValueError(f"KGROUP_LOG_FORMAT {fmt!r} is not text or json")
-        return fmt
-
-    @field_validator("listen_socket")
-    @classmethod
-    def _absolute_socket(cls, path: str | None) -> str | None:
-        if path is not None and not path.startswith("/"):
-            raise ValueError(f"KGROUP_LISTEN socket {path!r} is not an absolute path")
-        return path
+        for name in ("listen_socket", "probe_dir"):
+            path = getattr(self, name)
+            if path is not None and not path.startswith("/"):
+                raise ValueError(f"{name} {path!r} is not an absolute path")
+        fixed = {
+            "log_level": level, "log_format": fmt,
+            "listen_host": _loopback("KGROUP_LISTEN", self.listen_host),
+            "listen_port": _port("KGROUP_LISTEN", self.listen_port),
+            "metrics_host": _specific("KGROUP_METRICS_LISTEN", self.metrics_host),
+            "metrics_port": _port("KGROUP_METRICS_LISTEN", self.metrics_port),
+            "probe_host": _specific("KGROUP_PROBE_LISTEN", self.probe_host),
+            "probe_port": _port("KGROUP_PROBE_LISTEN", self.probe_port),
+            "termination_grace_seconds": _seconds("KGROUP_TERMINATION_GRACE_SECONDS",
+                                                  self.termination_grace_seconds),
+            "stall_after_seconds": _seconds("KGROUP_STALL_AFTER_SECONDS",
+                                            self.stall_after_seconds),
+        }
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)
 
     @property
     def listen(self) -> str:
@@ -154,20 +179,19 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     }
     if env.get("KGROUP_LOG_FORMAT"):
         raw["log_format"] = env["KGROUP_LOG_FORMAT"]
-    if env.get("KGROUP_METRICS_LISTEN"):
-        host, sep, port = env["KGROUP_METRICS_LISTEN"].removeprefix("http://").rpartition(":")
-        if not sep or not host:
-            raise SettingsError(
-                f"KGROUP_METRICS_LISTEN={env['KGROUP_METRICS_LISTEN']!r}: expected host:port")
-        raw["metrics_host"], raw["metrics_port"] = host, port
+    for var, key in (("KGROUP_METRICS_LISTEN", "metrics"), ("KGROUP_PROBE_LISTEN", "probe")):
+        if env.get(var):
+            host, sep, port = env[var].removeprefix("http://").rpartition(":")
+            if not sep or not host:
+                raise SettingsError(f"{var}={env[var]!r}: expected host:port")
+            raw[f"{key}_host"], raw[f"{key}_port"] = host, port
+    if env.get("KGROUP_PROBE_DIR"):
+        raw["probe_dir"] = env["KGROUP_PROBE_DIR"]
     if env.get("KGROUP_STALL_AFTER_SECONDS"):
         raw["stall_after_seconds"] = env["KGROUP_STALL_AFTER_SECONDS"]
     if env.get("KGROUP_TERMINATION_GRACE_SECONDS"):
         raw["termination_grace_seconds"] = env["KGROUP_TERMINATION_GRACE_SECONDS"]
     try:
-        return Settings.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise SettingsError(f"bad sidecar settings: {problems}") from None
+        return Settings(**raw)  # type: ignore[arg-type]
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(f"bad sidecar settings: {exc}") from None

@@ -26,16 +26,24 @@ app; the pod then also needs, from the templates below,
                   env:          {{ include "kgroup.sidecarUrlEnv" (dict "root" $) }}
 (the mount and env render a list item, or nothing when sidecar.listen is loopback TCP).
 
-Why exec probes: the API is on a Unix socket or loopback (any pod on the network could
-otherwise release partitions), and a kubelet httpGet probe connects to the pod IP, so
-the probes run inside the container (kgroup_sidecar.probe reads KGROUP_LISTEN).
+Probes (sidecar.probes.mode), none of which starts an interpreter:
+- http (the default): the kubelet's httpGet on a port of the pod's IP (KGROUP_PROBE_LISTEN,
+  a container port named kgroup-probe) that serves only /livez and /readyz: nothing there
+  can change the sidecar's state, and the API itself stays on its socket.
+- exec: for pods without a network of their own (hostNetwork: two pods of one node cannot
+  own one port). The sidecar keeps two files in its socket's emptyDir (KGROUP_PROBE_DIR,
+  kgroup_sidecar.probe_files): `alive`, touched every 5 s by its event loop, and `ready`,
+  present while Ready; the kubelet runs `find <file> -mmin +N -exec false {} +`, which
+  fails when the file is missing or older than N minutes (alive: 30 s, ready: 15 s).
+Liveness fails when the sidecar's event loop is stuck (no answer, or a stale file).
 Readiness means ownership: 200 once the pod holds its whole target and has acknowledged
 the group's epoch (docs/protocol.md), so a rollout is paced by it.
 
 Settings per docs/protocol.md: KGROUP_GROUP, KGROUP_NAMESPACE, KGROUP_POD_NAME and
 KGROUP_POD_UID (the downward API; the uid ties the sidecar's Events to its pod),
-KGROUP_LISTEN, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_METRICS_LISTEN and a port named
-kgroup-metrics when sidecar.metrics.enabled (docs/operations.md);
+KGROUP_LISTEN, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_PROBE_LISTEN (http probes) or
+KGROUP_PROBE_DIR (exec probes); KGROUP_METRICS_LISTEN and a port named kgroup-metrics when
+sidecar.metrics.enabled (docs/operations.md);
 KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
 The pod needs serviceAccountName: <workerRbac.serviceAccountName>,
 automountServiceAccountToken: false, and the volumes of kgroup.sidecarVolume (which
@@ -43,9 +51,17 @@ include the sidecar's token, kgroup.sidecarTokenVolume): only the sidecar holds 
 token (a projected one, bound to the pod, at the standard service-account path, so the
 in-cluster configuration reads it unchanged); the app container gets none.
 */}}
+{{/* One probe: "mode" http (httpGet "path" on the kgroup-probe port) or exec ("file"
+alive or ready in "dir", stale after "minutes"). */}}
 {{- define "kgroup.sidecarProbe" -}}
+{{- if eq .mode "exec" -}}
 exec:
-  command: ["python3", "-m", "kgroup_sidecar.probe", {{ .path | quote }}]
+  command: ["find", {{ printf "%s/%s" .dir .file | quote }}, "-mmin", {{ .minutes | quote }}, "-exec", "false", "{}", "+"]
+{{- else -}}
+httpGet:
+  path: {{ .path }}
+  port: kgroup-probe
+{{- end -}}
 {{- end -}}
 
 {{/* The socket directory of a unix:// listen address, or "" for loopback TCP. */}}
@@ -136,6 +152,12 @@ as the worker (issue 26).
 {{- $tag := default $root.Chart.AppVersion $v.sidecar.image.tag -}}
 {{- $image := default (printf "%s:%s" $v.sidecar.image.repository $tag) .image -}}
 {{- $resources := default $v.sidecar.resources .resources -}}
+{{- $mode := $v.sidecar.probes.mode -}}
+{{- $socketDir := include "kgroup.sidecarSocketDir" $listen -}}
+{{- if and (eq $mode "exec") (not $socketDir) -}}
+{{- fail "sidecar.probes.mode=exec keeps its files in the socket's volume: sidecar.listen must be unix:///dir/file.sock" -}}
+{{- end -}}
+{{- $probeDir := printf "%s/probe" $socketDir -}}
 - name: kgroup-sidecar
   image: {{ $image }}
   imagePullPolicy: {{ $v.sidecar.image.pullPolicy }}
@@ -164,40 +186,59 @@ as the worker (issue 26).
       value: {{ $v.sidecar.logLevel | quote }}
     - name: KGROUP_LOG_FORMAT
       value: {{ $v.sidecar.logFormat | quote }}
-    {{- if $v.sidecar.metrics.enabled }}
-    {{- if $v.sidecar.metrics.host }}
-    - name: KGROUP_METRICS_LISTEN
-      value: {{ printf "%s:%v" $v.sidecar.metrics.host $v.sidecar.metrics.port | quote }}
-    {{- else }}
+    {{- $podIp := or (eq $mode "http") (and $v.sidecar.metrics.enabled (not $v.sidecar.metrics.host)) }}
+  {{- if $podIp }}
     - name: KGROUP_POD_IP
       valueFrom:
         fieldRef:
           fieldPath: status.podIP
-    - name: KGROUP_METRICS_LISTEN
-      value: {{ printf "$(KGROUP_POD_IP):%v" $v.sidecar.metrics.port | quote }}
-    {{- end }}
-    {{- end }}
-    {{- include "kgroup.kubernetesApiEnv" $v | nindent 4 }}
+  {{- end }}
+  {{- if eq $mode "http" }}
+    - name: KGROUP_PROBE_LISTEN
+      value: {{ printf "$(KGROUP_POD_IP):%v" $v.sidecar.probes.port | quote }}
+  {{- else }}
+    - name: KGROUP_PROBE_DIR
+      value: {{ $probeDir | quote }}
+  {{- end }}
   {{- if $v.sidecar.metrics.enabled }}
+    - name: KGROUP_METRICS_LISTEN
+      value: {{ printf "%s:%v" (default "$(KGROUP_POD_IP)" $v.sidecar.metrics.host) $v.sidecar.metrics.port | quote }}
+  {{- end }}
+    {{- include "kgroup.kubernetesApiEnv" $v | nindent 4 }}
+  {{- if or (eq $mode "http") $v.sidecar.metrics.enabled }}
   ports:
+    {{- if eq $mode "http" }}
+    - name: kgroup-probe
+      containerPort: {{ $v.sidecar.probes.port }}
+      protocol: TCP
+    {{- end }}
+    {{- if $v.sidecar.metrics.enabled }}
     - name: kgroup-metrics
       containerPort: {{ $v.sidecar.metrics.port }}
       protocol: TCP
+    {{- end }}
   {{- end }}
+  {{- $alive := dict "mode" $mode "path" "/livez" "dir" $probeDir "file" "alive" "minutes" "+0.5" }}
+  {{- $ready := dict "mode" $mode "path" "/readyz" "dir" $probeDir "file" "ready" "minutes" "+0.25" }}
   startupProbe:
-    {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
+    {{- include "kgroup.sidecarProbe" $alive | nindent 4 }}
     periodSeconds: 1
     timeoutSeconds: 3
     failureThreshold: 60
   livenessProbe:
-    {{- include "kgroup.sidecarProbe" (dict "path" "/healthz") | nindent 4 }}
+    {{- include "kgroup.sidecarProbe" $alive | nindent 4 }}
     periodSeconds: 10
-    # the probe starts a Python process: on a starved node that alone can take seconds, and
-    # a restarted sidecar fences its session (every partition moves): be slow to kill
+    {{- if eq $mode "exec" }}
+    # the file is stale only after 30 s without a heartbeat; a restarted sidecar fences its
+    # session (every partition moves), so one slow exec on a starved node must not kill it
     timeoutSeconds: 10
+    failureThreshold: 2
+    {{- else }}
+    timeoutSeconds: 5
     failureThreshold: 3
+    {{- end }}
   readinessProbe:
-    {{- include "kgroup.sidecarProbe" (dict "path" "/readyz") | nindent 4 }}
+    {{- include "kgroup.sidecarProbe" $ready | nindent 4 }}
     {{- toYaml $v.sidecar.readinessProbe | nindent 4 }}
   securityContext:
     runAsNonRoot: true

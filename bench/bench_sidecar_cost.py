@@ -1,0 +1,230 @@
+"""What one stable sidecar process costs: CPU and memory from /proc, real processes.
+
+N real ``kgroup-sidecar`` processes (each with its own watches, as N pods have) against the
+local control plane, a scripted target (the test plays the operator) at the CRD's default
+lease (8 s / 2 s), each app reporting health every second (``POST /v1/health``); once every
+member holds its target, ``--window`` seconds of steady state: per process the CPU it used
+(utime + stime from /proc/<pid>/stat) and its RSS (/proc/<pid>/status, VmRSS) at the end.
+
+``--code DIR`` runs the sidecar from another source tree (``git archive <commit> | tar -x
+-C DIR``), e.g. the code before a change, with this environment's packages.
+
+``--real-node``: the same on the local real node instead, as a user runs it: the chart
+(e2e/values-real-node.yaml: exec probes), the example ConsumerGroup and 4 light workers
+of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up). Per
+sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU, RSS,
+working set; probes included), and per sidecar *process* the same /proc figures.
+
+    .venv/bin/python bench/bench_sidecar_cost.py [--members 4] [--partitions 16]
+        [--window 60] [--code /tmp/old] [--real-node] [--out file.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from kgroup.client import Report, SidecarClient
+from kgroup_devcluster.sessions import join, leave
+from kgroup_devcluster.tokens import admin_api_client
+from kgroup_sidecar import testing
+from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, wait_until
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def report_health(sc: SidecarProcess, stop: threading.Event) -> None:
+    app = SidecarClient(sc.url)
+    while not stop.wait(1.0):
+        with contextlib.suppress(Exception):
+            held = app.assignment().active
+            app.report_health([Report(p.partition, p.token, position=f"{int(time.time())}-0",
+                                      lag=0) for p in held])
+
+
+def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
+    """pod uid -> pid of its kgroup-sidecar process (found in /proc by cgroup and command)."""
+    found: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            groups = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if b"kgroup-sidecar" not in cmd:
+            continue
+        for uid in pod_uids:
+            if uid.replace("-", "_") in groups or uid in groups:
+                found[uid] = int(proc.name)
+    return found
+
+
+def real_node(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_real_node import group_on_node, kubelet_stats
+
+    from kgroup_devcluster.cluster import ensure_up
+    from kgroup_devcluster.images import ensure_on_node
+
+    cluster = ensure_up(who="bench")
+    ensure_on_node(cluster.state_dir)
+    with group_on_node(cluster, args.partitions) as (g, _producer):
+        time.sleep(15)  # settle
+
+        def containers() -> dict[str, Any]:
+            return {p["podRef"]["uid"]: c for p in kubelet_stats(cluster)
+                    if p["podRef"]["namespace"] == g.namespace
+                    for c in p.get("containers", []) if c["name"] == "kgroup-sidecar"}
+
+        load0 = os.getloadavg()
+        a = containers()
+        pids = sidecar_pids(set(a))
+        t0, c0 = time.monotonic(), {u: cpu_seconds(p) for u, p in pids.items()}
+        time.sleep(args.window)
+        t1, b = time.monotonic(), containers()
+        c1 = {u: cpu_seconds(p) for u, p in pids.items()}
+        rows = []
+        for uid, c in b.items():
+            if uid not in a:
+                continue
+            used = c["cpu"]["usageCoreNanoSeconds"] - a[uid]["cpu"]["usageCoreNanoSeconds"]
+            row = {"container_mcpu": used / 1e6 / (t1 - t0),
+                   "container_rss_mb": (c.get("memory", {}).get("rssBytes") or 0) / 1e6,
+                   "container_working_set_mb":
+                       (c.get("memory", {}).get("workingSetBytes") or 0) / 1e6}
+            if uid in pids:
+                row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
+                row["process_rss_mb"] = rss_mb(pids[uid])
+            rows.append(row)
+        return {"where": "real node", "members": len(rows), "partitions": args.partitions,
+                "window_s": args.window, "load_avg_start": load0,
+                "load_avg_end": os.getloadavg(), "containers": rows,
+                **{f"{k}_max": max(r.get(k, 0.0) for r in rows) for k in rows[0]},
+                **{f"{k}_mean": sum(r.get(k, 0.0) for r in rows) / len(rows)
+                   for k in rows[0]}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--members", type=int, default=4)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--window", type=float, default=60.0)
+    ap.add_argument("--code", type=Path, help="run the sidecar from this source tree")
+    ap.add_argument("--real-node", action="store_true")
+    ap.add_argument("--profile", type=Path,
+                    help="run the first sidecar under cProfile, its stats written here")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.real_node:
+        on_node = real_node(args)
+        print(json.dumps(on_node, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(on_node, indent=2) + "\n")
+        return
+    cluster = join()
+    api = admin_api_client(cluster)
+    ns = f"bench-cost-{secrets.token_hex(3)}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(
+        metadata=client.V1ObjectMeta(name=ns)))
+    workdir = Path(f"/tmp/{ns}")
+    workdir.mkdir()
+    # as in a pod: the cluster's CA is the process's trust store (kgroup_sidecar.main sets
+    # it from the service account's ca.crt; these processes use a kubeconfig instead)
+    env: dict[str, str] = {"KGROUP_LOG_LEVEL": "INFO",
+                           "SSL_CERT_FILE": str(cluster.pki.ca_cert)}
+    if args.code:
+        env["PYTHONPATH"] = f"{args.code}:{args.code / 'worker_sidecar'}"
+    sidecars: list[SidecarProcess] = []
+    stop = threading.Event()
+    try:
+        target = ScriptedTarget(api, ns, "cost")
+        target.create(partitions=args.partitions, duration=8, renew=2, drain=30)
+        pods = [f"pod-{i}" for i in range(args.members)]
+        for pod in pods:
+            sc = SidecarProcess(pod=pod, group="cost", namespace=ns,
+                                kubeconfig=str(cluster.kubeconfig), workdir=workdir,
+                                env=dict(env))
+            if args.profile and not sidecars:
+                plain = testing.sidecar_command
+                testing.sidecar_command = lambda: [
+                    sys.executable, "-m", "cProfile", "-o", str(args.profile), "-m",
+                    "kgroup_sidecar.main"]
+                try:
+                    sc.start()
+                finally:
+                    testing.sidecar_command = plain
+            else:
+                sc.start()
+            sidecars.append(sc)
+        assignment = {pod: list(range(i, args.partitions, args.members))
+                      for i, pod in enumerate(pods)}
+        epoch = target.assign(assignment)
+
+        def stable() -> bool:
+            for sc in sidecars:
+                a = SidecarClient(sc.url).assignment()
+                if a.acked_epoch != epoch or len(a.active) != len(assignment[sc.pod]):
+                    return False
+            return True
+
+        wait_until("every member holds its target", stable, timeout=120)
+        for sc in sidecars:
+            threading.Thread(target=report_health, args=(sc, stop), daemon=True).start()
+        time.sleep(10)  # settle: the first health reports, the first scope
+        load0 = os.getloadavg()
+        pids = [sc.proc.pid for sc in sidecars if sc.proc is not None]
+        t0, c0 = time.monotonic(), {p: cpu_seconds(p) for p in pids}
+        time.sleep(args.window)
+        t1, c1 = time.monotonic(), {p: cpu_seconds(p) for p in pids}
+        rows = [{"pid": p, "mcpu": 1000 * (c1[p] - c0[p]) / (t1 - t0), "rss_mb": rss_mb(p)}
+                for p in pids]
+        result: dict[str, Any] = {
+            "members": args.members, "partitions": args.partitions, "window_s": args.window,
+            "code": str(args.code or "this tree"), "load_avg_start": load0,
+            "load_avg_end": os.getloadavg(), "processes": rows,
+            "mcpu_mean": sum(r["mcpu"] for r in rows) / len(rows),
+            "mcpu_max": max(r["mcpu"] for r in rows),
+            "rss_mb_max": max(r["rss_mb"] for r in rows),
+            "still_stable": stable(),
+        }
+        print(json.dumps(result, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        stop.set()
+        if args.profile and sidecars:
+            sidecars[0].terminate()  # a graceful exit writes the profile
+        for sc in sidecars:
+            sc.stop()
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(api).delete_namespace(ns)
+        api.close()  # type: ignore[no-untyped-call]
+        leave()
+
+
+if __name__ == "__main__":
+    main()

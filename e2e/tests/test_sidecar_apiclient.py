@@ -1,0 +1,294 @@
+"""The sidecar's own Kubernetes client (kgroup_sidecar.apiclient, aiohttp) and its watches
+(kgroup_sidecar.kube) on the real API server, at the edges a client library would
+otherwise cover: a watch whose resourceVersion is gone (410, re-list), a watch broken by
+an API server restart, a stale conditional write (409), a rotated service-account token,
+the in-cluster configuration, a session of member-Lease writes apart from the rest, a
+watch line longer than aiohttp's own line limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+
+from kgroup_devcluster.cluster import Cluster
+from kgroup_devcluster.tokens import request_token
+from kgroup_sidecar.apiclient import (
+    ApiClient,
+    ApiError,
+    Gone,
+    Resource,
+    in_cluster_config,
+    kubeconfig_config,
+)
+from kgroup_sidecar.kube import LEASES, KubeAdapter
+from kgroup_sidecar.metrics import Metrics
+from kgroup_sidecar.settings import Settings
+
+pytestmark = pytest.mark.cluster
+Obj = dict[str, Any]
+T = TypeVar("T")
+GROUP = "cli"
+REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+def member_lease(name: str, holder: str = "pod-a") -> Obj:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "labels": {"kgroup.dev/group": GROUP,
+                                                  "kgroup.dev/role": "member"}},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 8}}
+
+
+async def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def go() -> T:
+        return await coro
+    return asyncio.run(go())
+
+
+class Watcher:
+    """A KubeAdapter whose lists and events are written down."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.lists: list[tuple[str, list[str]]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.settings = Settings(group=GROUP, namespace=namespace, pod_name="pod-a",
+                                 kubeconfig=str(cluster.kubeconfig))
+
+    def adapter(self) -> KubeAdapter:
+        return KubeAdapter(self.settings, loop=asyncio.get_running_loop(),
+                           on_list=lambda kind, items, scope: self.lists.append(
+                               (kind, sorted(o["metadata"]["name"] for o in items))),
+                           on_event=lambda kind, t, obj: self.events.append(
+                               (kind, t, obj["metadata"]["name"])),
+                           metrics=Metrics(process=False))
+
+    def listed(self, kind: str) -> int:
+        return sum(1 for k, _ in self.lists if k == kind)
+
+    def saw(self, kind: str, type_: str, name: str) -> bool:
+        return (kind, type_, name) in self.events
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[Callable[[], ApiClient]]:
+    """A factory of admin clients made inside the test's loop."""
+    yield lambda: ApiClient(kubeconfig_config(cluster.kubeconfig))
+
+
+def compact_etcd(cluster: Cluster, revision: int) -> None:
+    """Compact etcd's history up to ``revision`` (its JSON gateway, on loopback)."""
+    url = f"http://127.0.0.1:{cluster.ports['etcd_client']}/v3/kv/compaction"
+    body = json.dumps({"revision": str(revision), "physical": True}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"),
+                                timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_a_stale_conditional_write_is_refused_with_409(
+        api: Callable[[], ApiClient], namespace: str) -> None:
+    async def go() -> None:
+        c = api()
+        try:
+            made = await c.create(LEASES, namespace, member_lease("stale"), timeout=5)
+            fresh = dict(made, spec=dict(made["spec"], holderIdentity="pod-b"))
+            written = await c.replace(LEASES, namespace, fresh, timeout=5)
+            assert written["metadata"]["resourceVersion"] != made["metadata"]["resourceVersion"]
+            stale = dict(made, spec=dict(made["spec"], holderIdentity="pod-c"))
+            with pytest.raises(ApiError) as refused:
+                await c.replace(LEASES, namespace, stale, timeout=5)
+            assert refused.value.status == 409 and refused.value.reason == "Conflict"
+            with pytest.raises(ApiError) as not_that_one:  # delete with a stale precondition
+                await c.delete(LEASES, namespace, "stale", timeout=5,
+                               resource_version=made["metadata"]["resourceVersion"])
+            assert not_that_one.value.status == 409
+            got = await c.get(LEASES, namespace, "stale", timeout=5)
+            assert got is not None and got["spec"]["holderIdentity"] == "pod-b"
+            assert await c.delete(LEASES, namespace, "stale", timeout=5,
+                                  resource_version=written["metadata"]["resourceVersion"])
+            assert await c.get(LEASES, namespace, "stale", timeout=5) is None
+            assert not await c.delete(LEASES, namespace, "stale", timeout=5)  # 404: gone
+        finally:
+            await c.close()
+
+    run(go())
+
+
+def test_the_adapters_writes_answer_as_the_logic_expects(
+        cluster: Cluster, namespace: str) -> None:
+    """A member-Lease write goes through the session client, a partition write through the
+    shared one; a refusal is an ApiError whose status the runtime reads (status_of)."""
+    async def go() -> None:
+        w = Watcher(cluster, namespace)
+        kube = w.adapter()
+        try:
+            made = await kube.create_lease(member_lease(f"{GROUP}-member-pod-a"), timeout=5)
+            shared, own = kube._clients()
+            assert own is not shared
+            renewed = await kube.replace_lease(
+                dict(made, spec=dict(made["spec"], leaseDurationSeconds=9)), timeout=5)
+            with pytest.raises(ApiError) as refused:  # the old resourceVersion
+                await kube.replace_lease(
+                    dict(made, spec=dict(made["spec"], leaseDurationSeconds=10)), timeout=5)
+            from kgroup_sidecar.kube import status_of
+            assert status_of(refused.value) == 409
+            assert status_of(TimeoutError()) is None
+            await kube.delete_lease(made["metadata"]["name"], timeout=5, session=True,
+                                    resource_version=renewed["metadata"]["resourceVersion"])
+            assert await kube.get_lease(made["metadata"]["name"], timeout=5) is None
+        finally:
+            await kube.aclose()
+
+    run(go())
+
+
+def test_a_watch_whose_version_is_gone_relists_and_a_restart_rewatches(
+        cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
+        api: Callable[[], ApiClient]) -> None:
+    """The API server restarts while the adapter watches; meanwhile the etcd history its
+    watch stood on was compacted, so its resumed watch gets 410 Gone: it lists again and
+    then sees new events."""
+    async def go() -> None:
+        w = Watcher(cluster, namespace)
+        adapter = w.adapter()
+        c = api()
+        try:
+            adapter.start()
+            await eventually("the member Leases listed", lambda: w.listed("member") == 1)
+            await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-a"), timeout=5)
+            await eventually("an event", lambda: w.saw("member", "ADDED", f"{GROUP}-member-a"))
+            # writes the adapter does not watch move etcd's revision past its watch...
+            for i in range(3):
+                other = await c.create(LEASES, namespace, {
+                    "metadata": {"name": f"unrelated-{i}"}, "spec": {}}, timeout=5)
+            await asyncio.to_thread(compact_etcd, cluster,
+                                    int(other["metadata"]["resourceVersion"]))
+            # ...and the restart drops the API server's own history
+            await asyncio.to_thread(cluster.restart_apiserver)
+            await eventually("a re-list after 410 Gone", lambda: w.listed("member") >= 2)
+            created = await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-b"),
+                                     timeout=5)
+            await eventually("an event after the restart",
+                             lambda: w.saw("member", "ADDED", f"{GROUP}-member-b"))
+            assert ("member", [f"{GROUP}-member-a"]) in w.lists[1:]
+            assert created["metadata"]["name"] == f"{GROUP}-member-b"
+            with pytest.raises(Gone):  # the client's own answer to that version
+                async for _ in c.watch(LEASES, namespace, resource_version="2",
+                                       timeout_seconds=2):
+                    pass
+        finally:
+            await adapter.aclose()
+            await c.close()
+
+    run(go())
+
+
+def _service_account_dir(tmp: Path, cluster: Cluster, token: str) -> Path:
+    """A projected service-account volume as the kubelet writes it: ..data -> a dated
+    directory, token and ca.crt through it."""
+    root = tmp / "serviceaccount"
+    root.mkdir()
+    _project(root, token, cluster.pki.ca_cert.read_bytes(), "v1")
+    for name in ("token", "ca.crt"):
+        (root / name).symlink_to(f"..data/{name}")
+    return root
+
+
+def _project(root: Path, token: str, ca: bytes, version: str) -> None:
+    data = root / f"..{version}"
+    data.mkdir()
+    (data / "token").write_text(token)
+    (data / "ca.crt").write_bytes(ca)
+    link = root / "..data_tmp"
+    link.symlink_to(data.name)
+    os.replace(link, root / "..data")  # the atomic swap
+
+
+def test_in_cluster_config_reads_a_rotated_token_at_once(
+        cluster: Cluster, kube: client.ApiClient, namespace: str, tmp_path: Path) -> None:
+    core = client.CoreV1Api(kube)
+    for sa in ("first", "second"):
+        core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name=sa)))
+    first = request_token(cluster, namespace=namespace, service_account="first")
+    second = request_token(cluster, namespace=namespace, service_account="second")
+    account = _service_account_dir(tmp_path, cluster, first)
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+           "KUBERNETES_SERVICE_PORT": str(cluster.ports["apiserver"])}
+
+    async def whoami(c: ApiClient) -> str:
+        review = await c.request("POST", REVIEWS, timeout=5, body={
+            "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        return str(review["status"]["userInfo"]["username"])
+
+    async def go() -> None:
+        config = in_cluster_config(env, account)
+        assert config.server == f"https://127.0.0.1:{cluster.ports['apiserver']}"
+        c = ApiClient(config)
+        try:
+            assert await whoami(c) == f"system:serviceaccount:{namespace}:first"
+            _project(account, second, cluster.pki.ca_cert.read_bytes(), "v2")  # rotated
+            assert await whoami(c) == f"system:serviceaccount:{namespace}:second"
+            _project(account, "not-a-token", cluster.pki.ca_cert.read_bytes(), "v3")
+            with pytest.raises(ApiError) as refused:
+                await whoami(c)
+            assert refused.value.status == 401
+            assert config.token_file is not None and config.token_file.reads == 3
+        finally:
+            await c.close()
+
+    run(go())
+
+
+def test_in_cluster_config_needs_the_service_host(tmp_path: Path) -> None:
+    from kgroup_sidecar.apiclient import ConfigError
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        in_cluster_config({}, tmp_path)
+
+
+def test_a_watch_line_longer_than_aiohttps_line_cap_arrives_whole(
+        api: Callable[[], ApiClient], namespace: str) -> None:
+    """aiohttp's readline refuses a line longer than twice its read buffer (512 KiB in
+    3.14, 128 KiB before); one watch event is one line, and an object may be 1.5 MiB (a
+    ConsumerGroup with a large status). A ConfigMap of 700 kB stands in for it."""
+    configmaps = Resource("", "v1", "configmaps")
+
+    async def go() -> None:
+        c = api()
+        try:
+            listed = await c.list(configmaps, namespace, timeout=5)
+            await c.create(configmaps, namespace, {
+                "metadata": {"name": "big"}, "data": {"padding": "x" * 700_000}}, timeout=10)
+            async for event in c.watch(configmaps, namespace,
+                                       resource_version=listed["metadata"]["resourceVersion"],
+                                       timeout_seconds=5):
+                if event["object"]["metadata"]["name"] == "big":
+                    assert len(event["object"]["data"]["padding"]) == 700_000
+                    break
+            else:
+                pytest.fail("no event for the big ConfigMap")
+        finally:
+            await c.close()
+
+    run(go())
+
+
+def test_resources_have_the_api_servers_paths() -> None:
+    assert Resource("", "v1", "events").path("ns", "e.1") == "/api/v1/namespaces/ns/events/e.1"
+    assert LEASES.path("ns") == "/apis/coordination.k8s.io/v1/namespaces/ns/leases"

@@ -1,0 +1,54 @@
+"""What a sidecar reads of its ConsumerGroup's spec: the lease timing, the drain timeout and
+the partition count.
+
+The operator validates the whole spec with the pydantic models of :mod:`kgroup.api`; a
+sidecar needs three integers, so it reads just those, with the same defaults and bounds
+(``kgroup.constants``; ``tests/test_member_spec.py`` checks that both readers agree).
+Importing pydantic and building the models cost a sidecar about 10 MB of its 40 MB
+(docs/design.md, "Where a sidecar's memory goes").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kgroup.constants import DRAIN_TIMEOUT_SECONDS, LEASE_DURATION_SECONDS, RENEW_INTERVAL_SECONDS
+from kgroup.core.locks import LeaseTiming
+from kgroup.core.ranges import MAX_PARTITIONS
+
+
+def _field(section: Any, key: str, path: str, bounds: tuple[int, int, int]) -> int:
+    default, low, high = bounds
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{path.split('.')[0]}: not an object")
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{path}: {value!r} is not an integer")
+    if not low <= value <= high:
+        raise ValueError(f"{path}: {value} is not between {low} and {high}")
+    return value
+
+
+def member_spec(raw_spec: Mapping[str, Any]) -> tuple[LeaseTiming, float]:
+    """(lease timing, drain timeout in seconds) of a raw ``spec``; ``ValueError`` names the
+    first unusable field (out of bounds, not an integer, or an unsafe timing)."""
+    lease = raw_spec.get("lease") or {}
+    handoff = raw_spec.get("handoff") or {}
+    duration = _field(lease, "durationSeconds", "lease.durationSeconds", LEASE_DURATION_SECONDS)
+    renew = _field(lease, "renewIntervalSeconds", "lease.renewIntervalSeconds",
+                   RENEW_INTERVAL_SECONDS)
+    drain = _field(handoff, "drainTimeoutSeconds", "handoff.drainTimeoutSeconds",
+                   DRAIN_TIMEOUT_SECONDS)
+    return LeaseTiming(duration=duration, renew_interval=renew), float(drain)
+
+
+def spec_partitions(raw_spec: Mapping[str, Any]) -> int:
+    """``spec.partitions``, the bound every target range is parsed against; ``ValueError``
+    when it is missing, not an integer or outside 1..MAX_PARTITIONS (the CRD's bounds)."""
+    value = raw_spec.get("partitions")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"partitions: {value!r} is not an integer")
+    if not 1 <= value <= MAX_PARTITIONS:
+        raise ValueError(f"partitions: {value} is not between 1 and {MAX_PARTITIONS}")
+    return value

@@ -1,0 +1,72 @@
+"""The sidecar's program: its listeners, probe files, Kubernetes adapter and loop, until
+SIGTERM. ``kgroup_sidecar.main`` imports it once the settings are good (it imports aiohttp
+and the rest, which a process refused for bad settings never needs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from kgroup.logs import configure as configure_logging
+from kgroup_sidecar import metrics as metrics_http
+from kgroup_sidecar.apiclient import ConfigError
+from kgroup_sidecar.events import EventPoster, Pod
+from kgroup_sidecar.http_api import serve, serve_probes
+from kgroup_sidecar.kube import KubeAdapter
+from kgroup_sidecar.probe_files import ProbeFiles
+from kgroup_sidecar.runtime import Sidecar
+from kgroup_sidecar.settings import Settings
+
+log = logging.getLogger("kgroup_sidecar")
+
+
+async def _run(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    sidecar = Sidecar(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        runner = await serve(sidecar, settings)
+        stack.push_async_callback(runner.cleanup)
+        if settings.metrics_host is not None:
+            metrics_runner = await metrics_http.serve(sidecar.metrics, settings.metrics_host,
+                                                      settings.metrics_port)
+            stack.push_async_callback(metrics_runner.cleanup)
+            log.info("metrics on http://%s:%d/metrics", settings.metrics_host,
+                     settings.metrics_port)
+        if settings.probe_host is not None:
+            probe_runner = await serve_probes(sidecar, settings.probe_host, settings.probe_port)
+            stack.push_async_callback(probe_runner.cleanup)
+            log.info("probes on http://%s:%d/{livez,readyz}", settings.probe_host,
+                     settings.probe_port)
+        if settings.probe_dir is not None:
+            files = ProbeFiles(settings.probe_dir)
+            files.start()
+            stack.callback(files.stop)
+            sidecar.probe_files = files
+            beating = loop.create_task(files.heartbeat(lambda: sidecar.readiness().ready))
+            stack.callback(beating.cancel)
+        log.info("listening on %s; group %s/%s as member %s", settings.listen,
+                 settings.namespace, settings.group, settings.pod_name)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, sidecar.begin_shutdown)
+        kube = KubeAdapter(settings, loop=loop, on_list=sidecar.on_list,
+                           on_event=sidecar.on_event, metrics=sidecar.metrics)
+        stack.push_async_callback(kube.aclose)
+        events = sidecar.events = EventPoster(
+            kube.api, Pod(settings.namespace, settings.pod_name, settings.pod_uid))
+        stack.push_async_callback(events.drain, 2.0)
+        await sidecar.run(kube)
+    log.info("stopped")
+    return 0
+
+
+def run(settings: Settings) -> int:
+    """Exit status: 0 after a graceful shutdown, 1 when it cannot start."""
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(_run(settings))
+    except (OSError, ConfigError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
