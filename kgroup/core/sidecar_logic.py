@@ -230,13 +230,13 @@ class SidecarLogic:
             self._spec_raw = raw_spec
             try:
                 timing, drain_timeout = member_spec(raw_spec)
-                partitions = spec_partitions(raw_spec)
+                count = spec_partitions(raw_spec)
             except ValueError as exc:
                 self._warn_once(f"spec:{exc}", f"ConsumerGroup {name}: unusable spec: {exc}")
             else:
                 self.timing = timing
                 self.drain_timeout = drain_timeout
-                self.partitions = partitions
+                self.partitions = count
         status = obj.get("status") or {}
         epoch = status.get("epoch")
         if not isinstance(epoch, int):
