@@ -11,7 +11,8 @@ marker is its resourceVersion (every write changes it), never a time to compare.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kgroup import constants as C
@@ -22,7 +23,13 @@ from kgroup.core.locks import SessionTracker
 from kgroup.core.member import Lock
 from kgroup.core.status import MemberLeaseObservation
 
-__all__ = ["GroupLeases", "pod_observation"]
+__all__ = [
+    "GroupLeases",
+    "health_key",
+    "material_lock_change",
+    "material_member_change",
+    "pod_observation",
+]
 
 
 def pod_observation(body: Mapping[str, Any]) -> PodObservation:
@@ -83,26 +90,42 @@ class GroupLeases:
     bodies: dict[str, Obj] = field(default_factory=dict)  # by Lease name: version order
     tracker: SessionTracker = field(default_factory=SessionTracker)
 
-    def put(self, body: Obj, now: float) -> None:
-        """A Lease from a watch event or a list (ignored when older than the cached one)."""
+    def put(self, body: Obj, now: float) -> bool:
+        """A Lease from a watch event or a list (ignored when older than the cached one).
+
+        Returns whether the change is *material*: whether it can change what the operator
+        plans or writes (:func:`material_member_change`, :func:`material_lock_change`). A
+        member's renewal whose only news is its marker (resourceVersion, renewTime) and
+        its lag figures is not: it only restarts the session's clock in the tracker, and
+        the group's loop is not woken (it still wakes at the earliest session expiry)."""
         name = str(codec.meta(body).get("name", ""))
         old = self.bodies.get(name)
         if old is not None and not codec.not_older(body, old):
-            return
+            return False
         if codec.is_member(body):
             ml = codec.parse_member_lease(body).value
             if ml is None:
-                return
+                return False
+            previous = self.members.get(ml.member)
+            was_live = (previous is not None and previous.session is not None
+                        and self.tracker.is_live(ml.member, previous.session, now))
+            old_health = codec.annotations_of(old).get(C.ANNOTATION_HEALTH) if old else None
             self.bodies[name] = body
             self.members[ml.member] = ml
             if ml.session:
                 self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, now)
-        elif codec.is_partition(body):
+            return material_member_change(
+                previous, ml, was_live=was_live, old_health=old_health,
+                new_health=codec.annotations_of(body).get(C.ANNOTATION_HEALTH))
+        if codec.is_partition(body):
             lock = codec.parse_partition_lease(body).value
             if lock is None:
-                return
+                return False
             self.bodies[name] = body
+            previous_lock = self.partitions.get(lock.partition)
             self.partitions[lock.partition] = lock
+            return material_lock_change(previous_lock, lock)
+        return False
 
     def drop(self, body: Obj) -> None:
         """A Lease's DELETED event."""
@@ -159,3 +182,45 @@ class GroupLeases:
                 codec.annotations_of(self.bodies.get(v.name) or {}).get(C.ANNOTATION_HEALTH))
             for m, v in self.members.items()
         }
+
+
+def health_key(raw: str | None) -> Any:
+    """What of a ``kgroup.dev/health`` annotation can change the status: the stalled
+    partitions, their count and the reason (``kgroup.core.status.stalled_partitions``);
+    not the lag figures and positions, which change with every renewal and are not in the
+    status. No stall is the same as no annotation; one that does not read as a JSON object
+    is kept whole."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(data, dict):
+        return raw
+    key = (data.get("stalled") or None, data.get("stalledCount") or None,
+           data.get("reason") or None)
+    return None if key == (None, None, None) else key  # no stall: as no annotation
+
+
+def material_member_change(previous: MemberLease | None, new: MemberLease, *, was_live: bool,
+                           old_health: str | None, new_health: str | None) -> bool:
+    """Whether a member Lease's new version can change the plan: a member first seen, a
+    new session, duration or acknowledged epoch (any field but the renewal marker), a
+    session that was expired to this observer and is renewed (it is live again: a
+    membership change), or a change of its stalled partitions. A plain renewal is not."""
+    if previous is None or (new.session is not None and not was_live):
+        return True
+    if replace(previous, marker="") != replace(new, marker=""):
+        return True
+    return old_health != new_health and health_key(old_health) != health_key(new_health)
+
+
+def material_lock_change(previous: Lock | None, new: Lock) -> bool:
+    """Whether a partition Lease's new version can change the plan: anything but its
+    resourceVersion and its committed position (holder, session, token, assignment mark,
+    and whatever else the lock carries)."""
+    if previous is None:
+        return True
+    quiet = {"resource_version": "", "position": None, "position_token": None}
+    return replace(previous, **quiet) != replace(new, **quiet)

@@ -78,13 +78,13 @@ class Cache:
         return self.groups.setdefault(key, GroupLeases())
 
     def put_lease(self, namespace: str, body: Mapping[str, Any], now: float) -> GroupKey | None:
-        """Store a kgroup Lease (and observe its session); returns its group's key."""
+        """Store a kgroup Lease (and observe its session); returns its group's key when the
+        change is material (``GroupLeases.put``: a plain renewal is not), else None."""
         group = codec.group_of(dict(body))
         if not group:
             return None
         key = (namespace, group)
-        self.group(key).put(dict(body), now)
-        return key
+        return key if self.group(key).put(dict(body), now) else None
 
     def drop_lease(self, namespace: str, body: Mapping[str, Any]) -> GroupKey | None:
         group = codec.group_of(dict(body))

@@ -39,6 +39,8 @@ from kgroup.core.operator_logic import (
     written,
 )
 
+from kgroup.core.wakeup import Quiet, after_pass, on_timer
+
 from .cache import Cache, GroupKey
 from .kube import Conflict, Kube
 from .metrics import Metrics
@@ -71,6 +73,7 @@ class GroupController:
         self.memory = Memory(started_at=clock())
         self.task: asyncio.Task[None] | None = None
         self.selector: LabelSelector | None = None
+        self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -95,20 +98,31 @@ class GroupController:
                 await self.task
 
     async def run(self) -> None:
+        """Plan when poked (a material change: ``kgroup.core.group_cache``) or when a
+        deadline is due; a timer that finds nothing due (the earliest session expiry it
+        waited for was renewed meanwhile) only sleeps on (``kgroup.core.wakeup``)."""
         delay: float | None = 0.0
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self.poked.wait(), timeout=delay)
+            except TimeoutError:
+                more = on_timer(self.quiet, self.cache.group(self.key), self.clock())
+                if more is not None:
+                    delay = more
+                    continue
             self.poked.clear()
+            self.quiet = None
             try:
                 delay = await self.reconcile()
             except asyncio.CancelledError:
                 raise
             except (ApiException, HTTPError, OSError) as exc:
+                self.quiet = None
                 log.warning("reconcile of %s/%s: API unavailable (%s); retrying", *self.key,
                             type(exc).__name__)
                 delay = API_RETRY_SECONDS
             except Exception:
+                self.quiet = None
                 log.exception("reconcile of %s/%s failed; retrying", *self.key)
                 delay = FAILED_PASS_RETRY_SECONDS
             if delay is None:
@@ -127,6 +141,10 @@ class GroupController:
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
                       status_min_interval=self.settings.status_min_interval)
+        self.metrics.planned(self.key)
+        self.quiet = after_pass(
+            obs.leases, plan.deadlines, None if plan.wait is None else plan.now + plan.wait,
+            plan.now, idle_recheck=IDLE_RECHECK)
         body = self.body
         if body is None:
             return plan.wait
@@ -146,6 +164,7 @@ class GroupController:
         try:
             stored = await self.kube.replace_status(body, plan.status)
         except Conflict:
+            self.quiet = None
             log.info("status of %s/%s changed under us; re-reading", namespace, name)
             fresh = await self.kube.get_group(namespace, name)
             if fresh is not None:
