@@ -38,7 +38,6 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
-
 from kgroup.core.wakeup import Quiet, after_pass, on_timer
 
 from .cache import Cache, GroupKey

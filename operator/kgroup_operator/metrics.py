@@ -3,10 +3,11 @@
 Families (per group, labels ``group_namespace`` and ``group``: never ``namespace``, which
 is the scraper's own target label for the operator pod's namespace):
 ``kgroup_rebalances_total``, ``kgroup_partitions_moved_total``,
-``kgroup_status_writes_total``, ``kgroup_planning_passes_total`` (counters), ``kgroup_rebalance_duration_seconds``
-(histogram: from the epoch written to every member settled), ``kgroup_unowned_partitions``,
-``kgroup_members``, ``kgroup_partitions`` (gauges); and ``kgroup_operator_leader`` (1 on the
-active replica, 0 on a standby) with the default process, platform and GC collectors.
+``kgroup_status_writes_total``, ``kgroup_planning_passes_total`` (counters),
+``kgroup_rebalance_duration_seconds`` (histogram: from the epoch written to every member
+settled), ``kgroup_unowned_partitions``, ``kgroup_members``, ``kgroup_partitions``
+(gauges); and ``kgroup_operator_leader`` (1 on the active replica, 0 on a standby) with
+the default process, platform and GC collectors.
 
 The server starts before leader election (``main.run``), so a standby answers a scrape
 too: leader 0 and its process metrics. One registry per :class:`Metrics` (not the
