@@ -1,17 +1,18 @@
 """Every kopf decorator of the operator, and nothing else: each handler only feeds the
 in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that care.
 
-Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope) and
-Leases labelled ``kgroup.dev/group``. No handler lists or polls; the only listing is the
-initial one at start-up, so that no group is reconciled before the caches are complete
-(a group reconciled against half a cache would see members "leave" and move partitions).
+Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope). Leases
+labelled ``kgroup.dev/group`` are not watched through kopf but by ``lease_watch`` (every
+member renewal is an event; kopf's per-event cost was most of the operator's CPU while a
+group was stable). No handler lists or polls; the only listing is the initial one at
+start-up, so that no group is reconciled before the caches are complete (a group
+reconciled against half a cache would see members "leave" and move partitions).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
 from typing import Any
 
 import kopf
@@ -93,18 +94,3 @@ async def statefulset_event(
     elif not rt.cache.put_statefulset(namespace, body):
         return
     rt.poke_namespace(namespace)
-
-
-@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={C.LABEL_GROUP: kopf.PRESENT})
-async def lease_event(
-    type: str, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
-) -> None:
-    rt = _rt(memo)
-    if namespace is None:
-        return
-    if type == "DELETED":
-        key = rt.cache.drop_lease(namespace, body)
-    else:
-        key = rt.cache.put_lease(namespace, body, time.monotonic())
-    if key is not None:
-        rt.poke(key)
