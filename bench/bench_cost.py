@@ -262,7 +262,7 @@ def baseline(st: Stage, seconds: float) -> Obj:
 
 def one(members: int, partitions: int, *, window: float, timeout: float, real: bool,
         own_watches: bool, processes: int, base_port: int,
-        operator_from: Path | None = None) -> Obj:
+        operator_from: Path | None = None, profile_dir: Path | None = None) -> Obj:
     st = Stage("bench-cost")
     result: Obj = {"members": members, "partitions": partitions,
                    "how": "real sidecar processes" if real else (
@@ -317,9 +317,32 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             else [os.getpid()])
         w = Window(st, op.pid, op_port, member_pids)
         epoch0 = st.status().get("epoch")
+        spy = None
+        if profile_dir is not None:  # py-spy samples the operator over the window
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            out = profile_dir / f"operator-{members}x{partitions}.folded"
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(op.pid),
+                 "--duration", str(int(window)), "--rate", "50", "--format", "raw",
+                 "--nonblocking", "--output", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            result["profile"] = str(out)
+        def deliveries() -> int:
+            if swarm is None:
+                return 0
+            stats = swarm.stats() if isinstance(swarm, SwarmProcs) else [swarm.stats()]
+            return sum(int(x.get("deliveries", 0)) for x in stats)
+
+        d0 = deliveries()
         a = w.read()
         time.sleep(window)  # the measuring window, not a wait for a condition
         b = w.read()
+        if swarm is not None and not own_watches:
+            # what N pods' own watches would be sent: the hub hands each event to every
+            # member whose watch would show it (``Hub.flush``)
+            result["member_watch_deliveries_per_s"] = (deliveries() - d0) / (b["t"] - a["t"])
+        if spy is not None:
+            spy.wait(60)
         rates = w.rates(a, b)
         for k, key in (("watch_events", "lease_watch_events_per_s"),
                        ("watch_bytes", "lease_watch_kib_per_s"),
@@ -427,6 +450,9 @@ def main() -> None:
                     help="real sidecars listen on 127.0.0.1 from this port up")
     ap.add_argument("--operator-from", type=Path, default=None,
                     help="run the operator from this checkout's code (a before/after)")
+    ap.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
+                    help="sample the operator with py-spy over the window (needs py-spy in "
+                         "the venv); folded stacks go to DIR")
     ap.add_argument("--label", default="", help="a name for this run in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "cost.json")
     args = ap.parse_args()
@@ -438,7 +464,7 @@ def main() -> None:
         row = one(m, args.partitions, window=args.window, timeout=args.timeout,
                   real=m <= args.real, own_watches=args.own_watches,
                   processes=args.processes, base_port=args.base_port,
-                  operator_from=args.operator_from)
+                  operator_from=args.operator_from, profile_dir=args.py_spy)
         row["load_average_at_start"] = facts["load_average"]
         row["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(row)

@@ -10,8 +10,8 @@ marker is its resourceVersion (every write changes it), never a time to compare.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -7,7 +7,8 @@ body for its diff base, per-object loggers and throttler, the patch application)
 that changes nothing material must cost almost nothing (``GroupLeases.put``), so Leases
 come through this thin watch instead: the blocking client in one thread per namespace
 scope reads the stream line by line, ``json.loads`` each event and hands the events to
-the loop in batches (one wake-up of the loop per batch, not per event).
+the loop in batches (at most one wake-up of the loop per ``BATCH_SECONDS``, not one per
+event).
 
 List, then watch from the list's resourceVersion (bookmarks keep it fresh); a 410 Gone
 re-lists, any other break re-watches after a short backoff. A listing is authoritative
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 WATCH_SECONDS = 300
+BATCH_SECONDS = 0.1
+"""Events are handed to the loop at most this often: one wake-up of the loop per batch
+(renewals arrive spread out; handed over one by one, each woke the loop)."""
 BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 ListHandler = Callable[[str | None, list[Obj]], None]  # (namespace scope, items)
 EventHandler = Callable[[str, Obj], None]  # (ADDED | MODIFIED | DELETED, object)
@@ -79,7 +83,7 @@ class LeaseWatch:
             if self._scheduled:
                 return
             self._scheduled = True
-        self.loop.call_soon_threadsafe(self._flush)
+        self.loop.call_soon_threadsafe(self.loop.call_later, BATCH_SECONDS, self._flush)
 
     def _flush(self) -> None:
         with self._lock:
