@@ -178,15 +178,18 @@ class Stage:
                 "metadata": {"name": self.group}, "spec": spec})
         return obj
 
-    def start_operator(self) -> subprocess.Popen[bytes]:
+    def start_operator(self, *, metrics_port: int = 0,
+                       env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """The operator scoped to this namespace; ``metrics_port`` 0: no /metrics; ``env``
+        added to its environment (e.g. PYTHONPATH of another checkout's code)."""
         exe = Path(sys.executable).with_name("kgroup-operator")
         with (self.workdir / "operator.log").open("ab") as out:
             self.operator = subprocess.Popen(
                 [str(exe), "--namespace", self.ns, "--leader-namespace", self.ns,
-                 "--liveness-port", "0", "--metrics-port", "0"],
+                 "--liveness-port", "0", "--metrics-port", str(metrics_port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
-                     "NO_PROXY": "127.0.0.1,localhost"})
+                     "NO_PROXY": "127.0.0.1,localhost", **(env or {})})
         return self.operator
 
     def status(self) -> Obj:

@@ -22,6 +22,12 @@ events anyway (its loop wakes on ``dirty``, not per event); without batching, 20
 in one loop would each step per event and measure this process's CPU, not kgroup. Every
 latency measured on the swarm carries up to one batch delay.
 
+``own_watches=True`` gives each member its own watches instead (the real ``KubeAdapter``'s,
+its own connections): the API server then sends each event to every member as it would to
+N pods, so its ``apiserver_watch_events_total`` shows what N pods cost (and this process
+pays for every delivery). ``health_interval`` makes every member's app report the health
+of what it holds that often, so each renewal carries a changing summary (lags, positions).
+
 There is no app: a revoking partition is acknowledged at once (``auto_ack``, what an app
 that finished its in-flight work does), so handoffs are not bounded by the drain timeout.
 ``crash`` cancels a member's tasks without ending its session (what SIGKILL does: the
@@ -199,21 +205,31 @@ class SwarmAdapter(KubeAdapter):
     """A member's adapter: its watches are the hub's, its writes share one client."""
 
     def __init__(self, settings: Settings, *, hub: Hub, sidecar: Sidecar,
-                 clients: tuple[ApiClient, ApiClient], loop: asyncio.AbstractEventLoop
-                 ) -> None:
+                 clients: tuple[ApiClient, ApiClient], loop: asyncio.AbstractEventLoop,
+                 own_watches: bool = False) -> None:
         super().__init__(settings, loop=loop, on_list=sidecar.on_list,
                          on_event=sidecar.on_event, metrics=sidecar.metrics,
                          api=clients[0], session_api=clients[1])
         self._hub = hub
         self._sidecar = sidecar
+        self._own = own_watches
 
     def start(self) -> None:
-        self._hub.register(self.settings.pod_name, self._sidecar)
+        if self._own:
+            super().start()
+        else:
+            self._hub.register(self.settings.pod_name, self._sidecar)
 
     def set_partition_scope(self, scope: Scope) -> None:
-        self._hub.set_scope(self.settings.pod_name, scope)
+        if self._own:
+            super().set_partition_scope(scope)
+        else:
+            self._hub.set_scope(self.settings.pod_name, scope)
 
     def stop(self) -> None:
+        if self._own:
+            super().stop()
+            return
         self._hub.unregister(self.settings.pod_name)
 
 
@@ -237,9 +253,12 @@ class Running:
 class Swarm:
     def __init__(self, *, kubeconfig: str, namespace: str, group: str,
                  audit_dir: Path | None = None, auto_ack: bool = True,
-                 grace: float = 30.0) -> None:
+                 grace: float = 30.0, own_watches: bool = False,
+                 health_interval: float | None = None) -> None:
         self.kubeconfig, self.namespace, self.group = kubeconfig, namespace, group
         self.audit_dir, self.auto_ack, self.grace = audit_dir, auto_ack, grace
+        self.own_watches, self.health_interval = own_watches, health_interval
+        self.health_reports = 0
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="swarm"))
@@ -256,6 +275,23 @@ class Swarm:
             t = time.monotonic()
             await asyncio.sleep(0.5)
             self.lag_max_s = max(self.lag_max_s, time.monotonic() - t - 0.5)
+
+    async def _report_health(self, interval: float) -> None:
+        """Every member's app reports the health of what it holds every ``interval`` s,
+        as ``POST /v1/health`` would (``SidecarHealth.report``): positions advance, lags
+        move, nothing stalls. Each renewal then carries a fresh summary, as with real apps."""
+        tick = 0
+        while True:
+            await asyncio.sleep(interval)
+            tick += 1
+            for run in list(self.members.values()):
+                held = run.sidecar.held()
+                if not held:
+                    continue
+                run.sidecar.health.report({"partitions": [
+                    {"partition": p, "token": t, "position": f"{1000 * tick + p}-0",
+                     "lag": (tick * 7 + p) % 50} for p, t in held.items()]})
+                self.health_reports += 1
 
     def settings(self, pod: str, *, audit: bool = True) -> Settings:
         audit_file = (str(self.audit_dir / f"audit-{pod}.jsonl")
@@ -280,6 +316,10 @@ class Swarm:
         self.clients = self._call(clients())
         self.loop.call_soon_threadsafe(self.hub.adapter.start)
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._watch_lag()))
+        if self.health_interval:
+            interval = self.health_interval
+            self.loop.call_soon_threadsafe(
+                lambda: self.loop.create_task(self._report_health(interval)))
         return self
 
     def add(self, pods: Iterable[str]) -> None:
@@ -289,7 +329,8 @@ class Swarm:
                 sc: Sidecar = (AckingSidecar if self.auto_ack else Sidecar)(settings)
                 assert self.clients is not None
                 adapter = SwarmAdapter(settings, hub=self.hub, sidecar=sc,
-                                       clients=self.clients, loop=self.loop)
+                                       clients=self.clients, loop=self.loop,
+                                       own_watches=self.own_watches)
                 task = self.loop.create_task(sc.run(adapter), name=f"sidecar-{pod}")
                 self.members[pod] = Running(sc, task, time.monotonic())
 
@@ -337,7 +378,7 @@ class Swarm:
         return {"api_writes": self.api_writes(), "fencings": self.fencings(),
                 "events": self.hub.events, "deliveries": self.hub.deliveries,
                 "scope_changes": self.hub.scope_changes, "members": len(self.members),
-                "lag_max_s": round(self.lag_max_s, 3),
+                "lag_max_s": round(self.lag_max_s, 3), "health_reports": self.health_reports,
                 "cpu_s": round(sum(os.times()[:2]), 2)}
 
     def close(self) -> None:
@@ -365,11 +406,16 @@ class SwarmProcs:
     """``processes`` swarms in child processes; members dealt out round-robin."""
 
     def __init__(self, *, kubeconfig: str, namespace: str, group: str, processes: int,
-                 audit_dir: Path | None = None, grace: float = 30.0) -> None:
+                 audit_dir: Path | None = None, grace: float = 30.0,
+                 own_watches: bool = False, health_interval: float | None = None) -> None:
         cmd = [sys.executable, "-m", "kgroup_devcluster.swarm", "--kubeconfig", kubeconfig,
                "--namespace", namespace, "--group", group, "--grace", str(grace)]
         if audit_dir is not None:
             cmd += ["--audit-dir", str(audit_dir)]
+        if own_watches:
+            cmd += ["--own-watches"]
+        if health_interval:
+            cmd += ["--health-interval", str(health_interval)]
         self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        text=True, bufsize=1) for _ in range(processes)]
         self.where: dict[str, int] = {}
@@ -441,10 +487,15 @@ def serve(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", required=True)
     ap.add_argument("--audit-dir", type=Path)
     ap.add_argument("--grace", type=float, default=30.0)
+    ap.add_argument("--own-watches", action="store_true",
+                    help="each member opens its own watches (as a pod does), no shared hub")
+    ap.add_argument("--health-interval", type=float, default=None,
+                    help="every member's app reports health this often (seconds)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     swarm = Swarm(kubeconfig=args.kubeconfig, namespace=args.namespace, group=args.group,
-                  audit_dir=args.audit_dir, grace=args.grace).start()
+                  audit_dir=args.audit_dir, grace=args.grace, own_watches=args.own_watches,
+                  health_interval=args.health_interval).start()
     for line in sys.stdin:
         req = json.loads(line)
         op = req.pop("op")

@@ -10,6 +10,7 @@ marker is its resourceVersion (every write changes it), never a time to compare.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,13 @@ from kgroup.core.locks import SessionTracker
 from kgroup.core.member import Lock
 from kgroup.core.status import MemberLeaseObservation
 
-__all__ = ["GroupLeases", "pod_observation"]
+__all__ = [
+    "GroupLeases",
+    "health_key",
+    "material_lock_change",
+    "material_member_change",
+    "pod_observation",
+]
 
 
 def pod_observation(body: Mapping[str, Any]) -> PodObservation:
@@ -82,32 +89,53 @@ class GroupLeases:
     partitions: dict[int, Lock] = field(default_factory=dict)  # by partition
     bodies: dict[str, Obj] = field(default_factory=dict)  # by Lease name: version order
     tracker: SessionTracker = field(default_factory=SessionTracker)
+    # by member Lease name: (raw kgroup.dev/health, its health_key), parsed once per change
+    _health: dict[str, tuple[str | None, Any]] = field(default_factory=dict, repr=False)
 
-    def put(self, body: Obj, now: float) -> None:
-        """A Lease from a watch event or a list (ignored when older than the cached one)."""
+    def put(self, body: Obj, now: float) -> bool:
+        """A Lease from a watch event or a list (ignored when older than the cached one).
+
+        Returns whether the change is *material*: whether it can change what the operator
+        plans or writes (:func:`material_member_change`, :func:`material_lock_change`). A
+        member's renewal whose only news is its marker (resourceVersion, renewTime) and
+        its lag figures is not: it only restarts the session's clock in the tracker, and
+        the group's loop is not woken (it still wakes at the earliest session expiry)."""
         name = str(codec.meta(body).get("name", ""))
         old = self.bodies.get(name)
         if old is not None and not codec.not_older(body, old):
-            return
+            return False
         if codec.is_member(body):
             ml = codec.parse_member_lease(body).value
             if ml is None:
-                return
+                return False
+            previous = self.members.get(ml.member)
+            was_live = (previous is not None and previous.session is not None
+                        and self.tracker.is_live(ml.member, previous.session, now))
+            raw_health = codec.annotations_of(body).get(C.ANNOTATION_HEALTH)
+            old_raw, old_health = self._health.get(name, (None, None))
+            health = old_health if raw_health == old_raw else health_key(raw_health)
+            self._health[name] = (raw_health, health)
             self.bodies[name] = body
             self.members[ml.member] = ml
             if ml.session:
                 self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, now)
-        elif codec.is_partition(body):
+            return material_member_change(previous, ml, was_live=was_live,
+                                          old_health=old_health, new_health=health)
+        if codec.is_partition(body):
             lock = codec.parse_partition_lease(body).value
             if lock is None:
-                return
+                return False
             self.bodies[name] = body
+            previous_lock = self.partitions.get(lock.partition)
             self.partitions[lock.partition] = lock
+            return material_lock_change(previous_lock, lock)
+        return False
 
     def drop(self, body: Obj) -> None:
         """A Lease's DELETED event."""
         name = str(codec.meta(body).get("name", ""))
         self.bodies.pop(name, None)
+        self._health.pop(name, None)
         if codec.is_member(body):
             ml = codec.parse_member_lease(body).value
             if ml is not None and (current := self.members.get(ml.member)) is not None \
@@ -170,3 +198,55 @@ class GroupLeases:
                 codec.annotations_of(self.bodies.get(v.name) or {}).get(C.ANNOTATION_HEALTH))
             for m, v in self.members.items()
         }
+
+
+def health_key(raw: str | None) -> Any:
+    """What of a ``kgroup.dev/health`` annotation can change the status: the stalled
+    partitions, their count and the reason (``kgroup.core.status.stalled_partitions``);
+    not the lag figures and positions, which change with every renewal and are not in the
+    status. No stall is the same as no annotation; one that does not read as a JSON object
+    is kept whole."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(data, dict):
+        return raw
+    key = (data.get("stalled") or None, data.get("stalledCount") or None,
+           data.get("reason") or None)
+    return None if key == (None, None, None) else key  # no stall: as no annotation
+
+
+def material_member_change(previous: MemberLease | None, new: MemberLease, *, was_live: bool,
+                           old_health: Any, new_health: Any) -> bool:
+    """Whether a member Lease's new version can change the plan: a member first seen, a
+    new session, duration or acknowledged epoch (any field but the renewal marker), a
+    session that was expired to this observer and is renewed (it is live again: a
+    membership change), or a change of its stalled partitions (``old_health`` and
+    ``new_health`` are :func:`health_key` values). A plain renewal is not."""
+    if previous is None or (new.session is not None and not was_live):
+        return True
+    if _fields(previous, "marker") != _fields(new, "marker"):
+        return True
+    return bool(old_health != new_health)
+
+
+def material_lock_change(previous: Lock | None, new: Lock) -> bool:
+    """Whether a partition Lease's new version can change the plan: anything but its
+    resourceVersion and its committed position (holder, session, token, assignment mark,
+    and whatever else the lock carries)."""
+    if previous is None:
+        return True
+    quiet = ("resource_version", "position", "position_token")
+    return _fields(previous, *quiet) != _fields(new, *quiet)
+
+
+def _fields(obj: Any, *leave_out: str) -> dict[str, Any]:
+    """A dataclass's fields but ``leave_out`` (``dataclasses.replace`` is ten times slower,
+    and this runs on every watch event)."""
+    out = dict(vars(obj))
+    for name in leave_out:
+        out.pop(name, None)
+    return out

@@ -35,6 +35,7 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
+from kgroup.core.wakeup import Quiet, after_pass, on_timer
 from kgroup.sim.kernel import Process
 from kgroup.sim.store import Obj, WriteError, lease_key
 
@@ -64,6 +65,7 @@ class SimOperator:
         self.busy = False
         self._due = False
         self._gen = 0
+        self.quiet: Quiet | None = None  # what the last pass saw (kgroup.core.wakeup)
 
     # ---- observations ----------------------------------------------------------------
 
@@ -87,8 +89,8 @@ class SimOperator:
         if stream == "lease":
             if event_type == "DELETED":
                 self.leases.drop(obj)
-            else:
-                self.leases.put(obj, self.proc.clock())
+            elif not self.leases.put(obj, self.proc.clock()):
+                return  # a plain renewal: the tracker saw it, the loop sleeps on
         elif stream == "pod":
             if event_type == "DELETED":
                 name = codec.meta(obj)["name"]
@@ -129,15 +131,25 @@ class SimOperator:
             return
         self._after(self.reconcile())
 
-    def _after(self, delay: float | None) -> None:
-        """The controller's loop: sleep until poked or ``delay`` (this clock) passed."""
+    def _after(self, delay: float | None, *, failed: bool = False) -> None:
+        """The controller's loop: sleep until poked or ``delay`` (this clock) passed; after a
+        failed request the timer plans whatever the last pass saw."""
+        if failed:
+            self.quiet = None
         self._gen += 1
         wait = IDLE_RECHECK if delay is None else max(0.0, delay)
         self.proc.schedule(wait / self.proc.rate, self._wake, self._gen)
 
     def _wake(self, gen: int) -> None:
-        if gen == self._gen:
+        """The timer: plan if anything is due (``kgroup.core.wakeup``), else sleep on."""
+        if gen != self._gen:
+            return
+        more = on_timer(self.quiet, self.leases, self.proc.clock())
+        if more is None:
             self.poke()
+        else:
+            self._gen += 1
+            self.proc.schedule(more / self.proc.rate, self._wake, self._gen)
 
     def reconcile(self) -> float | None:
         """One pass; returns seconds (this clock) until the next deadline, or None."""
@@ -146,6 +158,9 @@ class SimOperator:
                           synced=self.synced >= {"group", "lease", "pod"})
         plan = decide(obs, self.memory, now, wall=EPOCH_WALL + timedelta(seconds=now),
                       status_min_interval=STATUS_MIN_INTERVAL, rule=self.rule)
+        self.quiet = after_pass(obs.leases, plan.deadlines,
+                                None if plan.wait is None else now + plan.wait, now,
+                                idle_recheck=IDLE_RECHECK)
         body = self.group
         if body is None:
             return plan.wait
@@ -170,7 +185,7 @@ class SimOperator:
                                             and result.status == 409):
                 return
             self.memory.requested_leases.pop(partition, None)  # not created: a later pass
-            self._after(API_RETRY_SECONDS)
+            self._after(API_RETRY_SECONDS, failed=True)
 
         store = self.world.store
         self.world.request(self.proc, functools.partial(
@@ -194,7 +209,7 @@ class SimOperator:
                     self.leases.put(result, self.proc.clock())
                 else:
                     self.memory.mark_failed(mark)
-                    self._after(API_RETRY_SECONDS)
+                    self._after(API_RETRY_SECONDS, failed=True)
 
             self.world.request(self.proc, patch, done)
 
@@ -288,7 +303,7 @@ class SimOperator:
                 return
             if not (isinstance(result, WriteError) and result.status == 409):
                 # no answer, or refused otherwise: the controller's "API unavailable"
-                self._after(API_RETRY_SECONDS)
+                self._after(API_RETRY_SECONDS, failed=True)
                 return
 
             def fresh(obj: Any) -> None:
@@ -296,7 +311,7 @@ class SimOperator:
                     self._put_group(obj)
                     self.poke()
                 else:
-                    self._after(API_RETRY_SECONDS)
+                    self._after(API_RETRY_SECONDS, failed=True)
 
             self.world.request(self.proc, lambda: store.get(GROUP_KEY), fresh)
 

@@ -96,14 +96,14 @@ class Cache:
         self.groups.pop(key, None)
 
     def put_lease(self, namespace: str, body: Mapping[str, Any], now: float) -> GroupKey | None:
-        """Store a kgroup Lease (and observe its session); returns its group's key, or None
-        when the Lease names no group or one that does not exist (nothing is kept)."""
+        """Store a kgroup Lease (and observe its session); returns its group's key when the
+        change is material (``GroupLeases.put``: a plain renewal is not), else None (also
+        when the Lease names no group or one that does not exist: nothing is kept)."""
         group = codec.group_of(dict(body))
         if not group or (namespace, group) not in self.known:
             return None
         key = (namespace, group)
-        self.group(key).put(dict(body), now)
-        return key
+        return key if self.group(key).put(dict(body), now) else None
 
     def drop_lease(self, namespace: str, body: Mapping[str, Any]) -> GroupKey | None:
         group = codec.group_of(dict(body))

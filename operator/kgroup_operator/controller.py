@@ -43,6 +43,7 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
+from kgroup.core.wakeup import Quiet, after_pass, on_timer
 
 from .cache import Cache, GroupKey
 from .kube import Conflict, Kube
@@ -84,6 +85,7 @@ class GroupController:
         self.leases_listed = False  # set by the group's Lease watch after its listing
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
+        self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -119,24 +121,35 @@ class GroupController:
                 await self.task
 
     async def run(self) -> None:
+        """Plan when poked (a material change: ``kgroup.core.group_cache``) or when a
+        deadline is due; a timer that finds nothing due (the earliest session expiry it
+        waited for was renewed meanwhile) only sleeps on (``kgroup.core.wakeup``)."""
         delay: float | None = 0.0
         while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
             # that arrives as the poke does, and stop() then waits a whole IDLE_RECHECK
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(delay):
                     await self.poked.wait()
+            except TimeoutError:
+                more = on_timer(self.quiet, self.cache.group(self.key), self.clock())
+                if more is not None:
+                    delay = more
+                    continue
             self.poked.clear()
+            self.quiet = None
             try:
                 delay = await self.reconcile()
                 self.failures = 0
             except asyncio.CancelledError:
                 raise
             except (ApiException, HTTPError, OSError) as exc:
+                self.quiet = None
                 log.warning("reconcile of %s/%s: API unavailable (%s); retrying", *self.key,
                             type(exc).__name__)
                 delay = API_RETRY_SECONDS  # not a failure of ours: a restart would not help
             except Exception as exc:
+                self.quiet = None
                 log.exception("reconcile of %s/%s failed; retrying", *self.key)
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -158,6 +171,10 @@ class GroupController:
         )
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
                       status_min_interval=self.settings.status_min_interval, rule=self.rule)
+        self.metrics.planned(self.key)
+        self.quiet = after_pass(
+            obs.leases, plan.deadlines, None if plan.wait is None else plan.now + plan.wait,
+            plan.now, idle_recheck=IDLE_RECHECK)
         body = self.body
         if body is None:
             return plan.wait
@@ -178,6 +195,7 @@ class GroupController:
         try:
             stored = await self.kube.replace_status(body, plan.status)
         except Conflict:
+            self.quiet = None
             log.info("status of %s/%s changed under us; re-reading", namespace, name)
             fresh = await self.kube.get_group(namespace, name)
             if fresh is not None:

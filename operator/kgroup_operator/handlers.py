@@ -3,10 +3,12 @@ in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that c
 
 Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope).
 Leases are not kopf's: each existing group's Leases are watched by their group label
-(``lease_watch``), so Leases naming groups that do not exist never reach the process.
-No handler lists or polls; the only listing is the initial one at start-up, so that no
-group is reconciled before the caches are complete (a group reconciled against half a
-cache would see members "leave" and move partitions).
+(``lease_watch``), so Leases naming groups that do not exist never reach the process, and
+a member's renewal costs a line read and a cache update, not kopf's per-event work (it
+was most of the operator's CPU while a group was stable). No handler lists or polls; the
+only listing is the initial one at start-up, so that no group is reconciled before the
+caches are complete (a group reconciled against half a cache would see members "leave"
+and move partitions).
 """
 
 from __future__ import annotations

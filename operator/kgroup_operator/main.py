@@ -212,7 +212,7 @@ def configure_logging(settings: OperatorSettings) -> None:
                    else kopf.LogFormat.FULL)
     logging.getLogger().setLevel(settings.log_level)
     if not settings.verbose:
-        # "Handler 'lease_event' succeeded." for every renewal is noise at INFO
+        # "Handler 'pod_event' succeeded." for every pod update is noise at INFO
         logging.getLogger("kopf.objects").setLevel(
             max(logging.WARNING, logging.getLogger().level))
 

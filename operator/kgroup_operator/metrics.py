@@ -3,10 +3,11 @@
 Families (per group, labels ``group_namespace`` and ``group``: never ``namespace``, which
 is the scraper's own target label for the operator pod's namespace):
 ``kgroup_rebalances_total``, ``kgroup_partitions_moved_total``,
-``kgroup_status_writes_total`` (counters), ``kgroup_rebalance_duration_seconds``
-(histogram: from the epoch written to every member settled), ``kgroup_unowned_partitions``,
-``kgroup_members``, ``kgroup_partitions`` (gauges); and ``kgroup_operator_leader`` (1 on the
-active replica, 0 on a standby) with the default process, platform and GC collectors.
+``kgroup_status_writes_total``, ``kgroup_planning_passes_total`` (counters),
+``kgroup_rebalance_duration_seconds`` (histogram: from the epoch written to every member
+settled), ``kgroup_unowned_partitions``, ``kgroup_members``, ``kgroup_partitions``
+(gauges); and ``kgroup_operator_leader`` (1 on the active replica, 0 on a standby) with
+the default process, platform and GC collectors.
 
 The server starts before leader election (``main.run``), so a standby answers a scrape
 too: leader 0 and its process metrics. One registry per :class:`Metrics` (not the
@@ -59,6 +60,9 @@ class Metrics:
                              "Partitions whose owner changed in a rebalance.", LABELS, registry=r)
         self.status_writes = Counter("kgroup_status_writes",
                                      "ConsumerGroup status updates written.", LABELS, registry=r)
+        self.passes = Counter("kgroup_planning_passes",
+                              "Planning passes (decide) run: material changes and deadlines "
+                              "only, not member renewals.", LABELS, registry=r)
         self.durations = Histogram("kgroup_rebalance_duration_seconds",
                                    "From an epoch written to every member settled on it.",
                                    LABELS, buckets=BUCKETS, registry=r)
@@ -71,8 +75,8 @@ class Metrics:
                              "Partitions whose owner's app reports no progress (status.stalled).",
                              LABELS, registry=r)
         self._families: tuple[Counter | Gauge | Histogram, ...] = (
-            self.rebalances, self.moved, self.status_writes, self.durations, self.unowned,
-            self.members, self.partitions, self.stalled)
+            self.rebalances, self.moved, self.status_writes, self.passes, self.durations,
+            self.unowned, self.members, self.partitions, self.stalled)
 
     def set_leader(self, leader: bool) -> None:
         self.leader.set(1 if leader else 0)
@@ -83,6 +87,9 @@ class Metrics:
 
     def status_written(self, key: Key) -> None:
         self.status_writes.labels(*key).inc()
+
+    def planned(self, key: Key) -> None:
+        self.passes.labels(*key).inc()
 
     def completed(self, key: Key, seconds: float) -> None:
         self.durations.labels(*key).observe(seconds)

@@ -1,0 +1,171 @@
+"""What member renewals alone cost the operator: N member Leases renewed every 2 s.
+
+Rule: timings live here, never in tests; prints and returns figures, asserts nothing.
+No sidecars: this process writes N member Leases (kwok pods behind them, so they are
+members) and renews each every ``--renew`` seconds with a fresh health summary (lags and
+positions change, nothing stalls), as N sidecars would. Nobody takes a partition, so the
+group settles Degraded with every partition unowned; what is measured after it settled
+is the operator's cost of the renewals: its cores (``/proc/<pid>/stat``) and planning
+passes per second (its ``/metrics``) over ``--window`` seconds. It isolates the
+operator's per-renewal path from the swarm, whose own member-Lease fan-out (O(members²))
+does not fit this machine at 200 members. ``--operator-from`` runs another checkout's
+operator (a before/after).
+
+    .venv/bin/python bench/bench_renewals.py --members 200,1000 [--window 30]
+        [--operator-from /path/to/checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cost import free_port, operator_metric, own_cpu_seconds, rss_mb
+from stage import Stage, machine
+
+from kgroup import constants as C
+
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def member_body(st: Stage, pod: str, tick: int, per_member: int) -> Obj:
+    health = {"stalledCount": 0, "lag": tick % 50 * per_member,
+              "partitions": {str(p): [(tick + p) % 50, f"{1000 * tick + p}-0"]
+                             for p in range(per_member)}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {
+            "name": C.member_lease_name(st.group, pod), "namespace": st.ns,
+            "labels": {C.LABEL_GROUP: st.group, C.LABEL_ROLE: C.ROLE_MEMBER,
+                       C.LABEL_MEMBER: pod},
+            "annotations": {C.ANNOTATION_SESSION: f"{pod}-s1", C.ANNOTATION_EPOCH: "0",
+                            C.ANNOTATION_HEALTH: json.dumps(health, separators=(",", ":"),
+                                                            sort_keys=True)}},
+        "spec": {"holderIdentity": pod, "leaseDurationSeconds": 8},  # marker: resourceVersion
+    }
+
+
+class Renewer:
+    """Renews every member Lease every ``renew`` seconds from a few threads."""
+
+    def __init__(self, st: Stage, pods: list[str], renew: float, per_member: int) -> None:
+        self.st, self.pods, self.renew, self.per_member = st, pods, renew, per_member
+        self.rv: dict[str, str] = {}
+        self.writes = 0
+        self.late = 0
+        self._stop = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(8)
+        for pod in pods:
+            out = st.coord.create_namespaced_lease(st.ns, member_body(st, pod, 0, per_member),
+                                                   _preload_content=False)
+            self.rv[pod] = json.loads(out.data)["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _one(self, pod: str, tick: int) -> None:
+        body = member_body(self.st, pod, tick, self.per_member)
+        body["metadata"]["resourceVersion"] = self.rv[pod]
+        out = self.st.coord.replace_namespaced_lease(body["metadata"]["name"], self.st.ns, body,
+                                                     _preload_content=False)
+        self.rv[pod] = json.loads(out.data)["metadata"]["resourceVersion"]
+        self.writes += 1
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.is_set():
+            tick += 1
+            start = time.monotonic()
+            spacing = self.renew / len(self.pods)
+            futures = []
+            for i, pod in enumerate(self.pods):  # spread over the interval, as N pods are
+                delay = start + i * spacing - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    return
+                futures.append(self._pool.submit(self._one, pod, tick))
+            concurrent.futures.wait(futures)
+            if time.monotonic() - start > self.renew * 1.25:
+                self.late += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def one(members: int, *, partitions: int, window: float, settle: float,
+        operator_from: Path | None) -> Obj:
+    st = Stage("bench-renew")
+    result: Obj = {"members": members, "partitions": partitions,
+                   "operator": str(operator_from) if operator_from else "this checkout"}
+    renewer = None
+    try:
+        pods = [f"w-{i}" for i in range(members)]
+        st.pods(pods)
+        st.create_group(partitions=partitions, window=None, duration=None, renew=None,
+                        drain=None)
+        renewer = Renewer(st, pods, 2.0, max(1, partitions // members))
+        port = free_port()
+        op = st.start_operator(metrics_port=port, env=(
+            {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
+            else None))
+        time.sleep(settle)  # let it create the partition Leases and settle (Degraded)
+        status = st.status()
+        result["phase"], result["member_count"] = status.get("phase"), status.get("memberCount")
+        passes = "kgroup_planning_passes_total"
+        c0, p0, t0 = own_cpu_seconds(op.pid), operator_metric(port, passes), time.monotonic()
+        w0 = renewer.writes
+        time.sleep(window)  # the measuring window
+        dt = time.monotonic() - t0
+        c1, p1 = own_cpu_seconds(op.pid), operator_metric(port, passes)
+        result.update({
+            "window_s": round(dt, 1),
+            "renewals_per_s": (renewer.writes - w0) / dt,
+            "operator_cores": (c1 - c0) / dt,
+            "operator_rss_mb": rss_mb(op.pid),
+            "planning_passes_per_s": None if p0 is None or p1 is None else (p1 - p0) / dt,
+            "renew_rounds_late": renewer.late,
+            "member_count_at_end": st.status().get("memberCount"),
+        })
+    finally:
+        if renewer is not None:
+            renewer.close()
+        st.close()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--members", default="200")
+    ap.add_argument("--partitions", type=int, default=1000)
+    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--settle", type=float, default=60.0)
+    ap.add_argument("--operator-from", type=Path, default=None)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "renewals.json")
+    args = ap.parse_args()
+    command = ".venv/bin/python bench/bench_renewals.py " + " ".join(sys.argv[1:])
+    rows = []
+    for m in (int(x) for x in args.members.split(",")):
+        start = [round(x, 2) for x in os.getloadavg()]
+        row = one(m, partitions=args.partitions, window=args.window, settle=args.settle,
+                  operator_from=args.operator_from)
+        row["load_average_at_start"] = start
+        row["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    runs: Obj = json.loads(args.out.read_text()) if args.out.exists() else {}
+    runs[args.label or command] = {"command": command, "machine": machine(), "sizes": rows}
+    args.out.write_text(json.dumps(runs, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""When a group's loop, woken by its own timer (no watch event poked it), must plan again.
+
+Pure: the caller passes its monotonic ``now``. A pass's plan names its deadlines; one of
+them is the earliest session expiry (:meth:`GroupLeases.next_expiry`). A member's renewal
+is not a material change (:func:`kgroup.core.group_cache.material_member_change`), so it
+does not wake the loop and that expiry goes stale: the member renewed, its session runs
+on. Waking at a stale expiry and planning again would cost a full pass every few seconds
+at any size (the earliest of many sessions is always about ``duration - renew`` away).
+So :func:`after_pass` keeps what the pass saw (the live sessions and the deadlines other
+than session expiries: the earliest one, and the earliest lock holder's that the failure
+detector, ``operator_logic.expiries_to_mark``, waits for) and :func:`on_timer` says whether anything is due: a deadline other than
+session expiry, or a session that was live at the pass and is not any more. Otherwise
+the loop sleeps on until the true earliest expiry or the other deadline.
+
+Renewals only push expiries later, and every other change of a session (a new member, a
+new session, a shorter duration, a session live again) is material and pokes the loop,
+so the expiry a pass saw is never later than the true one: no expiry is slept through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kgroup.core.group_cache import GroupLeases
+
+__all__ = ["Quiet", "after_pass", "on_timer"]
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """What the last pass saw: its live sessions and, absolute on the loop's clock, the
+    earliest deadline that is not a session expiry (None: none)."""
+
+    live: Mapping[str, str]
+    other_at: float | None
+
+
+def after_pass(leases: GroupLeases, deadlines: Iterable[float | None], wake_at: float | None,
+               now: float, *, idle_recheck: float) -> Quiet:
+    """``deadlines``: the plan's deadlines (absolute); ``wake_at``: when the pass asked to
+    run again (absolute; it may be earlier than every deadline, e.g. a rate limit). Every
+    live session's expiry is taken out of them; whatever else remains, and
+    ``now + idle_recheck`` (the loop's upper bound on a sleep), is the other deadline."""
+    live = leases.live_sessions(now)
+    # Every live session's expiry (the earliest of all, and the earliest of the lock
+    # holders' that the failure detector waits for): on_timer sees any of them pass.
+    expiries = {t for m, s in live.items() if (t := leases.tracker.expires_at(m, s)) is not None}
+    others = [d for d in deadlines if d is not None and d not in expiries]
+    if wake_at is not None and not any(abs(wake_at - t) <= 1e-6 for t in expiries):
+        others.append(wake_at)
+    others.append(now + idle_recheck)
+    return Quiet(live=live, other_at=min(others))
+
+
+def on_timer(quiet: Quiet | None, leases: GroupLeases, now: float) -> float | None:
+    """None: plan now. Otherwise the seconds to sleep on (nothing is due)."""
+    if quiet is None or quiet.other_at is None or quiet.other_at <= now:
+        return None
+    if leases.live_sessions(now) != quiet.live:
+        return None
+    expiry = leases.next_expiry(now)
+    until = quiet.other_at if expiry is None else min(expiry, quiet.other_at)
+    return max(0.0, until - now)
