@@ -10,7 +10,6 @@ import logging
 import time
 from typing import Any
 
-from kgroup.core import lease_codec as codec
 from kgroup.core.group import PodObservation
 
 from .cache import Cache, GroupKey
