@@ -10,7 +10,8 @@ So :func:`after_pass` keeps what the pass saw (the live sessions and the deadlin
 than session expiries: the earliest one, and the earliest lock holder's that the failure
 detector, ``operator_logic.expiries_to_mark``, waits for) and :func:`on_timer` says
 whether anything is due: a deadline other than a session expiry, or a session that was
-live at the pass and is not any more. Otherwise the loop sleeps on until the true earliest expiry or the other deadline.
+live at the pass and is not any more. Otherwise the loop sleeps on until the true earliest
+expiry or the other deadline.
 
 Renewals only push expiries later, and every other change of a session (a new member, a
 new session, a shorter duration, a session live again) is material and pokes the loop,
