@@ -121,7 +121,8 @@ _SIDECAR_WATCH = re.compile(r"WatchSpec\(\s*\"\w+\",\s*LEASES\b")
 
 
 def lease_verbs_called(*files: str) -> set[str]:
-    """Every Lease verb the code in ``files`` calls (a Watch of a list call adds watch)."""
+    """Every Lease verb the code in ``files`` calls (a Watch of a list call, or a list call
+    with ``watch=True``, adds watch)."""
     verbs: set[str] = set()
     for name in files:
         text = (REPO / name).read_text()
@@ -129,7 +130,8 @@ def lease_verbs_called(*files: str) -> set[str]:
         verbs |= {_VERB[m] for m in _SIDECAR_CALL.findall(text)}
         if _SIDECAR_WATCH.search(text):
             verbs |= {"list", "watch"}
-        if "watch.Watch" in text or "kopf.on.event(\"coordination.k8s.io\"" in text:
+        if "watch.Watch" in text or "watch=True" in text \
+                or "kopf.on.event(\"coordination.k8s.io\"" in text:
             verbs |= {"list", "watch"}
     return verbs
 

@@ -56,11 +56,20 @@ class Checker:
     sink_accepted: int = 0
     sink_refused: int = 0
     revoked: dict[int, int] = field(default_factory=dict)  # partition -> token deleted by hand
+    # partition -> the (pod/session, token) pairs whose lock was deleted by hand: only those
+    # very holders may still open or claim with them until they see the deletion
+    revoked_holders: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     step: int = 0  # kept current by the world
 
-    def revoke(self, partition: int, token: int) -> None:
-        """An admin deleted the lock of ``partition`` carrying ``token``."""
+    def revoke(self, partition: int, token: int, holder: str | None = None) -> None:
+        """An admin deleted the lock of ``partition`` carrying ``token`` (held by
+        ``holder``, ``pod/session`` as claims name their owner, if anyone held it)."""
         self.revoked[partition] = max(token, self.revoked.get(partition, -1))
+        if holder:
+            self.revoked_holders.setdefault(partition, set()).add((holder, token))
+
+    def _revoked_holder(self, partition: int, session: str, token: int) -> bool:
+        return (session, token) in self.revoked_holders.get(partition, ())
 
     def fail(self, kind: str, time: float, detail: str) -> None:
         self.violations.append(Violation(kind, time, detail, self.step))
@@ -88,7 +97,7 @@ class Checker:
         for p, t in sorted(fresh.items()):
             prev = self.last_claim.get(p)
             if prev is not None and prev[0] != owner and t <= prev[1] \
-                    and t > self.revoked.get(p, -1):  # a deleted lock's holder: see sink_open
+                    and not self._revoked_holder(p, owner, t):  # see sink_open
                 self.fail("token-order", now,
                           f"partition {p}: {owner} claims it with token {t}, not above "
                           f"{prev[1]} of the earlier claimant {prev[0]}")
@@ -99,7 +108,7 @@ class Checker:
 
     def sink_open(self, owner: str, partition: int, token: int, now: float) -> None:
         high = self.sink_high.get(partition, -1)
-        if token < high and token <= self.revoked.get(partition, -1):
+        if token < high and self._revoked_holder(partition, owner, token):
             # A lock deleted by hand (or its holder's member Lease): its holder may open
             # until it sees the deletion (docs/design.md, Limitations); the sink refuses
             # the stale token, as update_claim lets such a claim overlap.

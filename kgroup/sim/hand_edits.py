@@ -101,13 +101,13 @@ def delete_lease(world: World, key: str, obj: Obj) -> None:
     revoked (its holder may claim it until it sees the deletion)."""
     lock = codec.parse_partition_lease(obj).value if codec.is_partition(obj) else None
     if lock is not None:
-        world.checker.revoke(lock.partition, lock.token)
+        world.checker.revoke(lock.partition, lock.token, f"{lock.holder}/{lock.session}")
     session = codec.parse_member_lease(obj).value if codec.is_member(obj) else None
     if session is not None:  # its holder's locks are FREE to others from now on
         for held in map(world.lock, range(world.spec.partitions)):
             if held is not None and (held.holder, held.session) == (
                     session.member, session.session):
-                world.checker.revoke(held.partition, held.token)
+                world.checker.revoke(held.partition, held.token, f"{held.holder}/{held.session}")
     world.store.delete(key)
 
 

@@ -240,7 +240,8 @@ class World:
                     # acquired under a session whose member Lease was deleted (by hand or
                     # by the garbage collector) before the holder saw it: others may take
                     # the lock at once; the token alone fences the holder's writes
-                    self.checker.revoke(lock.partition, lock.token)
+                    self.checker.revoke(lock.partition, lock.token,
+                                        f"{lock.holder}/{lock.session}")
         if "group" in streams and new is not None:
             epoch = (new.get("status") or {}).get("epoch")
             if old is None or epoch != (old.get("status") or {}).get("epoch"):
