@@ -189,7 +189,7 @@ def operator_calls() -> set[tuple[str, str, str]]:
         for args in _KOPF_EVENT.findall(text):
             group, res = _KOPF_RESOURCE[args.split(", labels")[0]]
             calls |= {(group, res, "list"), (group, res, "watch")}
-        if "watch.Watch" in text:
+        if "watch.Watch" in text or "watch=True" in text:  # lease_watch.py
             calls |= {("coordination.k8s.io", "leases", "watch")}
     return calls
 
