@@ -12,7 +12,11 @@ installed by default: operator.watchNamespaces empty, so a ClusterRole. Findings
 a worker taking a lock assigned to another member; the operator writing kube-system's or
 kube-node-lease's Leases or another app's. Issue 25 (the operator is the failure detector):
 a worker taking a held lock whose session the operator has not marked expired, or writing
-that expiry mark itself; the operator marking only a lock's own session.
+that expiry mark itself; the operator marking only a lock's own session. Issue 26: a
+worker changing the owner references, finalizers, labels or other annotations of a lock
+(held by another, by itself, or while acquiring it), or writing an unbounded member Lease
+(duration, annotation sizes, finalizers, owners); the operator creating a lock already
+held or changing a lock's owners, finalizers or labels.
 """
 
 from __future__ import annotations
