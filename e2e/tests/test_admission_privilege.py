@@ -410,7 +410,8 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
     ("create a lock with a token and a session", create("operator", lock(
         83, notes={"kgroup.dev/token": "999999", "kgroup.dev/session": "s"})),
      "no annotation but kgroup.dev/assigned"),
-    ("create a lock with 5 acquisitions", create("operator", lock(84, token=5)), "leaseTransitions 0"),
+    ("create a lock with 5 acquisitions", create("operator", lock(84, token=5)),
+     "leaseTransitions 0"),
     ("create a lock with a finalizer", create("operator", lock(85, finalizers=["x.io/hang"])),
      "no finalizers"),
     ("create a lock without its owner reference", create("operator", lock(86, ownerReferences=[])),
