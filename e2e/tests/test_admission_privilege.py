@@ -345,7 +345,7 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
         "labels", {**_partition_labels(4), "x": "y"})), "may not change the owner references"),
     ("pad pod-b's lock with a 200 KB annotation", put("worker", f"{P}4", set_note(
         "pad", "x" * 200_000)), "it may change it only by acquiring it"),
-    ("remove the position of pod-b's lock", put("worker", f"{P}4", lambda lease: lease[
+    ("remove the assignment mark of pod-b's lock", put("worker", f"{P}4", lambda lease: lease[
         "metadata"]["annotations"].pop("kgroup.dev/assigned")), "kgroup.dev/assigned mark"),
     ("holder: renew its own lock (a new duration)", put("worker", f"{P}5", set_spec(
         "leaseDurationSeconds", 20)), "allowed"),
