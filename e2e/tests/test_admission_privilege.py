@@ -12,7 +12,11 @@ installed by default: operator.watchNamespaces empty, so a ClusterRole. Findings
 a worker taking a lock assigned to another member; the operator writing kube-system's or
 kube-node-lease's Leases or another app's. Issue 25 (the operator is the failure detector):
 a worker taking a held lock whose session the operator has not marked expired, or writing
-that expiry mark itself; the operator marking only a lock's own session.
+that expiry mark itself; the operator marking only a lock's own session. Issue 26: a
+worker changing the owner references, finalizers, labels or other annotations of a lock
+(held by another, by itself, or while acquiring it), or writing an unbounded member Lease
+(duration, annotation sizes, finalizers, owners); the operator creating a lock already
+held or changing a lock's owners, finalizers or labels.
 """
 
 from __future__ import annotations
@@ -229,6 +233,51 @@ def set_note(key: str, value: str) -> Callable[[Lease], None]:
     return lambda lease: lease["metadata"]["annotations"].__setitem__(key, value)
 
 
+def set_meta(key: str, value: object) -> Callable[[Lease], None]:
+    return lambda lease: lease["metadata"].__setitem__(key, value)
+
+
+def set_spec(key: str, value: object) -> Callable[[Lease], None]:
+    return lambda lease: lease["spec"].__setitem__(key, value)
+
+
+def both(*changes: Callable[[Lease], None]) -> Callable[[Lease], None]:
+    def change(lease: Lease) -> None:
+        for c in changes:
+            c(lease)
+    return change
+
+
+def owner(name: str = GROUP, *, controller: bool = False) -> dict[str, object]:
+    """An owner reference to ConsumerGroup ``name`` (as lease_codec.owner_reference writes;
+    the uid names no object: a dry run, the garbage collector never sees it)."""
+    ref: dict[str, object] = {"apiVersion": "kgroup.dev/v1alpha1", "kind": "ConsumerGroup",
+                              "name": name, "uid": "00000000-0000-0000-0000-000000000001"}
+    if controller:
+        ref.update(controller=True, blockOwnerDeletion=False)
+    return ref
+
+
+def member(notes: dict[str, str] | None = None, *, duration: int = 15,
+           labels: dict[str, str] | None = None, **meta: object) -> Lease:
+    """pod-a's own member Lease as the sidecar writes it, with ``meta`` added."""
+    lease = _lease(f"{GROUP}-member-pod-a", labels=labels if labels is not None else MEMBER,
+                   holder="pod-a", notes={"kgroup.dev/session": "s-a", **(notes or {})})
+    lease["spec"]["leaseDurationSeconds"] = duration
+    lease["metadata"].update(meta)
+    return lease
+
+
+def lock(n: int, *, holder: str | None = None, token: int = 0,
+         notes: dict[str, str] | None = None, **meta: object) -> Lease:
+    """Partition lock ``n`` as the operator creates it (lease_codec.new_partition_lease:
+    one controller reference to the group), with ``meta`` added or replaced."""
+    lease = _lease(f"{P}{n}", labels=_partition_labels(n), holder=holder, token=token,
+                   notes=notes)
+    lease["metadata"].update({"ownerReferences": [owner(controller=True)], **meta})
+    return lease
+
+
 def answer(env: Env, call: Request) -> str:
     """``allowed``, ``rbac``, or ``policy: <message>``."""
     try:
@@ -286,12 +335,100 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
         f"{P}78", labels=_partition_labels(78), holder="pod-a", token=1,
         notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-a"})),
      "may not create partition Lease"),
+    # issue 26: a lock the caller does not hold is untouchable; a holder or an acquirer
+    # changes only what the protocol writes (docs/design.md, "Least privilege")
+    ("give pod-b's lock an owner that does not exist", put("worker", f"{P}4", set_meta(
+        "ownerReferences", [owner("gone")])), "may not change the owner references"),
+    ("put a finalizer on pod-b's lock", put("worker", f"{P}4", set_meta(
+        "finalizers", ["example.com/hang"])), "may not change the owner references"),
+    ("label pod-b's lock", put("worker", f"{P}4", set_meta(
+        "labels", {**_partition_labels(4), "x": "y"})), "may not change the owner references"),
+    ("pad pod-b's lock with a 200 KB annotation", put("worker", f"{P}4", set_note(
+        "pad", "x" * 200_000)), "it may change it only by acquiring it"),
+    ("remove the assignment mark of pod-b's lock", put("worker", f"{P}4", lambda lease: lease[
+        "metadata"]["annotations"].pop("kgroup.dev/assigned")), "kgroup.dev/assigned mark"),
+    ("holder: renew its own lock (a new duration)", put("worker", f"{P}5", set_spec(
+        "leaseDurationSeconds", 20)), "allowed"),
+    ("holder: release its own lock with a position", put("worker", f"{P}5", both(
+        release, set_note("kgroup.dev/position", "42"),
+        set_note("kgroup.dev/position-token", "2"))), "allowed"),
+    ("holder: add an annotation of its own to its lock", put("worker", f"{P}5", set_note(
+        "x", "y")), "in this write it may change only kgroup.dev/session"),
+    ("holder: put a finalizer on its own lock", put("worker", f"{P}5", set_meta(
+        "finalizers", ["example.com/hang"])), "may not change the owner references"),
+    ("holder: drop its own lock's owner reference", put("worker", f"{P}5", set_meta(
+        "ownerReferences", [])), "allowed"),  # it had none: nothing changes
+    ("holder: stretch its own lock to 2^31-1 s", put("worker", f"{P}5", set_spec(
+        "leaseDurationSeconds", 2**31 - 1)), "must be at most 3600"),
+    ("acquirer: also write an annotation of its own", put("worker", f"{P}7", both(
+        acquire("pod-a", 4), set_note("kgroup.dev/epoch", "0"))),
+     "may change only kgroup.dev/session, kgroup.dev/token, kgroup.dev/expired-session"),
+    ("acquirer: also add an owner reference", put("worker", f"{P}7", both(
+        acquire("pod-a", 4), set_meta("ownerReferences", [owner("gone")]))),
+     "may not change the owner references"),
+    ("acquirer: also label the lock", put("worker", f"{P}7", both(
+        acquire("pod-a", 4), set_meta("labels", {**_partition_labels(7), "x": "y"}))),
+     "may not change the owner references"),
+    # issue 26: its own member Lease is bounded
+    ("member Lease as the sidecar writes it (owner: its group)", create("worker", member(
+        {"kgroup.dev/epoch": "3", "kgroup.dev/health": "h" * 4096},
+        labels={**MEMBER, "app.kubernetes.io/managed-by": "kgroup-sidecar"},
+        ownerReferences=[owner()])), "allowed"),
+    ("member Lease for 2^31-1 s", create("worker", member(duration=2**31 - 1)),
+     "within the ConsumerGroup CRD's bounds"),
+    ("member Lease for 1 s", create("worker", member(duration=1)),
+     "within the ConsumerGroup CRD's bounds"),
+    ("member Lease with a 4097-byte health summary", create("worker", member(
+        {"kgroup.dev/health": "h" * 4097})), "kgroup.dev/health (4097 bytes)"),
+    ("member Lease padded with another annotation", create("worker", member(
+        {"pad": "x" * 100})), "may carry only the annotations"),
+    ("member Lease with a 600-byte session", create("worker", member(
+        {"kgroup.dev/session": "s" * 600})), "the others up to 512"),
+    ("member Lease with another label", create("worker", member(
+        labels={**MEMBER, "x": "y"})), "may carry only the annotations"),
+    ("member Lease without its group label", create("worker", member(
+        labels={k: v for k, v in MEMBER.items() if k != "kgroup.dev/group"})),
+     "must name its group"),
+    ("member Lease with a finalizer", create("worker", member(
+        finalizers=["example.com/hang"])), "carry no finalizers"),
+    ("member Lease owned by another group", create("worker", member(
+        ownerReferences=[owner("other")])), "at most one owner reference"),
+    ("member Lease owned by its group as controller", create("worker", member(
+        ownerReferences=[owner(controller=True)])), "not a controller"),
+    ("member Lease with two owners", create("worker", member(
+        ownerReferences=[owner(), owner() | {"uid": "00000000-0000-0000-0000-000000000002"}])),
+     "at most one owner reference"),
 ]
 
 OPERATOR_TABLE: list[tuple[str, Request, str]] = [
-    ("create a partition lock, marked", create("operator", _lease(
-        f"{P}80", labels=_partition_labels(80), notes={"kgroup.dev/assigned": "pod-a"})),
+    ("create a partition lock, marked", create("operator", lock(
+        80, notes={"kgroup.dev/assigned": "pod-a"})),
      "allowed"),
+    # issue 26: it creates locks free, and never changes their metadata but the marks
+    ("create a lock held by pod-a", create("operator", lock(82, holder="pod-a")),
+     'only free: no holderIdentity (got "pod-a")'),
+    ("create a lock with a token and a session", create("operator", lock(
+        83, notes={"kgroup.dev/token": "999999", "kgroup.dev/session": "s"})),
+     "no annotation but kgroup.dev/assigned"),
+    ("create a lock with 5 acquisitions", create("operator", lock(84, token=5)),
+     "leaseTransitions 0"),
+    ("create a lock with a finalizer", create("operator", lock(85, finalizers=["x.io/hang"])),
+     "no finalizers"),
+    ("create a lock without its owner reference", create("operator", lock(86, ownerReferences=[])),
+     "exactly one owner reference"),
+    ("give a lock an owner that does not exist (merge patch)", patch("operator", f"{P}4", {
+        "metadata": {"ownerReferences": [owner("gone")]}}),
+     "may not change the owner references"),
+    ("put a finalizer on a lock (merge patch)", patch("operator", f"{P}4", {
+        "metadata": {"finalizers": ["x.io/hang"]}}), "may not change the owner references"),
+    ("label a lock (merge patch)", patch("operator", f"{P}4", {
+        "metadata": {"labels": {"x": "y"}}}), "may not change the owner references"),
+    ("pad a lock with an annotation (merge patch)", patch("operator", f"{P}4", {
+        "metadata": {"annotations": {"pad": "x" * 1000}}}),
+     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
+    ("change a lock's token (merge patch)", patch("operator", f"{P}4", {
+        "metadata": {"annotations": {"kgroup.dev/token": "1"}}}),
+     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
     ("move a lock's mark (merge patch)", patch("operator", f"{P}4", {"metadata": {
         "annotations": {"kgroup.dev/assigned": "pod-a"}}}), "allowed"),
     ("mark a lock's session expired (merge patch)", patch("operator", f"{P}6", {"metadata": {
@@ -302,9 +439,9 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
     ("change a lock's session (merge patch)", patch("operator", f"{P}6", {"metadata": {
         "annotations": {"kgroup.dev/session": "s-x"}}}),
      "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
-    ("create a lock marked expired", create("operator", _lease(
-        f"{P}81", labels=_partition_labels(81), notes={"kgroup.dev/expired-session": "s"})),
-     "only to the session it holds"),
+    ("create a lock marked expired", create("operator", lock(
+        81, notes={"kgroup.dev/expired-session": "s"})),
+     "no annotation but kgroup.dev/assigned (got [kgroup.dev/expired-session])"),
     ("read a holder's member Lease (the quorum read)", get("operator", f"{GROUP}-member-pod-b"),
      "allowed"),
     ("set a lock's holder (merge patch)", patch("operator", f"{P}4", {"spec": {
@@ -421,10 +558,8 @@ def test_with_watched_namespaces_the_operator_has_roles_there_and_nothing_elsewh
             wait_for("the second operator policy", lambda: answer(roles, create(
                 "operator", _lease("probe-roles"))).startswith("policy: "), timeout=60)
             table = [
-                ("a lock in its namespace", create("operator", _lease(
-                    f"{P}90", labels=_partition_labels(90))), "allowed"),
-                ("a lock elsewhere", create("operator", _lease(
-                    f"{P}90", labels=_partition_labels(90)), ns="default"), "rbac"),
+                ("a lock in its namespace", create("operator", lock(90)), "allowed"),
+                ("a lock elsewhere", create("operator", lock(90), ns="default"), "rbac"),
                 ("kube-system", create("operator", _lease(
                     "x", labels=_partition_labels(1)), ns="kube-system"), "rbac"),
                 ("another app's Lease in its namespace", create("operator", _lease("app-2")),
