@@ -47,6 +47,14 @@ def member_lease(name: str, holder: str = "pod-a") -> Obj:
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 8}}
 
 
+def partition_lease(partition: int) -> Obj:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": f"{GROUP}-partition-{partition}",
+                         "labels": {"kgroup.dev/group": GROUP, "kgroup.dev/role": "partition",
+                                    "kgroup.dev/partition": str(partition)}},
+            "spec": {"leaseDurationSeconds": 8}}
+
+
 async def eventually(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -71,8 +79,9 @@ class Watcher:
         self.settings = Settings(group=GROUP, namespace=namespace, pod_name="pod-a",
                                  kubeconfig=str(cluster.kubeconfig))
 
-    def adapter(self) -> KubeAdapter:
+    def adapter(self, *, watch_all_partitions: bool = False) -> KubeAdapter:
         return KubeAdapter(self.settings, loop=asyncio.get_running_loop(),
+                           watch_all_partitions=watch_all_partitions,
                            on_list=lambda kind, items, scope: self.lists.append(
                                (kind, sorted(o["metadata"]["name"] for o in items))),
                            on_event=lambda kind, t, obj: self.events.append(
@@ -161,18 +170,19 @@ def test_the_adapters_writes_answer_as_the_logic_expects(
 def test_a_watch_whose_version_is_gone_relists_and_a_restart_rewatches(
         cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
         api: Callable[[], ApiClient]) -> None:
-    """The API server restarts while the adapter watches; meanwhile the etcd history its
-    watch stood on was compacted, so its resumed watch gets 410 Gone: it lists again and
-    then sees new events."""
+    """The API server restarts while the adapter watches (the group's partition Leases,
+    whole); meanwhile the etcd history its watch stood on was compacted, so its resumed
+    watch gets 410 Gone: it lists again and then sees new events."""
     async def go() -> None:
         w = Watcher(cluster, namespace)
-        adapter = w.adapter()
+        adapter = w.adapter(watch_all_partitions=True)
         c = api()
         try:
             adapter.start()
-            await eventually("the member Leases listed", lambda: w.listed("member") == 1)
-            await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-a"), timeout=5)
-            await eventually("an event", lambda: w.saw("member", "ADDED", f"{GROUP}-member-a"))
+            await eventually("the partition Leases listed", lambda: w.listed("partition") == 1)
+            await c.create(LEASES, namespace, partition_lease(0), timeout=5)
+            await eventually("an event",
+                             lambda: w.saw("partition", "ADDED", f"{GROUP}-partition-0"))
             # writes the adapter does not watch move etcd's revision past its watch...
             for i in range(3):
                 other = await c.create(LEASES, namespace, {
@@ -181,13 +191,12 @@ def test_a_watch_whose_version_is_gone_relists_and_a_restart_rewatches(
                                     int(other["metadata"]["resourceVersion"]))
             # ...and the restart drops the API server's own history
             await asyncio.to_thread(cluster.restart_apiserver)
-            await eventually("a re-list after 410 Gone", lambda: w.listed("member") >= 2)
-            created = await c.create(LEASES, namespace, member_lease(f"{GROUP}-member-b"),
-                                     timeout=5)
+            await eventually("a re-list after 410 Gone", lambda: w.listed("partition") >= 2)
+            created = await c.create(LEASES, namespace, partition_lease(1), timeout=5)
             await eventually("an event after the restart",
-                             lambda: w.saw("member", "ADDED", f"{GROUP}-member-b"))
-            assert ("member", [f"{GROUP}-member-a"]) in w.lists[1:]
-            assert created["metadata"]["name"] == f"{GROUP}-member-b"
+                             lambda: w.saw("partition", "ADDED", f"{GROUP}-partition-1"))
+            assert ("partition", [f"{GROUP}-partition-0"]) in w.lists[1:]
+            assert created["metadata"]["name"] == f"{GROUP}-partition-1"
             with pytest.raises(Gone):  # the client's own answer to that version
                 async for _ in c.watch(LEASES, namespace, resource_version="2",
                                        timeout_seconds=2):
