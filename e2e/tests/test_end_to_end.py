@@ -267,6 +267,10 @@ def test_restarting_the_operator_moves_no_partition(env: Env) -> None:
 
 
 def test_nothing_lost_nothing_duplicated_no_overlapping_owners(env: Env) -> None:
+    # events flowed through every fault above; when those went fast, the producer keeps
+    # going until it has produced more than ten batches of 400 (how fast the earlier tests
+    # ran is not what this test is about)
+    wait_for("more than ten producer runs", lambda: env.produced_runs > 10, timeout=120)
     env.producing.clear()
     assert env.producer is not None
     env.producer.join(timeout=60)
