@@ -54,7 +54,7 @@ from kgroup_devcluster.tokens import admin_api_client
 from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
-from kgroup_sidecar.testing import (
+from kgroup_testing.sidecar_harness import (
     handoff_figures,
     ownership_intervals,
     read_audit,

@@ -47,7 +47,7 @@ from kgroup.client import Partition, SidecarClient
 from kgroup.core.assignors import Member, lower_bound_moves
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.swarm import Swarm
-from kgroup_sidecar.testing import SidecarProcess, read_audit, safety_violations
+from kgroup_testing.sidecar_harness import SidecarProcess, read_audit, safety_violations
 
 Obj = dict[str, Any]
 

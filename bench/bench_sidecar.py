@@ -35,7 +35,7 @@ from kgroup.client import Partition, SidecarClient
 from kgroup_devcluster.cluster import REPO, Cluster
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
-from kgroup_sidecar.testing import (
+from kgroup_testing.sidecar_harness import (
     ScriptedTarget,
     SidecarProcess,
     read_audit,

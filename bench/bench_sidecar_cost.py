@@ -37,8 +37,8 @@ from kubernetes import client
 from kgroup.client import Report, SidecarClient
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
-from kgroup_sidecar import testing
-from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, wait_until
+from kgroup_testing import sidecar_harness as testing
+from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess, wait_until
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

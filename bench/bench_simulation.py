@@ -13,7 +13,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from kgroup.sim import SimConfig, run_seed
+from kgroup_sim import SimConfig, run_seed
 
 CONFIGS: dict[str, SimConfig] = {
     "ci (4 members, 16 partitions, 30 s faults)": SimConfig(

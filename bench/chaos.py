@@ -57,7 +57,7 @@ from kubernetes import client
 from kgroup_devcluster.cluster import Cluster
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
-from kgroup_sidecar.testing import read_audit, safety_violations
+from kgroup_testing.sidecar_harness import read_audit, safety_violations
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "kgroup"

@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from kgroup.sim import FAULT_KINDS, SimConfig, run_seed
-from kgroup.sim.run import HAND_EDIT_KINDS
-from kgroup.sim.variants import (
+from kgroup_sim import FAULT_KINDS, SimConfig, run_seed
+from kgroup_sim.run import HAND_EDIT_KINDS
+from kgroup_sim.variants import (
     EarlyExpiry,
     MarkerCompareExpiry,
     NoAdoptionMember,

@@ -16,10 +16,10 @@ from kgroup.core import lease_codec as codec
 from kgroup.core import operator_logic
 from kgroup.core.member import Acquire, Member, Snapshot, Target
 from kgroup.core.operator_logic import Mark
-from kgroup.sim import control
-from kgroup.sim.run import Fault, SimConfig
-from kgroup.sim.run import World as SimWorld
-from kgroup.sim.store import Store, WriteError, unassigned_acquisition
+from kgroup_sim import control
+from kgroup_sim.run import Fault, SimConfig
+from kgroup_sim.run import World as SimWorld
+from kgroup_sim.store import Store, WriteError, unassigned_acquisition
 
 Obj = dict[str, Any]
 GROUP = {"metadata": {"name": "g", "uid": "u"}}

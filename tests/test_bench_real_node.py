@@ -3,8 +3,8 @@ computed from the sidecars' audit intervals (pure)."""
 
 from __future__ import annotations
 
-from kgroup_sidecar.testing import Interval
-from kgroup_sidecar.testing import handoff_figures as rollout_figures
+from kgroup_testing.sidecar_harness import Interval
+from kgroup_testing.sidecar_harness import handoff_figures as rollout_figures
 
 
 def iv(member: str, partition: int, start: float, end: float) -> Interval:

@@ -36,7 +36,7 @@ from kgroup_sidecar.http_api import serve
 from kgroup_sidecar.probe import main as probe_main
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
-from kgroup_sidecar.testing import free_port
+from kgroup_testing.sidecar_harness import free_port
 
 POD = "pod-a"
 

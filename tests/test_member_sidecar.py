@@ -8,7 +8,7 @@ import pytest
 from kgroup.core import lease_codec as objects
 from kgroup_sidecar.main import main
 from kgroup_sidecar.settings import SettingsError, load_settings
-from kgroup_sidecar.testing import ownership_intervals, safety_violations
+from kgroup_testing.sidecar_harness import ownership_intervals, safety_violations
 
 BASE = {"KGROUP_GROUP": "g", "KGROUP_POD_NAME": "pod-a", "KGROUP_NAMESPACE": "ns"}
 

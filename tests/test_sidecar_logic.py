@@ -31,7 +31,7 @@ from kgroup.core.sidecar_requests import (
     ReplaceLease,
     Request,
 )
-from kgroup.sim.variants import (
+from kgroup_sim.variants import (
     AcquireTimeoutFails,
     FixedRequestTimeout,
     StaleRelist,

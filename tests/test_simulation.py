@@ -11,12 +11,12 @@ from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import partition_lease_name
 from kgroup.core.member import Member
 from kgroup.core.operator_logic import ExpiryRule
-from kgroup.sim import FAULT_KINDS, Fault, SimConfig, run_seed
-from kgroup.sim.__main__ import main, run_many
-from kgroup.sim.run import HAND_EDIT_KINDS, World
-from kgroup.sim.sidecar import GROUP
-from kgroup.sim.store import lease_key
-from kgroup.sim.variants import (
+from kgroup_sim import FAULT_KINDS, Fault, SimConfig, run_seed
+from kgroup_sim.__main__ import main, run_many
+from kgroup_sim.run import HAND_EDIT_KINDS, World
+from kgroup_sim.sidecar import GROUP
+from kgroup_sim.store import lease_key
+from kgroup_sim.variants import (
     EarlyExpiry,
     MarkerCompareExpiry,
     NoAdoptionMember,
@@ -107,7 +107,7 @@ def test_every_invariant_holds_on_every_seed() -> None:
     assert refused > 0 and outcomes.get("lost", 0) == 0
     assert set(FAULT_KINDS) <= set(outcomes), "every fault kind was injected"
     assert failed == [], (
-        f"{failed[0]}; reproduce: python -m kgroup.sim --seed {failed[0][0]} --members 4 "
+        f"{failed[0]}; reproduce: python -m kgroup_sim --seed {failed[0][0]} --members 4 "
         "--partitions 16 --fault-time 30 --verbose"
     )
 
@@ -258,7 +258,7 @@ def test_a_seed_replays_exactly_in_another_process_with_another_hash_seed() -> N
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "kgroup.sim", "--seed", "5", "--members", "3",
+    cmd = [sys.executable, "-m", "kgroup_sim", "--seed", "5", "--members", "3",
            "--partitions", "8", "--fault-time", "10", "--verbose"]
     outs = []
     for hash_seed in ("1", "2"):
@@ -496,7 +496,7 @@ def test_cli_exits_one_and_prints_the_reproducing_command_on_a_violation(
     out = capsys.readouterr().out
     assert code == 1
     assert "VIOLATION seed=0 step=" in out
-    assert "reproduce: python -m kgroup.sim --seed 0 --members 3 --partitions 8" in out
+    assert "reproduce: python -m kgroup_sim --seed 0 --members 3 --partitions 8" in out
 
 
 def test_cli_names_the_broken_failure_detector_in_the_reproducing_command(

@@ -32,7 +32,7 @@ from kgroup import constants as C
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
-from kgroup_sidecar.testing import SidecarProcess
+from kgroup_testing.sidecar_harness import SidecarProcess
 
 __all__ = ["operator"]
 pytestmark = pytest.mark.cluster

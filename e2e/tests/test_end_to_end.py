@@ -37,7 +37,7 @@ from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
-from kgroup_sidecar.testing import read_audit, safety_violations
+from kgroup_testing.sidecar_harness import read_audit, safety_violations
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -36,7 +36,7 @@ from kgroup import constants as C
 from kgroup.client import Report, SidecarClient
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
-from kgroup_sidecar.testing import SidecarProcess
+from kgroup_testing.sidecar_harness import SidecarProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -31,7 +31,7 @@ from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig
 from kgroup_sidecar.apiclient import ApiClient, kubeconfig_config
 from kgroup_sidecar.events import EventPoster, Pod
-from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess
+from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -39,7 +39,7 @@ from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.real_group import APP, GROUP, OPERATOR, RealGroup
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
-from kgroup_sidecar.testing import read_audit, safety_violations
+from kgroup_testing.sidecar_harness import read_audit, safety_violations
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from kubernetes import client
 from kgroup.client import SidecarClient, SidecarError
 from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.probe import probe
-from kgroup_sidecar.testing import (
+from kgroup_testing.sidecar_harness import (
     ScriptedTarget,
     SidecarProcess,
     read_audit,

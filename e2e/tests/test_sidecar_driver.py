@@ -25,7 +25,7 @@ from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.kube import KubeAdapter
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
-from kgroup_sidecar.testing import ScriptedTarget
+from kgroup_testing.sidecar_harness import ScriptedTarget
 
 pytestmark = pytest.mark.cluster
 GROUP = "drv"

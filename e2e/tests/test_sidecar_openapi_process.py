@@ -14,7 +14,7 @@ from kubernetes import client
 
 from kgroup.client import SidecarAddress, SidecarClient
 from kgroup_devcluster.cluster import Cluster
-from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, wait_until
+from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess, wait_until
 from tests.openapi_check import Checker
 
 pytestmark = pytest.mark.cluster

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from kgroup_sidecar.probe_files import ALIVE, READY, probe_command
-from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, free_port, wait_until
+from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess, free_port, wait_until
 
 pytestmark = pytest.mark.cluster
 GROUP = "probed"

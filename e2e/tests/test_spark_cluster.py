@@ -37,7 +37,7 @@ from kgroup_pipeline.spark_cluster import (
     master_json,
 )
 from kgroup_pipeline.verify import render, verify
-from kgroup_sidecar.testing import (
+from kgroup_testing.sidecar_harness import (
     ScriptedTarget,
     SidecarProcess,
     read_audit,

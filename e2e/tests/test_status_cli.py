@@ -23,7 +23,7 @@ from test_operator import get_status, make_group, make_pods, operator, status_wh
 from kgroup.client import Report, SidecarClient
 from kgroup_devcluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
-from kgroup_sidecar.testing import SidecarProcess
+from kgroup_testing.sidecar_harness import SidecarProcess
 
 __all__ = ["operator"]
 pytestmark = pytest.mark.cluster

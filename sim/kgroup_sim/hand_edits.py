@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
-from kgroup.sim.control import GROUP_KEY
-from kgroup.sim.sidecar import GROUP
-from kgroup.sim.store import Obj, lease_key
+from kgroup_sim.control import GROUP_KEY
+from kgroup_sim.sidecar import GROUP
+from kgroup_sim.store import Obj, lease_key
 
 if TYPE_CHECKING:
-    from kgroup.sim.faults import Fault
-    from kgroup.sim.run import World
+    from kgroup_sim.faults import Fault
+    from kgroup_sim.run import World
 
 HAND_EDIT_KINDS = ("lock-deleted", "group-reapplied")
 """Hand edits an admin may make, drawn at random only when named in ``SimConfig.kinds``

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kgroup.sim.hand_edits import EDIT_KINDS, inject_edit
+from kgroup_sim.hand_edits import EDIT_KINDS, inject_edit
 
 if TYPE_CHECKING:
-    from kgroup.sim.run import World
+    from kgroup_sim.run import World
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost

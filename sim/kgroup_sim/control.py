@@ -36,11 +36,11 @@ from kgroup.core.operator_logic import (
     written,
 )
 from kgroup.core.wakeup import Quiet, after_pass, on_timer
-from kgroup.sim.kernel import Process
-from kgroup.sim.store import Obj, WriteError, lease_key
+from kgroup_sim.kernel import Process
+from kgroup_sim.store import Obj, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup.sim.run import World
+    from kgroup_sim.run import World
 
 __all__ = ["GROUP_KEY", "SimOperator"]
 

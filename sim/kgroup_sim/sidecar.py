@@ -34,11 +34,11 @@ from kgroup.core.sidecar_requests import (
     ReplaceLease,
     Request,
 )
-from kgroup.sim.kernel import TIMEOUT, Process
-from kgroup.sim.store import Obj, Store, WriteError, lease_key
+from kgroup_sim.kernel import TIMEOUT, Process
+from kgroup_sim.store import Obj, Store, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup.sim.run import World
+    from kgroup_sim.run import World
 
 __all__ = ["GROUP", "NAMESPACE", "SimSidecar", "answer_of", "perform"]
 

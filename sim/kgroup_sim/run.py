@@ -28,15 +28,15 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.member import Lock, Member
 from kgroup.core.operator_logic import ExpiryRule
 from kgroup.core.ranges import parse_ranges
-from kgroup.sim import faults
-from kgroup.sim.checks import Checker, Violation
-from kgroup.sim.control import GROUP_KEY, SimOperator
-from kgroup.sim.faults import FAULT_KINDS, Fault
-from kgroup.sim.hand_edits import HAND_EDIT_KINDS
-from kgroup.sim.kernel import Kernel, Process
-from kgroup.sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
-from kgroup.sim.store import Obj, Store, lease_key, streams_of
-from kgroup.sim.variants import REGRESSIONS, logic_with
+from kgroup_sim import faults
+from kgroup_sim.checks import Checker, Violation
+from kgroup_sim.control import GROUP_KEY, SimOperator
+from kgroup_sim.faults import FAULT_KINDS, Fault
+from kgroup_sim.hand_edits import HAND_EDIT_KINDS
+from kgroup_sim.kernel import Kernel, Process
+from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
+from kgroup_sim.store import Obj, Store, lease_key, streams_of
+from kgroup_sim.variants import REGRESSIONS, logic_with
 
 __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]

@@ -17,7 +17,7 @@ admin's edits of the stored objects, the garbage collector), ``variants`` (the s
 code with one decision broken, to prove the checks fail).
 """
 
-from kgroup.sim.checks import Violation
-from kgroup.sim.run import FAULT_KINDS, Fault, Result, SimConfig, run_seed
+from kgroup_sim.checks import Violation
+from kgroup_sim.run import FAULT_KINDS, Fault, Result, SimConfig, run_seed
 
 __all__ = ["FAULT_KINDS", "Fault", "Result", "SimConfig", "Violation", "run_seed"]

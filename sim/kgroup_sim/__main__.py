@@ -1,10 +1,10 @@
-"""``python -m kgroup.sim``: run many seeds, print a summary, exit 1 on any violation.
+"""``python -m kgroup_sim``: run many seeds, print a summary, exit 1 on any violation.
 
 Examples::
 
-    python -m kgroup.sim --seeds 2000              # seeds 0..1999
-    python -m kgroup.sim --seed 1234 --verbose     # replay one seed's trace
-    python -m kgroup.sim --seed 10 --members 4 --partitions 16 --fault-time 30 \
+    python -m kgroup_sim --seeds 2000              # seeds 0..1999
+    python -m kgroup_sim --seed 1234 --verbose     # replay one seed's trace
+    python -m kgroup_sim --seed 10 --members 4 --partitions 16 --fault-time 30 \
         --variant no-adoption --regression acquire-timeout-fails  # old bugs, put back
 """
 
@@ -18,8 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member import Member
 from kgroup.core.operator_logic import ExpiryRule
-from kgroup.sim.run import Result, SimConfig, run_seed
-from kgroup.sim.variants import (
+from kgroup_sim.run import Result, SimConfig, run_seed
+from kgroup_sim.variants import (
     REGRESSIONS,
     EarlyExpiry,
     MarkerCompareExpiry,
@@ -82,13 +82,13 @@ def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Re
 
 
 def repro(args: argparse.Namespace, seed: int) -> str:
-    return (f"python -m kgroup.sim --seed {seed} --members {args.members} "
+    return (f"python -m kgroup_sim --seed {seed} --members {args.members} "
             f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
             f"--variant {args.variant}{adapter_flags(args)} --verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kgroup.sim", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kgroup_sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=200, help="how many seeds to run")
     ap.add_argument("--start", type=int, default=0, help="first seed")
