@@ -458,6 +458,41 @@ def archive_labels(archive: Path) -> dict[str, str]:
     return labels
 
 
+def archive_files(archive: Path) -> dict[str, int]:
+    """The regular files of a docker-archive's final filesystem (path -> bytes): its
+    layers applied in order, whiteouts (``.wh.`` entries) removing what earlier layers
+    put there."""
+    files: dict[str, int] = {}
+    with tarfile.open(archive) as tar:
+        manifest = tar.extractfile("manifest.json")
+        if manifest is None:
+            raise ImageError(f"{archive}: no manifest.json")
+        for layer_name in json.load(manifest)[0]["Layers"]:
+            layer_file = tar.extractfile(layer_name)
+            if layer_file is None:
+                raise ImageError(f"{archive}: no layer {layer_name}")
+            with tarfile.open(fileobj=layer_file) as layer:
+                for m in layer:
+                    path = os.path.normpath(m.name.removeprefix("./"))
+                    head, base = os.path.split(path)
+                    if base == ".wh..wh..opq":
+                        files = {k: v for k, v in files.items()
+                                 if not k.startswith(head + "/")}
+                    elif base.startswith(".wh."):
+                        gone = os.path.join(head, base.removeprefix(".wh."))
+                        files = {k: v for k, v in files.items()
+                                 if k != gone and not k.startswith(gone + "/")}
+                    elif m.isfile():
+                        files[path] = m.size
+    return files
+
+
+def project_files(files: Mapping[str, int]) -> dict[str, int]:
+    """The installed files of this project's packages (``*-packages/kgroup*/``)."""
+    return {p: n for p, n in files.items()
+            if re.search(r"/(site|dist)-packages/kgroup[a-z_]*/", p) is not None}
+
+
 def _archive(image: Image, key: str) -> Path:
     return CACHE / "archives" / f"{image.name}-{key}.tar"
 

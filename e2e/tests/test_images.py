@@ -35,13 +35,21 @@ HOLDS = {
     "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
+TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup.sim", "pytest"}
+"""Test tooling: the simulation (with its broken variants), the harnesses, the dev cluster."""
 LACKS = {
-    "operator": {"kgroup_sidecar", "kgroup_pipeline", "kgroup_devcluster", "pyspark",
-                 "redis", "pyarrow", "pandas", "pytest"},
-    "sidecar": {"kopf", "kubernetes", "kgroup_operator", "kgroup_pipeline",
-                "kgroup_devcluster", "pyspark", "redis", "pyarrow", "pandas", "pytest"},
-    "worker": {"kopf", "kubernetes", "aiohttp", "kgroup_operator", "kgroup_sidecar",
-               "kgroup_devcluster", "pytest"},
+    "operator": TOOLING | {"kgroup_sidecar", "kgroup_pipeline", "pyspark", "redis",
+                           "pyarrow", "pandas"},
+    "sidecar": TOOLING | {"kopf", "kubernetes", "kgroup_operator", "kgroup_pipeline",
+                          "pyspark", "redis", "pyarrow", "pandas"},
+    "worker": TOOLING | {"kopf", "kubernetes", "aiohttp", "kgroup_operator",
+                         "kgroup_sidecar"},
+}
+# The project's packages each image installs (``*-packages/<name>/``), nothing else of ours.
+PACKAGES = {
+    "operator": {"kgroup", "kgroup_operator"},
+    "sidecar": {"kgroup", "kgroup_sidecar"},
+    "worker": {"kgroup", "kgroup_pipeline"},
 }
 # Runs inside an image: which modules import-resolve, where any kgroup_devcluster
 # directory is, and what is left of the build's source tree.
@@ -145,6 +153,26 @@ def test_load_imports_each_archive_once(built: dict[str, Built], containerd: str
     for b in built.values():
         assert loaded_image_id(containerd, b.tag) == b.image_id
         assert load(b, containerd) is False  # the same image is there: nothing to do
+
+
+def image_contents(archive: Path) -> tuple[set[str], dict[str, int]]:
+    """The project's packages an image's archive installs, and their files (path -> bytes)."""
+    ours = images.project_files(images.archive_files(archive))
+    return {p.split("-packages/", 1)[1].split("/", 1)[0] for p in ours}, ours
+
+
+@pytest.mark.parametrize("name", ["operator", "sidecar", "worker"])
+def test_each_image_holds_its_process_code_and_no_test_tooling(
+        built: dict[str, Built], name: str) -> None:
+    """Read from the archive itself (every layer, whiteouts applied): the image holds its
+    component's package and the core, and no file of the simulation, its broken variants
+    or a test harness (docs/design.md, "What ships")."""
+    packages, files = image_contents(built[name].archive)
+    assert packages == PACKAGES[name]
+    tooling = [p for p in files if "/kgroup/sim/" in p or "/testing" in p
+               or "/variants" in p]
+    assert tooling == []
+    assert any("/kgroup/core/" in p for p in files)  # the core is there
 
 
 @pytest.mark.parametrize("name", ["operator", "sidecar", "worker"])
