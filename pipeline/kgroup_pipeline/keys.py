@@ -34,15 +34,6 @@ def parse_id(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def id_max(a: str | None, b: str | None) -> str | None:
-    """The later of two stream ids (None counts as absent)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if parse_id(a) >= parse_id(b) else b
-
-
 @dataclass(frozen=True)
 class StreamKeys:
     """The Redis keys of one logical stream."""

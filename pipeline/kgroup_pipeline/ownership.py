@@ -117,18 +117,6 @@ class SidecarOwnership:
         return f"sidecar:{self.url}"
 
 
-def view_from_wire(doc: dict[str, Any]) -> View:
-    """The ``GET /v1/assignment`` JSON (docs/protocol.md) as a :class:`View`."""
-    fenced = bool(doc.get("fenced", False))
-    parts = tuple(
-        OwnedPartition(int(p["partition"]), int(p["token"]),
-                       "revoking" if p.get("state") == "revoking" else "active",
-                       p.get("position"))
-        for p in doc.get("partitions", [])
-    )
-    return View(parts, int(doc.get("version", 0)), fenced)
-
-
 def view_to_wire(view: View, *, member: str) -> dict[str, Any]:
     return {
         "member": member, "session": member, "version": view.version, "epoch": view.version,

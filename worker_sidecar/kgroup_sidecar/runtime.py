@@ -51,14 +51,13 @@ Obj = dict[str, Any]
 class Sidecar:
     """One sidecar process: the logic, its Kubernetes adapter, its app's waiters."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
-                 logic: type[SidecarLogic] = SidecarLogic) -> None:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics(namespace=settings.namespace, group=settings.group,
                                member=settings.pod_name)
         self.audit = AuditLog(settings.audit_file, settings.pod_name)
-        self.logic = logic(
+        self.logic = SidecarLogic(
             pod=settings.pod_name, group=settings.group, namespace=settings.namespace,
             clock=clock, wall=lambda: datetime.now(UTC),
             new_session=lambda: secrets.token_hex(8), journal=self,
