@@ -1,11 +1,10 @@
 """Leader election on a coordination Lease: exactly one operator replica is active.
 
-client-go's shape, with its clock rule: a standby acts only on times it measured itself.
-It remembers the leader's ``renewTime`` (a marker) and when *it* first saw that value;
-only when the marker stayed unchanged for a full lease duration on the standby's own
-monotonic clock does it take the Lease, with a resourceVersion precondition. The leader
-renews every third of the duration and stops itself (sets the stop flag) if it could not
-renew within two thirds of it, so it is gone before any standby may take over.
+The decisions (when a standby may take the Lease, when the leader must stop) are
+:class:`kgroup.core.leader_election.Election`'s, on the monotonic clock this adapter passes
+in; here are the calls. An attempt is one read, then at most one write (a create, or a
+replace with the read's resourceVersion as precondition); a renewal is one read and one
+replace.
 
 The Lease carries kgroup's labels (``kgroup.dev/role=operator-leader``): the chart's
 admission policy lets the operator write no Lease without them (a Lease left unlabelled by
@@ -17,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kgroup.constants import LABEL_ROLE, MANAGED_BY, ROLE_LEADER
+from kgroup.core.leader_election import Election, LeaderLease, Write
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,16 @@ class LeaseElector:
     """Acquire, hold and release one leader Lease."""
 
     def __init__(
-        self, api: client.ApiClient, *, namespace: str, name: str, identity: str, duration: float
+        self, api: client.ApiClient, *, namespace: str, name: str, identity: str, duration: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.coord = client.CoordinationV1Api(api)
         self.namespace = namespace
         self.name = name
         self.identity = identity
         self.duration = duration
-        self._seen: tuple[str, float] | None = None  # (marker, when first seen on our clock)
+        self.clock = clock
+        self.election = Election(identity, duration)
 
     def _body(self, rv: str | None, transitions: int) -> dict[str, Any]:
         now = _now_micro()
@@ -75,45 +78,41 @@ class LeaseElector:
         }
 
     def _try_acquire(self) -> bool:
-        """One attempt (blocking); True when we hold the Lease now."""
-        # 1. read the Lease; create it when absent
+        """One attempt (blocking): one read, then the write the election decides; True when
+        we hold the Lease now."""
         try:
             lease = self.coord.read_namespaced_lease(self.name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            try:
-                self.coord.create_namespaced_lease(self.namespace, cast(Any, self._body(None, 0)))
-                return True
-            except ApiException as exc2:
-                if exc2.status == 409:
-                    return False
-                raise
-        spec = lease.spec
-        assert spec is not None and lease.metadata is not None
-        holder = spec.holder_identity
-        marker = f"{holder}|{spec.renew_time}"
-        now = time.monotonic()
-        # 2. someone else holds it: wait until its marker is unchanged for a duration
-        if holder and holder != self.identity:
-            if self._seen is None or self._seen[0] != marker:
-                self._seen = (marker, now)
-                return False
-            if now - self._seen[1] < float(spec.lease_duration_seconds or self.duration):
-                return False
-        # 3. free, ours, or expired on our clock: take it with a precondition
-        transitions = int(spec.lease_transitions or 0) + (0 if holder == self.identity else 1)
+            lease = None
+        now = self.clock()
+        if lease is None:
+            attempt = self.election.after_read(None, now)
+        else:
+            spec = lease.spec
+            assert spec is not None and lease.metadata is not None
+            seen = LeaderLease(spec.holder_identity, str(spec.renew_time),
+                               spec.lease_duration_seconds, int(spec.lease_transitions or 0))
+            attempt = self.election.after_read(seen, now)
+        if attempt.write is Write.NONE:
+            return False
         try:
-            self.coord.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                cast(Any, self._body(lease.metadata.resource_version, transitions)),
-            )
-            return True
+            if attempt.write is Write.CREATE:
+                self.coord.create_namespaced_lease(self.namespace, cast(Any, self._body(None, 0)))
+            else:
+                assert lease is not None and lease.metadata is not None
+                self.coord.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    cast(Any, self._body(lease.metadata.resource_version, attempt.transitions)),
+                )
         except ApiException as exc:
             if exc.status == 409:
                 return False
             raise
+        self.election.acquired(now)
+        return True
 
     async def acquire(self) -> None:
         """Wait until this replica is the leader."""
@@ -129,7 +128,7 @@ class LeaseElector:
                     return
             except ApiException as exc:
                 log.warning("leader election: %s", exc.reason)
-            await asyncio.sleep(self.duration / 3)
+            await asyncio.sleep(self.election.retry_interval)
 
     def _renew(self) -> bool:
         lease = self.coord.read_namespaced_lease(self.name, self.namespace)
@@ -141,23 +140,22 @@ class LeaseElector:
 
     async def hold(self, stop: asyncio.Event) -> None:
         """Renew until `stop` is set; set it ourselves when leadership is lost."""
-        last_ok = time.monotonic()
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), timeout=self.duration / 3)
+                await asyncio.wait_for(stop.wait(), timeout=self.election.retry_interval)
                 return
             except TimeoutError:
                 pass
             try:
                 if await asyncio.to_thread(self._renew):
-                    last_ok = time.monotonic()
+                    self.election.renewed(self.clock())
                 else:
                     log.error("leader Lease taken by another replica; stopping")
                     stop.set()
                     return
             except ApiException as exc:
                 log.warning("leader Lease renewal failed: %s", exc.reason)
-            if time.monotonic() - last_ok > self.duration * 2 / 3:
+            if self.election.must_stop(self.clock()):
                 log.error("could not renew the leader Lease in time; stopping")
                 stop.set()
                 return
