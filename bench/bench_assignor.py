@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kgroup.core.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
+from kgroup.core.operator.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "assignor.json"
 SIZES = [(10_000, 200), (50_000, 1_000), (100_000, 1_000)]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kgroup.core.assignors import (
+from kgroup.core.operator.assignors import (
     ASSIGNORS,
     Member,
     get_assignor,

@@ -13,9 +13,9 @@ from test_operator_logic import Op, member_lease, pods
 from test_simulation import SMALL, quiet
 
 from kgroup.core import lease_codec as codec
-from kgroup.core import operator_logic
-from kgroup.core.member import Acquire, Member, Snapshot, Target
-from kgroup.core.operator_logic import Mark
+from kgroup.core.member.reconcile import Acquire, Member, Snapshot, Target
+from kgroup.core.operator import decide as operator_logic
+from kgroup.core.operator.decide import Mark
 from kgroup_sim import control
 from kgroup_sim.run import Fault, SimConfig
 from kgroup_sim.run import World as SimWorld

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgroup.core.assignors import (
+from kgroup.core.operator.assignors import (
     Member,
     RangeAssignor,
     StickyAssignor,

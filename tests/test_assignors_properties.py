@@ -16,7 +16,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgroup.core.assignors import (
+from kgroup.core.operator.assignors import (
     Member,
     get_assignor,
     lower_bound_moves,

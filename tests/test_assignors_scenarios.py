@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kgroup.core.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
+from kgroup.core.operator.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
 
 PARTITIONS = 64
 

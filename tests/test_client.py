@@ -22,7 +22,7 @@ import pytest
 
 from kgroup.client import AsyncSidecarClient, SidecarAddress, SidecarClient, SidecarError
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member import (
+from kgroup.core.member.reconcile import (
     Acquire,
     EndSession,
     Fence,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from kgroup.api import LabelSelector
-from kgroup.core.group import LockObservation, PodObservation, current_members, live_holders
+from kgroup.core.operator.planner import (
+    LockObservation,
+    PodObservation,
+    current_members,
+    live_holders,
+)
 
 SELECTOR = LabelSelector(match_labels={"app": "w"})
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.group import GroupPlanner
+from kgroup.core.operator.planner import GroupPlanner
 
 NAMES = [f"m{i}" for i in range(6)]
 histories = st.lists(

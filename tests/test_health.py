@@ -16,8 +16,8 @@ from kgroup.core.health import (
     parse_report,
     parse_summary,
 )
-from kgroup.core.sidecar_requests import Answer, Ok, ReplaceLease, Request
-from kgroup.core.status import MemberLeaseObservation
+from kgroup.core.member.requests import Answer, Ok, ReplaceLease, Request
+from kgroup.core.operator.status import MemberLeaseObservation
 from tests.test_sidecar_logic import Case, group, written
 from tests.test_status_aggregation import ALL_HELD, agg, cond
 

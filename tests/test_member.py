@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member import (
+from kgroup.core.member.reconcile import (
     AckEpoch,
     Acquire,
     Action,

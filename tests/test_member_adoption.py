@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from test_member import ME, World, joined, of
 
-from kgroup.core.member import Acquire, Adopted, Release, Revoke, Target
+from kgroup.core.member.reconcile import Acquire, Adopted, Release, Revoke, Target
 
 
 def test_an_acquisition_reported_failed_but_applied_is_adopted() -> None:

@@ -8,7 +8,7 @@ import dataclasses
 
 from test_member import TIMING, World, acquire_all, joined, of
 
-from kgroup.core.member import AckEpoch, Acquire, Member, Release, Revoke, Target
+from kgroup.core.member.reconcile import AckEpoch, Acquire, Member, Release, Revoke, Target
 
 
 def holding(w: World) -> Member:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kgroup.core import lease_codec as objects
-from kgroup.core.sidecar_logic import SidecarLogic as Sidecar
+from kgroup.core.member.converge import SidecarLogic as Sidecar
 
 ME = "pod-a"
 

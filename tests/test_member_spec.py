@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from kgroup.api import ConsumerGroupSpec
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member_spec import member_spec
+from kgroup.core.member.group_spec import member_spec
 
 SELECTOR = {"matchLabels": {"app": "w"}}
 

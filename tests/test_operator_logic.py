@@ -8,9 +8,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from kgroup.core.group import PodObservation
-from kgroup.core.group_cache import GroupLeases
-from kgroup.core.operator_logic import Memory, Observation, Plan, decide, written
+from kgroup.core.operator.decide import Memory, Observation, Plan, decide, written
+from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.planner import PodObservation
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
 Obj = dict[str, Any]
@@ -237,7 +237,7 @@ def test_a_holder_whose_member_lease_is_gone_or_has_a_new_session_is_over_at_onc
 
 def test_the_quorum_read_feeds_the_tracker_a_renewal_the_watch_missed_saves_the_holder(
 ) -> None:
-    from kgroup.core.operator_logic import ExpiryRule
+    from kgroup.core.operator.decide import ExpiryRule
 
     op = Op("a")
     op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
@@ -318,7 +318,7 @@ def test_a_lock_name_taken_by_someone_else_s_lease_degrades_the_group_naming_it(
 
 
 def test_another_group_s_lease_under_the_name_is_a_squatter_too() -> None:
-    from kgroup.core.operator_logic import squatter
+    from kgroup.core.operator.decide import squatter
     other = partition_lease(2, "5")
     other["metadata"]["labels"]["kgroup.dev/group"] = "h"
     assert "kgroup.dev/group='h'" in str(squatter(other, "g", 2))

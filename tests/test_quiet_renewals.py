@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kgroup import constants as C
-from kgroup.core.group_cache import GroupLeases, health_key
-from kgroup.core.wakeup import after_pass, on_timer
+from kgroup.core.operator.lease_cache import GroupLeases, health_key
+from kgroup.core.operator.wakeup import after_pass, on_timer
 
 DURATION = 8
 

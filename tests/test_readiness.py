@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kgroup.core.member_model import PartitionView, Target, View
-from kgroup.core.readiness import readiness
+from kgroup.core.member.readiness import readiness
+from kgroup.core.member.view import PartitionView, Target, View
 
 
 def view(held: dict[int, str] | None = None, *, acked: int | None = 3, session: str | None = "S",

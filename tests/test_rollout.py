@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.group import GroupPlanner, PodObservation
-from kgroup.core.group_cache import pod_observation
-from kgroup.core.rollout import replacements, restart_grace, statefulset_ordinal
+from kgroup.core.operator.lease_cache import pod_observation
+from kgroup.core.operator.planner import GroupPlanner, PodObservation
+from kgroup.core.operator.rollout import replacements, restart_grace, statefulset_ordinal
 
 
 def spec(**kw: Any) -> ConsumerGroupSpec:

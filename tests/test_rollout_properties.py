@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgroup.api import ConsumerGroupSpec
-from kgroup.core.assignors import Member, lower_bound_moves
-from kgroup.core.group import GroupPlanner, PodObservation
+from kgroup.core.operator.assignors import Member, lower_bound_moves
+from kgroup.core.operator.planner import GroupPlanner, PodObservation
 
 Target = dict[str, list[int]]
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member import request_timeout
-from kgroup.core.sidecar_logic import SidecarLogic
-from kgroup.core.sidecar_requests import (
+from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.reconcile import request_timeout
+from kgroup.core.member.requests import (
     Answer,
     Chain,
     CreateLease,

@@ -9,8 +9,8 @@ import pytest
 
 from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import partition_lease_name
-from kgroup.core.member import Member
-from kgroup.core.operator_logic import ExpiryRule
+from kgroup.core.member.reconcile import Member
+from kgroup.core.operator.decide import ExpiryRule
 from kgroup_sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup_sim.__main__ import main, run_many
 from kgroup_sim.run import HAND_EDIT_KINDS, World

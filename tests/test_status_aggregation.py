@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
-from kgroup.core.status import (
+from kgroup.core.operator.status import (
     MemberLeaseObservation,
     Problem,
     aggregate_status,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgroup.core import lease_codec as codec
-from kgroup.core.group import PodObservation
-from kgroup.core.group_cache import GroupLeases, pod_observation
+from kgroup.core.operator.lease_cache import GroupLeases, pod_observation
+from kgroup.core.operator.planner import PodObservation
 
 GroupKey = tuple[str, str]  # (namespace, group name)
 

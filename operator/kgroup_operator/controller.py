@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 from kgroup.api import LabelSelector
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core.lease_codec import not_older
-from kgroup.core.operator_logic import (
+from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
     FAILED_PASS_RETRY_SECONDS,
     IDLE_RECHECK,
@@ -43,7 +43,7 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
-from kgroup.core.wakeup import Quiet, after_pass, on_timer
+from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
 
 from .cache import Cache, GroupKey
 from .kube import Conflict, Kube

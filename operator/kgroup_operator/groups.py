@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from kgroup.core.group import PodObservation
+from kgroup.core.operator.planner import PodObservation
 
 from .cache import Cache, GroupKey
 from .controller import GroupController

@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kgroup.constants import LABEL_ROLE, MANAGED_BY, ROLE_LEADER
-from kgroup.core.leader_election import Election, LeaderLease, Write
+from kgroup.core.operator.leader_election import Election, LeaderLease, Write
 
 log = logging.getLogger(__name__)
 

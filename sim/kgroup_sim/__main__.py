@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from kgroup.core.member import Member
-from kgroup.core.operator_logic import ExpiryRule
+from kgroup.core.member.reconcile import Member
+from kgroup.core.operator.decide import ExpiryRule
 from kgroup_sim.run import Result, SimConfig, run_seed
 from kgroup_sim.variants import (
     REGRESSIONS,

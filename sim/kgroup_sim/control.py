@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
-from kgroup.core.group import PodObservation
-from kgroup.core.group_cache import GroupLeases, pod_observation
-from kgroup.core.operator_logic import (
+from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
     IDLE_RECHECK,
     Expiry,
@@ -35,7 +33,9 @@ from kgroup.core.operator_logic import (
     decide,
     written,
 )
-from kgroup.core.wakeup import Quiet, after_pass, on_timer
+from kgroup.core.operator.lease_cache import GroupLeases, pod_observation
+from kgroup.core.operator.planner import PodObservation
+from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
 from kgroup_sim.kernel import Process
 from kgroup_sim.store import Obj, WriteError, lease_key
 

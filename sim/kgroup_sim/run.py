@@ -25,8 +25,8 @@ from typing import Any
 from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
-from kgroup.core.member import Lock, Member
-from kgroup.core.operator_logic import ExpiryRule
+from kgroup.core.member.reconcile import Lock, Member
+from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.ranges import parse_ranges
 from kgroup_sim import faults
 from kgroup_sim.checks import Checker, Violation

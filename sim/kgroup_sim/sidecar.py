@@ -19,9 +19,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from kgroup.core.member import Member
-from kgroup.core.sidecar_logic import SidecarLogic
-from kgroup.core.sidecar_requests import (
+from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.reconcile import Member
+from kgroup.core.member.requests import (
     Answer,
     Chain,
     CreateLease,

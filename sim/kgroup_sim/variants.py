@@ -22,13 +22,13 @@ import dataclasses
 from collections.abc import Iterable
 
 from kgroup.core import lease_codec as codec
-from kgroup.core.group_cache import GroupLeases
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming, LockState
-from kgroup.core.member import Acquire, Action, Lock, Member, Release, Snapshot
-from kgroup.core.operator_logic import ExpiryRule
-from kgroup.core.sidecar_logic import SidecarLogic
-from kgroup.core.sidecar_requests import Scope
+from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.reconcile import Acquire, Action, Lock, Member, Release, Snapshot
+from kgroup.core.member.requests import Scope
+from kgroup.core.operator.decide import ExpiryRule
+from kgroup.core.operator.lease_cache import GroupLeases
 
 __all__ = [
     "REGRESSIONS",

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kgroup.core.member import Member
-from kgroup.core.readiness import Readiness, readiness
-from kgroup.core.sidecar_logic import SidecarLogic
-from kgroup.core.sidecar_requests import (
+from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.readiness import Readiness, readiness
+from kgroup.core.member.reconcile import Member
+from kgroup.core.member.requests import (
     Answer,
     Chain,
     CreateLease,

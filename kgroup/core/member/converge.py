@@ -40,7 +40,8 @@ from kgroup.core import health
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member import (
+from kgroup.core.member.group_spec import member_spec, spec_partitions
+from kgroup.core.member.reconcile import (
     Acquire,
     Action,
     Adopted,
@@ -60,9 +61,7 @@ from kgroup.core.member import (
     renew_retry_seconds,
     request_timeout,
 )
-from kgroup.core.member_spec import member_spec, spec_partitions
-from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
-from kgroup.core.sidecar_requests import (
+from kgroup.core.member.requests import (
     Answer,
     Chain,
     CreateLease,
@@ -81,6 +80,7 @@ from kgroup.core.sidecar_requests import (
     describe,
     found,
 )
+from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 
 __all__ = ["CONFLICT_RETRY_SECONDS", "MIN_WAIT", "REREAD_RETRY_SECONDS", "SidecarLogic"]
 

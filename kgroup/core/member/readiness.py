@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgroup.core.member_model import Target, View
+from kgroup.core.member.view import Target, View
 
 __all__ = ["Readiness", "readiness"]
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from kgroup.api import ConsumerGroupSpec
 
 if TYPE_CHECKING:  # group.py imports this module; the type is all this one needs
-    from kgroup.core.group import PodObservation
+    from kgroup.core.operator.planner import PodObservation
 
 __all__ = ["Replacements", "replacements", "restart_grace", "statefulset_ordinal"]
 

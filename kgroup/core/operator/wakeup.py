@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from kgroup.core.group_cache import GroupLeases
+from kgroup.core.operator.lease_cache import GroupLeases
 
 __all__ = ["Quiet", "after_pass", "on_timer"]
 

@@ -43,7 +43,9 @@ from pydantic import ValidationError
 from kgroup import constants as C
 from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 from kgroup.core import lease_codec as codec
-from kgroup.core.group import (
+from kgroup.core.lease_codec import Obj
+from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.planner import (
     Decision,
     GroupPlanner,
     PodObservation,
@@ -51,10 +53,8 @@ from kgroup.core.group import (
     current_members,
     live_holders,
 )
-from kgroup.core.group_cache import GroupLeases
-from kgroup.core.lease_codec import Obj
+from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
 from kgroup.core.ranges import parse_ranges
-from kgroup.core.status import Problem, aggregate_status, format_timestamp
 
 __all__ = [
     "API_RETRY_SECONDS",

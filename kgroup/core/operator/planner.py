@@ -40,8 +40,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kgroup.api import ConsumerGroupSpec, LabelSelector
-from kgroup.core.assignors import Member, get_assignor, moved_partitions
-from kgroup.core.rollout import replacements, restart_grace
+from kgroup.core.operator.assignors import Member, get_assignor, moved_partitions
+from kgroup.core.operator.rollout import replacements, restart_grace
 
 __all__ = [
     "Decision",

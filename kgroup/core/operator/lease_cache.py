@@ -17,11 +17,11 @@ from typing import Any
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
-from kgroup.core.group import LockObservation, PodObservation
 from kgroup.core.lease_codec import MemberLease, Obj
 from kgroup.core.locks import SessionTracker
-from kgroup.core.member import Lock
-from kgroup.core.status import MemberLeaseObservation
+from kgroup.core.member.reconcile import Lock
+from kgroup.core.operator.planner import LockObservation, PodObservation
+from kgroup.core.operator.status import MemberLeaseObservation
 
 __all__ = [
     "GroupLeases",

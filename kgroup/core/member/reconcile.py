@@ -59,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgroup.core.locks import LeaseTiming, LockState, fencing_deadline, lock_state
-from kgroup.core.member_model import (
+from kgroup.core.member.view import (
     AckEpoch,
     Acquire,
     Action,
