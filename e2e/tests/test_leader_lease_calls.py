@@ -54,6 +54,7 @@ class Replica:
 
 def holder(kube: client.ApiClient, namespace: str) -> tuple[str | None, int]:
     lease = client.CoordinationV1Api(kube).read_namespaced_lease(NAME, namespace)
+    assert lease.metadata is not None and lease.spec is not None
     assert lease.metadata.labels == LABELS
     return lease.spec.holder_identity, int(lease.spec.lease_transitions or 0)
 
