@@ -32,16 +32,29 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kgroup.api import ConsumerGroupSpec
-
-if TYPE_CHECKING:  # group.py imports this module; the type is all this one needs
-    from kgroup.core.operator.planner import PodObservation
 
 __all__ = ["Replacements", "replacements", "restart_grace", "statefulset_ordinal"]
 
 _ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
+
+
+class PodObservation(Protocol):
+    """What a rollout needs of a pod (the planner's ``PodObservation`` has it): the planner
+    imports this module, this module imports nothing of the planner."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def terminating(self) -> bool: ...
+    @property
+    def owner_kind(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def revision(self) -> str: ...
 
 
 def statefulset_ordinal(pod_name: str) -> int | None:
