@@ -1,5 +1,5 @@
 """Per-partition health: the app's reports, the sidecar's summary on the member Lease's
-renewal, and the operator's Stalled condition (kgroup.core.health, kgroup.core.status)."""
+renewal, and the operator's Stalled condition (kgroup.core.health, kgroup.core.operator.status)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The operator's leader election decided in the core (kgroup.core.leader_election), on a
+"""The operator's leader election decided in the core (kgroup.core.operator.leader_election), on a
 clock the test moves: the exact API calls of each case, as client-go's leaderelection tests
 count them (one read per attempt, then at most one write). The same cases against the real
 API server, counted at the Kubernetes client: e2e/tests/test_leader_lease_calls.py."""

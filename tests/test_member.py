@@ -1,4 +1,4 @@
-"""The sidecar's state machine (kgroup.core.member): one rule per test."""
+"""The sidecar's state machine (kgroup.core.member.reconcile): one rule per test."""
 
 from __future__ import annotations
 

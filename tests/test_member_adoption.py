@@ -1,4 +1,4 @@
-"""Rule 2's adoption (kgroup.core.member): an acquisition reported failed that the server
+"""Rule 2's adoption (kgroup.core.member.reconcile): an acquisition reported failed that the server
 applied after all is adopted when the lock shows exactly that write; a lock merely seen
 with our session (a lagging view of one we released) is not."""
 

@@ -1,4 +1,4 @@
-"""A status without epoch is not an empty target (kgroup.core.member rule 3): the member
+"""A status without epoch is not an empty target (kgroup.core.member.reconcile rule 3): the member
 holds what it has until a target appears, and revokes everything only on shutdown or when
 the group is deleted."""
 

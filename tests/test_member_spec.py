@@ -1,4 +1,4 @@
-"""The sidecar's reader of the group spec (kgroup.core.member_spec) agrees with the API
+"""The sidecar's reader of the group spec (kgroup.core.member.group_spec) agrees with the API
 model (kgroup.api.ConsumerGroupSpec) on every lease timing and drain timeout: the same
 defaults, the same bounds, the same refusals."""
 

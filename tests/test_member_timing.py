@@ -1,4 +1,4 @@
-"""Request timeouts derived from the lease timing (kgroup.core.member.request_timeout):
+"""Request timeouts derived from the lease timing (kgroup.core.member.reconcile.request_timeout):
 a renewal whose answer is lost is retried, at least twice, before the fencing deadline."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The operator's decisions (kgroup.core.operator_logic.decide), pass by pass, on a fake
+"""The operator's decisions (kgroup.core.operator.decide.decide), pass by pass, on a fake
 clock: what it creates, writes and posts, and when it looks again. The same function
 runs in the kopf controller and in the simulated operator; the controller's calls on the
 real API server are checked in e2e/tests/test_operator.py."""

@@ -1,5 +1,5 @@
 """A renewal that changes nothing costs the operator nothing: which Lease changes are
-material (``GroupLeases.put``) and when a timer wake-up plans (``kgroup.core.wakeup``)."""
+material (``GroupLeases.put``) and when a timer wake-up plans (``kgroup.core.operator.wakeup``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The readiness rule (kgroup.core.readiness): a pod is Ready once it holds its whole
+"""The readiness rule (kgroup.core.member.readiness): a pod is Ready once it holds its whole
 target and has acknowledged the target's epoch; pure, no I/O."""
 
 from __future__ import annotations

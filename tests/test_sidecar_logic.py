@@ -1,7 +1,7 @@
-"""The sidecar's decision code (kgroup.core.sidecar_logic), case by case: for each decision
+"""The sidecar's decision code (kgroup.core.member.converge), case by case: for each decision
 the exact sequence of Kubernetes requests it makes, on a fake clock, with the answers fed
 back by hand. This is the code both drivers run (kgroup_sidecar.runtime against the real
-API server, kgroup.sim.sidecar against the simulated one); the runtime's mapping of these
+API server, kgroup_sim.sidecar against the simulated one); the runtime's mapping of these
 requests onto real API calls is checked in e2e/tests/test_sidecar_driver.py.
 
 Modelled on client-go's leader election tests: a scripted answer per request, then the

@@ -1,4 +1,4 @@
-"""The deterministic simulation (kgroup.sim): many seeds, targeted scenarios, a known
+"""The deterministic simulation (kgroup_sim): many seeds, targeted scenarios, a known
 core bug pinned, and proof that the checker fails when the protocol is broken."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SAFETY_KINDS = {"safety", "token-order", "sink", "store-token"}
 
 def regressed(*names: str, **overrides: object) -> SimConfig:
     """WHOLE with old bugs of the sidecar's decisions brought back: subclasses of the
-    shipped SidecarLogic (kgroup.sim.variants.REGRESSIONS)."""
+    shipped SidecarLogic (kgroup_sim.variants.REGRESSIONS)."""
     return SimConfig(**{**WHOLE.__dict__, "regressions": frozenset(names), **overrides})
 
 
@@ -134,7 +134,7 @@ def test_every_invariant_holds_with_locks_deleted_and_the_group_applied_again() 
 
 
 # ---- bugs found by the simulation, fixed, and caught again when brought back ----------
-# Each bug is a subclass of the SHIPPED decision code (kgroup.sim.variants): the same seed
+# Each bug is a subclass of the SHIPPED decision code (kgroup_sim.variants): the same seed
 # passes with the code that ships and fails with the bug put back. (Seeds found after the
 # simulation began running the shipped SidecarLogic; the old ones replayed a hand-made
 # copy.) tests/test_sidecar_logic.py shows each one at the level of the requests made.

@@ -35,7 +35,7 @@ HOLDS = {
     "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
-TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup.sim", "pytest"}
+TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup_sim", "pytest"}
 """Test tooling: the simulation (with its broken variants), the harnesses, the dev cluster."""
 LACKS = {
     "operator": TOOLING | {"kgroup_sidecar", "kgroup_pipeline", "pyspark", "redis",
@@ -169,7 +169,7 @@ def test_each_image_holds_its_process_code_and_no_test_tooling(
     or a test harness (docs/design.md, "What ships")."""
     packages, files = image_contents(built[name].archive)
     assert packages == PACKAGES[name]
-    tooling = [p for p in files if "/kgroup/sim/" in p or "/testing" in p
+    tooling = [p for p in files if "/sim/kgroup_sim/" in p or "/testing" in p
                or "/variants" in p]
     assert tooling == []
     assert any("/kgroup/core/" in p for p in files)  # the core is there

@@ -1,6 +1,6 @@
 """The operator's leader election on the real API server: the exact calls each case makes,
 counted at the Kubernetes client (as client-go's leaderelection tests count a clientset's
-actions), with the election's clock moved by the test (kgroup.core.leader_election decides;
+actions), with the election's clock moved by the test (kgroup.core.operator.leader_election decides;
 kgroup_operator.leader calls)."""
 
 from __future__ import annotations

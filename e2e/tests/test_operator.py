@@ -247,7 +247,7 @@ def test_ten_pods_joining_within_two_seconds_give_at_most_two_rebalances(
     members_factory: Callable[..., Members],
 ) -> None:
     """The first join after a quiet window is acted upon at once, the rest of the burst
-    together once no member joined for the window (kgroup.core.group.window_end)."""
+    together once no member joined for the window (kgroup.core.operator.planner.window_end)."""
     members = stable_group(kube, namespace, members_factory, pods=("w-0",), partitions=32)
     epoch = get_status(kube, namespace)["epoch"]
     burst = tuple(f"b-{i}" for i in range(10))

@@ -162,7 +162,7 @@ class LockState(enum.IntEnum):
 
 def lock_state(*, holder: str | None, session: str | None, expired: str | None) -> LockState:
     """Classify a partition lock held by ``holder`` under ``session`` whose expiry mark is
-    ``expired`` (the member's own older session is FREE to it: :mod:`kgroup.core.member`
+    ``expired`` (the member's own older session is FREE to it: :mod:`kgroup.core.member.reconcile`
     decides that before asking here)."""
     if not holder or session is None:
         return LockState.FREE

@@ -5,7 +5,7 @@ start-up; nothing here polls. It holds the Leases of ConsumerGroups that exist o
 (``known``): a worker may create member Leases naming any group, and thousands naming
 groups that do not exist must not grow the one operator's memory; the Leases of a group
 that appears later are listed when it does (``GroupLoops.group_seen``). The Leases of
-each group live in a :class:`kgroup.core.group_cache.GroupLeases` (shared with the
+each group live in a :class:`kgroup.core.operator.lease_cache.GroupLeases` (shared with the
 simulation); pods keep the newest ``resourceVersion`` seen, so a late, stale event never
 overwrites a fresher read.
 """

@@ -1,5 +1,5 @@
 """One ConsumerGroup's reconcile loop: the kopf side's driver of
-:func:`kgroup.core.operator_logic.decide`.
+:func:`kgroup.core.operator.decide.decide`.
 
 Rules of this module: it decides nothing. It gathers the observation from the
 :class:`~kgroup_operator.cache.Cache`, performs the plan (create partition Leases,
@@ -10,7 +10,7 @@ Assignment marks are written after the status write succeeded (or at once when t
 writes none), after the expiry marks (each holder's member Lease re-read first; a mark
 refused because the lock changed re-reads the lock and decides again); each stored Lease
 goes into the cache at once.
-The simulated operator (``kgroup.sim.control``) drives the same decisions.
+The simulated operator (``kgroup_sim.control``) drives the same decisions.
 """
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ class GroupController:
                 await self.task
 
     async def run(self) -> None:
-        """Plan when poked (a material change: ``kgroup.core.group_cache``) or when a
+        """Plan when poked (a material change: ``kgroup.core.operator.lease_cache``) or when a
         deadline is due; a timer that finds nothing due (the earliest session expiry it
-        waited for was renewed meanwhile) only sleeps on (``kgroup.core.wakeup``)."""
+        waited for was renewed meanwhile) only sleeps on (``kgroup.core.operator.wakeup``)."""
         delay: float | None = 0.0
         while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation

@@ -36,7 +36,7 @@ class GroupLoops:
     async def start(self) -> None:
         """Initial listing of pods and StatefulSets, then let the group loops run (a
         StatefulSet's replicas say whether a pod away across this restart comes back:
-        ``kgroup.core.rollout.restart_grace``)."""
+        ``kgroup.core.operator.rollout.restart_grace``)."""
         scopes: list[str | None] = list(self.settings.namespaces) or [None]
         for ns in scopes:
             for pod in await self.kube.list_pods(ns):

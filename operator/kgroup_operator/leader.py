@@ -1,7 +1,7 @@
 """Leader election on a coordination Lease: exactly one operator replica is active.
 
 The decisions (when a standby may take the Lease, when the leader must stop) are
-:class:`kgroup.core.leader_election.Election`'s, on the monotonic clock this adapter passes
+:class:`kgroup.core.operator.leader_election.Election`'s, on the monotonic clock this adapter passes
 in; here are the calls. An attempt is one read, then at most one write (a create, or a
 replace with the read's resourceVersion as precondition); a renewal is one read and one
 replace.

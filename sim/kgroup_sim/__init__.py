@@ -1,13 +1,13 @@
 """A deterministic simulation of the whole kgroup protocol, with injected faults.
 
 Rule of this package: pure Python, no I/O, no real clock. It runs the shipped decision
-code (``kgroup.core.sidecar_logic`` with ``kgroup.core.member`` in every simulated
-sidecar, ``kgroup.core.operator_logic`` in the simulated operator) against a simulated
+code (``kgroup.core.member.converge`` with ``kgroup.core.member.reconcile`` in every simulated
+sidecar, ``kgroup.core.operator.decide`` in the simulated operator) against a simulated
 API store holding wire-form objects, on simulated clocks that drift, with delayed, lost
 and replayed watch events, lost requests and answers, crashes, GC pauses longer than the
 lease, network cuts and operator restarts, and checks safety, token order, a fenced sink
-and liveness after every event (see :mod:`kgroup.sim.checks`). A seed fully determines a
-run, so a failing seed replays: ``python -m kgroup.sim --seed N --verbose``.
+and liveness after every event (see :mod:`kgroup_sim.checks`). A seed fully determines a
+run, so a failing seed replays: ``python -m kgroup_sim --seed N --verbose``.
 
 Layout: ``kernel`` (time, events, processes), ``store`` (resourceVersions, conflicts),
 ``sidecar`` and ``control`` (thin drivers of the shipped decision code, like the real

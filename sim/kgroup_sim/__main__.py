@@ -101,13 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="member state machine: the real core or a deliberately broken one")
     ap.add_argument("--detector", choices=sorted(DETECTORS), default="real",
                     help="the operator's failure detector: the shipped rule or a broken "
-                         "variant (kgroup.sim.variants)")
+                         "variant (kgroup_sim.variants)")
     ap.add_argument("--no-expiry-admission", action="store_true",
                     help="the store does not refuse a takeover without the expiry mark "
                          "(the admission policy off: the sidecar's rule alone)")
     ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
                     help="bring back this old bug of the sidecar's decision code (a subclass "
-                         "of the shipped SidecarLogic, kgroup.sim.variants; repeatable)")
+                         "of the shipped SidecarLogic, kgroup_sim.variants; repeatable)")
     ap.add_argument("--whole-watch", action="store_true",
                     help="sidecars watch every Lease of the group (not their scope)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")

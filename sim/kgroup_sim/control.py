@@ -1,8 +1,8 @@
-"""The simulated operator: the shipped :func:`kgroup.core.operator_logic.decide` driven on
+"""The simulated operator: the shipped :func:`kgroup.core.operator.decide.decide` driven on
 the simulated API server.
 
 Rule of this module: decide nothing. Like ``kgroup_operator.controller`` it keeps the
-caches (a :class:`~kgroup.core.group_cache.GroupLeases`, pods, the group), runs one pass
+caches (a :class:`~kgroup.core.operator.lease_cache.GroupLeases`, pods, the group), runs one pass
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
 the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
 assignment marks written after it (one atomic read-modify-write at the store, as the API
@@ -65,7 +65,7 @@ class SimOperator:
         self.busy = False
         self._due = False
         self._gen = 0
-        self.quiet: Quiet | None = None  # what the last pass saw (kgroup.core.wakeup)
+        self.quiet: Quiet | None = None  # what the last pass saw (kgroup.core.operator.wakeup)
 
     # ---- observations ----------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class SimOperator:
         self.proc.schedule(wait / self.proc.rate, self._wake, self._gen)
 
     def _wake(self, gen: int) -> None:
-        """The timer: plan if anything is due (``kgroup.core.wakeup``), else sleep on."""
+        """The timer: plan if anything is due (``kgroup.core.operator.wakeup``), else sleep on."""
         if gen != self._gen:
             return
         more = on_timer(self.quiet, self.leases, self.proc.clock())

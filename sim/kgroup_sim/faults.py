@@ -2,7 +2,7 @@
 
 Process faults (crash, GC pause, network cut, a member joining or leaving, the operator
 restarting) are made here; hand edits of the stored objects are made by
-:mod:`kgroup.sim.hand_edits`. Moved out of :mod:`kgroup.sim.run` as they were: the same
+:mod:`kgroup_sim.hand_edits`. Moved out of :mod:`kgroup_sim.run` as they were: the same
 random draws, in the same order, so every pinned seed runs as before.
 """
 

@@ -7,7 +7,7 @@ partitions, a new generation), ``lock-deleted`` (partition ``member``'s Lease de
 ``group-reapplied`` (the ConsumerGroup deleted, the garbage collector deleting the Leases
 it owned, the same group applied again ``seconds`` later: a new uid, an empty status).
 
-Moved out of :mod:`kgroup.sim.run` as they were: the same random draws, in the same order,
+Moved out of :mod:`kgroup_sim.run` as they were: the same random draws, in the same order,
 so every pinned seed runs as before.
 """
 

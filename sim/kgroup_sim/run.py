@@ -1,5 +1,5 @@
 """One simulated run: the store, the operator, the members, the faults, the verdict
-(the faults themselves: :mod:`kgroup.sim.faults` and :mod:`kgroup.sim.hand_edits`).
+(the faults themselves: :mod:`kgroup_sim.faults` and :mod:`kgroup_sim.hand_edits`).
 
 Rules of this module:
 
@@ -61,10 +61,10 @@ class SimConfig:
     quiet_time: float = 20.0
     spec: ConsumerGroupSpec | None = None  # None: drawn from the seed
     member_factory: MemberFactory = Member
-    # old bugs of the sidecar's decisions brought back (kgroup.sim.variants.REGRESSIONS)
+    # old bugs of the sidecar's decisions brought back (kgroup_sim.variants.REGRESSIONS)
     regressions: frozenset[str] = frozenset()
-    # the operator's failure detector (kgroup.core.operator_logic.ExpiryRule, or a broken
-    # variant of it from kgroup.sim.variants)
+    # the operator's failure detector (kgroup.core.operator.decide.ExpiryRule, or a broken
+    # variant of it from kgroup_sim.variants)
     expiry_rule: Callable[[], ExpiryRule] = ExpiryRule
     # the store refuses a takeover without the operator's expiry mark, as the chart's
     # admission policy does; False: only the sidecar's own rule keeps it from happening
@@ -383,7 +383,7 @@ class World:
     # ---- faults ----------------------------------------------------------------------
 
     def inject(self, fault: Fault) -> None:
-        """Make ``fault`` happen now (:mod:`kgroup.sim.faults`)."""
+        """Make ``fault`` happen now (:mod:`kgroup_sim.faults`)."""
         faults.inject(self, fault)
 
     def _session_exists(self, member: str, session: str | None) -> bool:

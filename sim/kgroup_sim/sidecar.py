@@ -1,11 +1,11 @@
-"""The simulated sidecar: the shipped :class:`kgroup.core.sidecar_logic.SidecarLogic`
+"""The simulated sidecar: the shipped :class:`kgroup.core.member.converge.SidecarLogic`
 driven on the simulated API server, and the app beside it.
 
 Rule of this module: decide nothing about Kubernetes. Like ``kgroup_sidecar.runtime`` it
 feeds watch lists and events to the logic, ticks it on every change and at its wake-up,
 and maps each request of a chain onto the store (through the world's faulty network: a
 request or its answer may be lost, late or cut off; a lost answer is ``NoAnswer``). The
-regressions of ``kgroup.sim.variants`` are subclasses of the logic itself.
+regressions of ``kgroup_sim.variants`` are subclasses of the logic itself.
 
 The simulated app polls the view (``Member.view`` on this process's clock, as the client
 does), opens the fenced sink with every token it is handed, writes under it while the

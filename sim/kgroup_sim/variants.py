@@ -1,7 +1,7 @@
 """Deliberately broken variants of the SHIPPED decision code, to prove the checker fails.
 
 Rule of this module: each variant is a subclass of the code that ships
-(:class:`kgroup.core.member.Member` or :class:`kgroup.core.sidecar_logic.SidecarLogic`)
+(:class:`kgroup.core.member.reconcile.Member` or :class:`kgroup.core.member.converge.SidecarLogic`)
 that overrides exactly one decision and says which. Nothing here restates a driver: the
 simulation runs the shipped logic with one decision swapped. A checker that never fails
 proves nothing; tests/test_simulation.py shows each variant failing where the shipped
@@ -11,7 +11,7 @@ Member variants (``SimConfig.member_factory``): broken rules of the member state
 Sidecar-logic regressions (``SimConfig.regressions``, by name): bugs the simulation once
 found in the sidecar's runtime, fixed since, brought back.
 Failure-detector variants (``SimConfig.expiry_rule``): subclasses of the operator's
-:class:`kgroup.core.operator_logic.ExpiryRule` that mark a lock's holder session expired
+:class:`kgroup.core.operator.decide.ExpiryRule` that mark a lock's holder session expired
 when it is not (the operator is the group's failure detector since no sidecar watches
 another member's Lease).
 """

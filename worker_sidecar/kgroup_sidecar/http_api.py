@@ -103,7 +103,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """200 once the whole target is held and its epoch acknowledged, else 503; the body
-    says why (``kgroup.core.readiness``)."""
+    says why (``kgroup.core.member.readiness``)."""
     sidecar = request.app[SIDECAR_KEY]
     verdict = sidecar.readiness()
     body = {"ready": verdict.ready, "reason": verdict.reason,

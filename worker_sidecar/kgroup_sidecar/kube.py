@@ -15,7 +15,7 @@ The watches are data (:func:`watches`): one :class:`WatchSpec` per watch.
   (``kgroup.dev/partition in (...)``). Watching every partition Lease of the group made
   each sidecar receive every other member's lock writes: O(members x partitions) watch
   events per rebalance, the measured scale limit (docs/design.md). The scope is decided
-  by ``kgroup.core.sidecar_logic`` (``next_watch_scope``: widen at once when the interest
+  by ``kgroup.core.member.converge`` (``next_watch_scope``: widen at once when the interest
   gains a partition, narrow only when the scope holds more than twice the interest) and
   handed over with ``set_partition_scope``; steady state never restarts the watch.
   A scope change cancels the partition watch's task (a quiet old stream is closed at

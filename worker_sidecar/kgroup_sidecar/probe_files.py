@@ -12,7 +12,7 @@ files in the pod's emptyDir:
   loop. Liveness (and startup) is ``find <dir>/alive -mmin +0.5 -exec false {} +``: it
   fails when the file is missing or older than 30 s, i.e. when the loop has been stuck
   (SIGSTOP, a blocking call, a deadlock) that long.
-- ``ready``: present while the sidecar is Ready (``kgroup.core.readiness``: holds its
+- ``ready``: present while the sidecar is Ready (``kgroup.core.member.readiness``: holds its
   whole target, epoch acknowledged), created or removed as the verdict changes (created
   atomically: written aside, then renamed) and touched with ``alive``. Readiness is
   ``find <dir>/ready -mmin +0.25 -exec false {} +``: missing (not ready) or older than 15 s

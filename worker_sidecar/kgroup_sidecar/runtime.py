@@ -1,4 +1,4 @@
-"""The sidecar's asyncio driver: runs :class:`kgroup.core.sidecar_logic.SidecarLogic`.
+"""The sidecar's asyncio driver: runs :class:`kgroup.core.member.converge.SidecarLogic`.
 
 It decides nothing. Watch lists and events go into the logic; every change sets
 ``dirty``; the loop then calls ``tick()``, starts each request chain it returns as a task,
@@ -6,7 +6,7 @@ hands the watch scope to the Kubernetes adapter, and waits for the next change o
 tick's wake-up. A chain's requests are mapped onto Kubernetes calls one by one: an HTTP
 error is answered as ``Refused(status)``, a timeout or broken connection as ``NoAnswer``.
 What the logic reports goes to the logs, metrics, audit file and the app's waiting
-release requests. The simulation (``kgroup.sim.sidecar``) drives the same logic.
+release requests. The simulation (``kgroup_sim.sidecar``) drives the same logic.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class Sidecar:
 
     def readiness(self) -> Readiness:
         """``GET /readyz``: Ready once the whole target is held and its epoch acknowledged
-        (``kgroup.core.readiness``)."""
+        (``kgroup.core.member.readiness``)."""
         return readiness(self.member.view(self.clock()), self.logic.target,
                          member=self.logic.in_target, stopping=self.member.shutting_down,
                          acked_partitions=self.member.acked_partitions)

@@ -1,4 +1,4 @@
-"""The sidecar's decisions above :class:`~kgroup.core.member.Member`, without I/O.
+"""The sidecar's decisions above :class:`~kgroup.core.member.reconcile.Member`, without I/O.
 
 ``Member.step`` says *what* to do (start a session, renew, acquire, release, end); this
 module decides everything around it that used to live in the sidecar's asyncio runtime:
@@ -6,7 +6,7 @@ which observation enters the lock cache (never back in time), which partitions t
 selects, which Kubernetes requests each action makes and in what order, what every
 answer, refusal or missing answer means, how long a request may wait and when to retry.
 Two drivers run it: ``kgroup_sidecar.runtime`` (asyncio + the Kubernetes client) and
-``kgroup.sim.sidecar`` (the simulated API server with faults). Neither decides anything.
+``kgroup_sim.sidecar`` (the simulated API server with faults). Neither decides anything.
 
 The shape (written down in docs/design.md, "one decision code, two drivers"):
 
@@ -26,7 +26,7 @@ The shape (written down in docs/design.md, "one decision code, two drivers"):
   release requests): reports, never decisions.
 
 Every decision point is a method, so the simulation's regressions
-(``kgroup.sim.variants``) are subclasses of this very code.
+(``kgroup_sim.variants``) are subclasses of this very code.
 """
 
 from __future__ import annotations

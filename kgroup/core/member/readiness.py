@@ -48,7 +48,7 @@ def readiness(view: View, target: Target | None, *, member: bool, stopping: bool
     """Is this pod Ready? ``member``: the pod's name is a key of the target assignment
     (every member is one, with an empty range when it gets no partition).
     ``acked_partitions``: the target partitions of the epoch this session last wrote as
-    acknowledged (None: none yet; :attr:`kgroup.core.member.Member.acked_partitions`)."""
+    acknowledged (None: none yet; :attr:`kgroup.core.member.reconcile.Member.acked_partitions`)."""
     if stopping:
         return Readiness(False, "stopping: handing its partitions over")
     if view.session is None:

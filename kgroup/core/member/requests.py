@@ -1,11 +1,11 @@
 """The vocabulary between the sidecar's decision code and its drivers.
 
-:class:`kgroup.core.sidecar_logic.SidecarLogic` returns request chains: generators that
+:class:`kgroup.core.member.converge.SidecarLogic` returns request chains: generators that
 yield a request value (:class:`GetLease`, :class:`CreateLease`, :class:`ReplaceLease`,
 :class:`DeleteLease`, :class:`Pause`) and receive the answer (:class:`Ok`,
 :class:`Refused`, :class:`NoAnswer`). A driver maps each request onto a call of its API
 server (the real one: ``kgroup_sidecar.runtime``; the simulated one:
-``kgroup.sim.sidecar``) and each outcome onto an answer, and nothing more. Plain data.
+``kgroup_sim.sidecar``) and each outcome onto an answer, and nothing more. Plain data.
 """
 
 from __future__ import annotations

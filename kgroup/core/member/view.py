@@ -1,4 +1,4 @@
-"""The vocabulary of the member state machine (:mod:`kgroup.core.member`).
+"""The vocabulary of the member state machine (:mod:`kgroup.core.member.reconcile`).
 
 What it observes (:class:`Snapshot` with :class:`Lock`, :class:`Target`,
 :class:`AppRelease`), what it decides (the actions, executed in order by the adapter), and

@@ -1,11 +1,11 @@
 """The operator's decisions for one group, without I/O: ``decide(observation, memory, now)``.
 
 Used by the kopf adapter (``kgroup_operator.controller``) and by the simulated operator
-(``kgroup.sim.control``); neither decides anything itself. One pass:
+(``kgroup_sim.control``); neither decides anything itself. One pass:
 
 * membership from pods and live sessions, the window and the assignor through
-  :class:`~kgroup.core.group.GroupPlanner` (the window rule itself:
-  :func:`kgroup.core.group.window_end`), a hand-edited status corrected;
+  :class:`~kgroup.core.operator.planner.GroupPlanner` (the window rule itself:
+  :func:`kgroup.core.operator.planner.window_end`), a hand-edited status corrected;
 * the partition Leases to create, the aggregated status, whether to write it (only when
   it differs from what was last written, at most once per ``status_min_interval``
   unless the target changes: a new target is already paced by the window), the Events
@@ -228,7 +228,7 @@ class Expiry:
 
 
 class ExpiryRule:
-    """The failure detector's decisions (a broken variant overrides one: kgroup.sim).
+    """The failure detector's decisions (a broken variant overrides one: kgroup_sim).
 
     A lock's holder session is over when the holder's member Lease is gone, carries
     another session, or was seen unrenewed for a full lease duration on the operator's own
@@ -390,7 +390,7 @@ def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
 def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
            status_min_interval: float, rule: ExpiryRule | None = None) -> Plan:
     """One pass over one group: what to create, write, mark and post, and when to look
-    again. ``rule``: the failure detector's (:class:`ExpiryRule`, a variant in kgroup.sim)."""
+    again. ``rule``: the failure detector's (:class:`ExpiryRule`, a variant in kgroup_sim)."""
     if not obs.synced or obs.body is None:
         return Plan(wait=NOT_SYNCED_RETRY_SECONDS)
     body = obs.body

@@ -1,7 +1,7 @@
 """What the operator knows of one group's Leases and of pods, fed by watch events.
 
 Shared by the kopf operator (``kgroup_operator.cache``) and the simulated operator
-(``kgroup.sim.control``). Pure: the caller passes ``now`` (its own monotonic clock).
+(``kgroup_sim.control``). Pure: the caller passes ``now`` (its own monotonic clock).
 Each object keeps the newest ``resourceVersion`` seen (``lease_codec.not_older``), so a
 late, stale event never overwrites a fresher read. Session liveness is judged by
 :class:`~kgroup.core.locks.SessionTracker` on the observer's clock: a member Lease's
@@ -35,7 +35,7 @@ __all__ = [
 def pod_observation(body: Mapping[str, Any]) -> PodObservation:
     """``ready`` means the *app's* containers are ready, not the pod's Ready condition:
     the kgroup sidecar's readiness probe answers Ready only once the pod holds its target
-    (``kgroup.core.readiness``), which needs the pod to be a member first; waiting for the
+    (``kgroup.core.member.readiness``), which needs the pod to be a member first; waiting for the
     pod's Ready condition would never admit a new pod. The sidecar (a native sidecar lives
     in ``initContainerStatuses``; a plain one is named ``kgroup-sidecar``) is left out.
     A pod with no container statuses yet falls back to its Ready condition."""
@@ -202,7 +202,7 @@ class GroupLeases:
 
 def health_key(raw: str | None) -> Any:
     """What of a ``kgroup.dev/health`` annotation can change the status: the stalled
-    partitions, their count and the reason (``kgroup.core.status.stalled_partitions``);
+    partitions, their count and the reason (``kgroup.core.operator.status.stalled_partitions``);
     not the lag figures and positions, which change with every renewal and are not in the
     status. No stall is the same as no annotation; one that does not read as a JSON object
     is kept whole."""

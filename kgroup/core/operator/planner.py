@@ -23,11 +23,11 @@ The decisions, in the order the operator takes them:
    waits the window, so an app container's restart moves nothing) and a change that moves
    nothing (a rollout's new pod joining to wait, a member with nothing leaving). A member
    that left (pod gone or session expired) keeps its target while its name may come back
-   (:func:`kgroup.core.rollout.restart_grace`): a pod that comes back under the same name
+   (:func:`kgroup.core.operator.rollout.restart_grace`): a pod that comes back under the same name
    in that time finds its partitions untouched and no epoch bump happened.
 3. **Target** (:meth:`GroupPlanner.plan`): the assignor computes the next target from
    the current one and the live lock holders; during a Deployment's rollout, a departed
-   old pod's partitions go whole to a new pod (:func:`kgroup.core.rollout.replacements`).
+   old pod's partitions go whole to a new pod (:func:`kgroup.core.operator.rollout.replacements`).
    The epoch is bumped *only* when the target changed; an unchanged target is never
    rewritten. A paused group's target is frozen. A group with no target yet (a fresh
    group, or one migrated from an older operator) is seeded from the live lock holders,
@@ -237,7 +237,7 @@ class GroupPlanner:
         `pods`: every pod observed now (None: unknown; then no pod's kind or revision is
         known and ``restartGraceSeconds`` applies to every departed member). `sessions`:
         the members whose session is live (None: unknown). `kept_ordinals`: the ordinals
-        each StatefulSet keeps now (see :func:`kgroup.core.rollout.restart_grace`; None:
+        each StatefulSet keeps now (see :func:`kgroup.core.operator.rollout.restart_grace`; None:
         unknown). A departed member whose
         session is live and whose pod is still there, not terminating, only turned
         unready (its app container restarting, a flapping probe): its departure waits

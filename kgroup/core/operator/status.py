@@ -1,6 +1,6 @@
 """Status aggregation: from what the operator observed to the ConsumerGroup's status.
 
-Rule of this module: pure, like :mod:`kgroup.core.group` — no clock (``now`` is the
+Rule of this module: pure, like :mod:`kgroup.core.operator.planner` — no clock (``now`` is the
 caller's monotonic seconds, ``wall`` the timestamp to write), no I/O, no Kubernetes
 imports. Aggregating the same observations twice gives an identical status, which is what
 lets the operator skip a status write when nothing changed (quiet steady state).
@@ -159,7 +159,7 @@ def aggregate_status(
 ) -> tuple[ConsumerGroupStatus, list[Problem]]:
     """The status to write, and every problem seen (for Events).
 
-    `holders` are the *live* lock holders (see :func:`kgroup.core.group.live_holders`);
+    `holders` are the *live* lock holders (see :func:`kgroup.core.operator.planner.live_holders`);
     `last_change_at` is when, on the caller's clock, the target or the membership last
     changed; `last_rebalance` replaces ``previous.last_rebalance`` when a new epoch is
     being written in the same update.

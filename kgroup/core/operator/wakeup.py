@@ -2,7 +2,7 @@
 
 Pure: the caller passes its monotonic ``now``. A pass's plan names its deadlines; one of
 them is the earliest session expiry (:meth:`GroupLeases.next_expiry`). A member's renewal
-is not a material change (:func:`kgroup.core.group_cache.material_member_change`), so it
+is not a material change (:func:`kgroup.core.operator.lease_cache.material_member_change`), so it
 does not wake the loop and that expiry goes stale: the member renewed, its session runs
 on. Waking at a stale expiry and planning again would cost a full pass every few seconds
 at any size (the earliest of many sessions is always about ``duration - renew`` away).
