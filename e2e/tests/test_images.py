@@ -35,7 +35,7 @@ HOLDS = {
     "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
-TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup_sim", "pytest"}
+TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup.sim", "pytest"}
 """Test tooling: the simulation (with its broken variants), the harnesses, the dev cluster."""
 LACKS = {
     "operator": TOOLING | {"kgroup_sidecar", "kgroup_pipeline", "pyspark", "redis",

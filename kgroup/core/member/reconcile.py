@@ -92,7 +92,8 @@ SCOPE_NARROW_SLACK = 8
 
 NO_TARGET_EPOCH = 0
 """The epoch of the operator's status before it computed any target (assignment empty);
-the first target is epoch 1 (kgroup.core.operator.planner bumps the epoch at every target change)."""
+the first target is epoch 1 (kgroup.core.operator.planner bumps the epoch at every target
+change)."""
 
 MIN_REQUEST_TIMEOUT = 0.2
 """Floor of :func:`request_timeout`: below it a healthy API server's answer may not come."""

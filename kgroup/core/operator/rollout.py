@@ -1,7 +1,8 @@
 """Who replaces whom: restart grace by pod kind, and rollout-aware hand-over.
 
-Rule of this module: it is pure (no clock, no I/O); :class:`kgroup.core.operator.planner.GroupPlanner`
-feeds it the pods it last saw and the current target.
+Rule of this module: it is pure (no clock, no I/O);
+:class:`kgroup.core.operator.planner.GroupPlanner` feeds it the pods it last saw and the
+current target.
 
 Two decisions live here, both about *which pod's name can come back* and *which pod
 replaces which*:
