@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import cast
 
+from kgroup.core.member import journal as ev
 from kgroup_sidecar.events import AGGREGATE_SECONDS, Aggregator, EventPoster, Pod, event_body
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
@@ -58,14 +59,11 @@ def _sidecar() -> tuple[Sidecar, _Recorder]:
 
 def test_fenced_lost_and_a_timed_out_handoff_become_warning_events() -> None:
     sidecar, recorder = _sidecar()
-    sidecar.record("fence", session="s1", until=1.0, partitions=[(3, 7), (1, 2)])
-    sidecar.record("lost", session="s1", partition=4, token=9)
-    sidecar.record("release", session="s1", partition=5, token=2, position=None,
-                   reason="drain-timeout")
-    sidecar.record("release", session="s1", partition=6, token=2, position="1-0",
-                   reason="app")
-    sidecar.record("acquired", session="s1", partition=8, token=1, position=None,
-                   adopted=False)
+    sidecar.record(ev.Fenced("s1", 1.0, [[3, 7], [1, 2]]))
+    sidecar.record(ev.Lost("s1", 4, 9))
+    sidecar.record(ev.Releasing("s1", 5, 2, None, "drain-timeout"))
+    sidecar.record(ev.Releasing("s1", 6, 2, "1-0", "app"))
+    sidecar.record(ev.Acquired("s1", 8, 1, None, adopted=False))
     assert [(t, r) for t, r, _ in recorder.posted] == [
         ("Warning", "Fenced"), ("Warning", "PartitionLost"), ("Warning", "HandoffTimedOut")]
     assert "1 (token 2), 3 (token 7)" in recorder.posted[0][2]

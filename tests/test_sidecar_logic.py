@@ -17,6 +17,7 @@ import pytest
 
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.journal import Event
 from kgroup.core.member.reconcile import request_timeout
 from kgroup.core.member.requests import (
     Answer,
@@ -90,8 +91,8 @@ class Journal:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def record(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
+    def record(self, event: Event) -> None:
+        self.events.append((event.kind, event.fields()))
 
     def kinds(self) -> list[str]:
         return [e for e, _ in self.events if e != "resolved"]

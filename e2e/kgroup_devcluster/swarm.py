@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kgroup.core.lease_codec import parse_partition_lease
+from kgroup.core.member.journal import Event, Revoking
 from kgroup_sidecar.apiclient import ApiClient, load_config
 from kgroup_sidecar.kube import KubeAdapter, Scope
 from kgroup_sidecar.metrics import Metrics
@@ -236,10 +237,10 @@ class SwarmAdapter(KubeAdapter):
 class AckingSidecar(Sidecar):
     """A sidecar whose app acknowledges every revocation at once (position unchanged)."""
 
-    def record(self, event: str, **fields: Any) -> None:
-        super().record(event, **fields)
-        if event == "revoke":
-            self.logic.app_release(fields["partition"], fields["token"], None)
+    def record(self, event: Event) -> None:
+        super().record(event)
+        if isinstance(event, Revoking):
+            self.logic.app_release(event.partition, event.token, None)
             self.dirty.set()
 
 

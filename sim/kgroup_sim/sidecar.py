@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from kgroup.core.member.converge import SidecarLogic
+from kgroup.core.member.journal import Event
 from kgroup.core.member.reconcile import Member
 from kgroup.core.member.requests import (
     Answer,
@@ -111,12 +112,12 @@ class SimSidecar:
         self.logic.on_event(stream, event_type, obj)
         self.poke()
 
-    def record(self, event: str, **fields: Any) -> None:
+    def record(self, event: Event) -> None:
         """The logic's reports: traced; fencings and lost locks counted."""
-        if event in ("fence", "lost"):
-            self.world.count(event)
-        if self.world.cfg.verbose and event != "resolved":
-            self.world.trace(self.pod, f"{event} {fields}")
+        if event.kind in ("fence", "lost"):
+            self.world.count(event.kind)
+        if self.world.cfg.verbose and event.kind != "resolved":
+            self.world.trace(self.pod, f"{event.kind} {event.fields()}")
 
     # ---- the loop -----------------------------------------------------------------------
 

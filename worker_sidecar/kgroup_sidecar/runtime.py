@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kgroup.core.member import journal as ev
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.readiness import Readiness, readiness
 from kgroup.core.member.reconcile import Member
@@ -102,71 +103,71 @@ class Sidecar:
 
     # ---- what the logic reports -----------------------------------------------------
 
-    def record(self, event: str, **f: Any) -> None:
-        if event == "warning":
-            log.warning("%s", f["message"])
-        elif event == "session":
-            log.info("session %s started", f["session"])
-            self.audit.write("session", session=f["session"])
-        elif event == "session-start-failed":
-            log.warning("could not start a session: %s", f["why"])
-        elif event == "renew-failed":
-            self.metrics.renew_failed()
-            log.warning("renewal failed: %s%s", f["why"], " (session lost)" if f["lost"] else "")
-        elif event == "acquired":
-            self.metrics.acquired()
-            log.info("acquired partition %d (token %d)%s", f["partition"], f["token"],
-                     ": a write reported failed was applied" if f["adopted"] else "")
-            self.audit.write("acquire", session=f["session"], partition=f["partition"],
-                             token=f["token"], position=f["position"])
-        elif event == "acquire-failed":
-            log.info("acquisition of partition %d failed: %s", f["partition"], f["why"])
-        elif event == "lost":
-            self.metrics.lost_partition()
-            self.audit.write("lost", session=f["session"], partition=f["partition"],
-                             token=f["token"])
-            log.error("partition %d (token %d) was taken by another session", f["partition"],
-                      f["token"])
-            self.post_event("Warning", "PartitionLost",
-                            f"partition {f['partition']} (token {f['token']}) was taken by "
-                            "another session while this pod held it")
-        elif event == "fence":
-            self.metrics.fenced()
-            log.warning("session %s fenced: %d partition(s) lost", f["session"],
-                        len(f["partitions"]))
-            given_up = ", ".join(f"{p} (token {t})" for p, t in sorted(f["partitions"]))
-            self.post_event("Warning", "Fenced",
-                            f"session {f['session']} could not renew its member Lease in time: "
-                            f"{len(f['partitions'])} partition(s) given up: {given_up or '-'}")
-            self.audit.write("fence", session=f["session"], until=f["until"],
-                             partitions=f["partitions"])
-        elif event == "revoke":
-            log.info("partition %d revoking (token %d)", f["partition"], f["token"])
-        elif event == "release":
-            if f["reason"] == "drain-timeout":
-                log.warning("partition %d (token %d): the app did not release it within the "
-                            "drain timeout; released without a new position", f["partition"],
-                            f["token"])
-                self.post_event("Warning", "HandoffTimedOut",
-                                f"partition {f['partition']} (token {f['token']}): the app did "
-                                "not release it within the drain timeout; released without a "
-                                "new position (the next owner resumes from the last one)")
-            self.audit.write("release", session=f["session"], partition=f["partition"],
-                             token=f["token"], position=f["position"], reason=f["reason"])
-        elif event == "released":
-            self.metrics.released()
-            log.info("released partition %d (token %d, position %s)", f["partition"],
-                     f["token"], f["position"])
-        elif event == "release-failed":
-            log.info("release of partition %d failed: %s", f["partition"], f["why"])
-        elif event == "end-session-failed":
-            log.warning("could not delete the member Lease: %s", f["why"])
-        elif event == "session-end":
-            self.audit.write("session-end", session=f["session"])
-        elif event == "resolved":
-            for future in self.release_waiters.pop((f["partition"], f["token"]), []):
-                if not future.done():
-                    future.set_result(f["ok"])
+    def record(self, event: ev.Event) -> None:
+        match event:
+            case ev.Warned(message=message):
+                log.warning("%s", message)
+            case ev.SessionStarted(session=session):
+                log.info("session %s started", session)
+                self.audit.write("session", session=session)
+            case ev.SessionStartFailed(why=why):
+                log.warning("could not start a session: %s", why)
+            case ev.RenewFailed(why=why, lost=lost):
+                self.metrics.renew_failed()
+                log.warning("renewal failed: %s%s", why, " (session lost)" if lost else "")
+            case ev.Acquired():
+                self.metrics.acquired()
+                log.info("acquired partition %d (token %d)%s", event.partition, event.token,
+                         ": a write reported failed was applied" if event.adopted else "")
+                self.audit.write("acquire", session=event.session, partition=event.partition,
+                                 token=event.token, position=event.position)
+            case ev.AcquireFailed(partition=partition, why=why):
+                log.info("acquisition of partition %d failed: %s", partition, why)
+            case ev.Lost(session=session, partition=partition, token=token):
+                self.metrics.lost_partition()
+                self.audit.write("lost", session=session, partition=partition, token=token)
+                log.error("partition %d (token %d) was taken by another session", partition,
+                          token)
+                self.post_event("Warning", "PartitionLost",
+                                f"partition {partition} (token {token}) was taken by "
+                                "another session while this pod held it")
+            case ev.Fenced(session=session, until=until, partitions=partitions):
+                self.metrics.fenced()
+                log.warning("session %s fenced: %d partition(s) lost", session, len(partitions))
+                given_up = ", ".join(f"{p} (token {t})" for p, t in sorted(partitions))
+                self.post_event("Warning", "Fenced",
+                                f"session {session} could not renew its member Lease in time: "
+                                f"{len(partitions)} partition(s) given up: {given_up or '-'}")
+                self.audit.write("fence", session=session, until=until, partitions=partitions)
+            case ev.Revoking(partition=partition, token=token):
+                log.info("partition %d revoking (token %d)", partition, token)
+            case ev.Releasing():
+                if event.reason == "drain-timeout":
+                    log.warning("partition %d (token %d): the app did not release it within "
+                                "the drain timeout; released without a new position",
+                                event.partition, event.token)
+                    self.post_event("Warning", "HandoffTimedOut",
+                                    f"partition {event.partition} (token {event.token}): the "
+                                    "app did not release it within the drain timeout; released "
+                                    "without a new position (the next owner resumes from the "
+                                    "last one)")
+                self.audit.write("release", session=event.session, partition=event.partition,
+                                 token=event.token, position=event.position,
+                                 reason=event.reason)
+            case ev.Released(partition=partition, token=token, position=position):
+                self.metrics.released()
+                log.info("released partition %d (token %d, position %s)", partition, token,
+                         position)
+            case ev.ReleaseFailed(partition=partition, why=why):
+                log.info("release of partition %d failed: %s", partition, why)
+            case ev.EndSessionFailed(why=why):
+                log.warning("could not delete the member Lease: %s", why)
+            case ev.SessionEnded(session=session):
+                self.audit.write("session-end", session=session)
+            case ev.Resolved(partition=partition, token=token, ok=ok):
+                for future in self.release_waiters.pop((partition, token), []):
+                    if not future.done():
+                        future.set_result(ok)
 
     def post_event(self, type_: str, reason: str, message: str) -> None:
         """An Event on this pod (best effort, in the background); nothing without a poster."""

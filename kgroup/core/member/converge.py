@@ -40,7 +40,9 @@ from kgroup.core import health
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
+from kgroup.core.member import journal as events
 from kgroup.core.member.group_spec import member_spec, spec_partitions
+from kgroup.core.member.journal import Journal
 from kgroup.core.member.reconcile import (
     Acquire,
     Action,
@@ -67,7 +69,6 @@ from kgroup.core.member.requests import (
     CreateLease,
     DeleteLease,
     GetLease,
-    Journal,
     NoAnswer,
     Ok,
     Pause,
@@ -100,7 +101,7 @@ alone watches sessions and marks a lock whose holder's session it saw expire."""
 
 
 class _Silent:
-    def record(self, event: str, **fields: Any) -> None:
+    def record(self, event: events.Event) -> None:
         pass
 
 
@@ -181,7 +182,7 @@ class SidecarLogic:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            self.journal.record("warning", message=message)
+            self.journal.record(events.Warned(message))
 
     def on_list(self, kind: str, items: list[Obj], scope: Scope = None) -> None:
         """A (re-)list of one watch. It is authoritative on which objects exist within what
@@ -340,23 +341,22 @@ class SidecarLogic:
     def execute(self, action: Action) -> Chain | None:
         """What one action of the member means: a report now, or a request chain."""
         if isinstance(action, Fence):
-            self.journal.record("fence", session=action.session, until=action.until,
-                                partitions=[list(p) for p in action.partitions])
+            self.journal.record(events.Fenced(action.session, action.until,
+                                              [list(p) for p in action.partitions]))
             for p, token in action.partitions:
                 self._resolve(p, token, False)
             self.app_releases.clear()
             return None
         if isinstance(action, Lost):
-            self.journal.record("lost", session=action.session, partition=action.partition,
-                                token=action.token)
+            self.journal.record(events.Lost(action.session, action.partition, action.token))
             self._resolve(action.partition, action.token, False)
             return None
         if isinstance(action, Revoke):
-            self.journal.record("revoke", partition=action.partition, token=action.token)
+            self.journal.record(events.Revoking(action.partition, action.token))
             return None
         if isinstance(action, Adopted):
-            self.journal.record("acquired", session=action.session, partition=action.partition,
-                                token=action.token, position=action.position, adopted=True)
+            self.journal.record(events.Acquired(action.session, action.partition, action.token,
+                                                action.position, adopted=True))
             return None
         if isinstance(action, StartSession):
             return self._start_session(action)
@@ -371,7 +371,7 @@ class SidecarLogic:
         return None
 
     def _resolve(self, partition: int, token: int, ok: bool) -> None:
-        self.journal.record("resolved", partition=partition, token=token, ok=ok)
+        self.journal.record(events.Resolved(partition, token, ok))
         released = self.app_releases.get(partition)
         if released is not None and released.token == token:
             del self.app_releases[partition]
@@ -389,7 +389,7 @@ class SidecarLogic:
         answer = yield GetLease(name, self.request_timeout(), session=True)
         existing = found(answer)
         if isinstance(existing, Unknown):
-            self.journal.record("session-start-failed", why=describe(answer))
+            self.journal.record(events.SessionStartFailed(describe(answer)))
             self.member.session_start_failed(now=self.clock())
             return
         body = codec.new_member_lease(
@@ -403,13 +403,13 @@ class SidecarLogic:
         else:
             answer = yield ReplaceLease(body, self.request_timeout())
         if not isinstance(answer, Ok) or answer.obj is None:
-            self.journal.record("session-start-failed", why=describe(answer))
+            self.journal.record(events.SessionStartFailed(describe(answer)))
             self.member.session_start_failed(now=self.clock())
             return
         self.my_lease = answer.obj
         self.member.session_started(session, sent_at=sent, timing=action.timing, now=self.clock())
         if self.member.session == session:
-            self.journal.record("session", session=session)
+            self.journal.record(events.SessionStarted(session))
 
     def _renew(self, action: Renew) -> Chain:
         assert self.my_lease is not None
@@ -434,7 +434,7 @@ class SidecarLogic:
                 self.my_lease = fresh
             if not lost:
                 retry = CONFLICT_RETRY_SECONDS
-        self.journal.record("renew-failed", why=describe(answer), lost=lost)
+        self.journal.record(events.RenewFailed(describe(answer), lost))
         self.member.renew_failed(action.session, now=self.clock(), session_lost=lost,
                                  retry_in=retry)
 
@@ -468,12 +468,12 @@ class SidecarLogic:
         self.member.acquired(p, action.session, token=token,
                              resource_version=codec.meta(result)["resourceVersion"])
         if self.member.session == action.session and p in self.member.owned:
-            self.journal.record("acquired", session=action.session, partition=p, token=token,
-                                position=lock.position if lock else None, adopted=False)
+            self.journal.record(events.Acquired(action.session, p, token,
+                                                lock.position if lock else None, adopted=False))
 
     def _acquire_failed(self, action: Acquire, answer: Answer | None) -> None:
-        self.journal.record("acquire-failed", partition=action.partition,
-                            why="cache moved on" if answer is None else describe(answer))
+        self.journal.record(events.AcquireFailed(
+            action.partition, "cache moved on" if answer is None else describe(answer)))
         self.member.acquire_failed(action.partition, action.session, now=self.clock())
 
     def _reread_acquisition(self, action: Acquire, name: str) -> Generator[
@@ -506,9 +506,8 @@ class SidecarLogic:
         key = (action.session, p, action.token)
         if key not in self._audited_release:  # ownership ends before the write is sent
             self._audited_release.add(key)
-            self.journal.record("release", session=action.session, partition=p,
-                                token=action.token, position=action.position,
-                                reason=action.reason)
+            self.journal.record(events.Releasing(action.session, p, action.token,
+                                                 action.position, action.reason))
         last = self.partition_leases.get(p)
         lock = codec.parse_partition_lease(last).value if last else None
         if self.cache_behind(lock, action):
@@ -516,8 +515,7 @@ class SidecarLogic:
                                     self.request_timeout())
             fresh = found(answer)
             if isinstance(fresh, Unknown):
-                self.journal.record("release-failed", partition=p,
-                                    why=f"re-read: {describe(answer)}")
+                self.journal.record(events.ReleaseFailed(p, f"re-read: {describe(answer)}"))
                 self.member.release_failed(p, action.session, now=self.clock(), still_ours=True)
                 return
             last = fresh
@@ -537,8 +535,7 @@ class SidecarLogic:
             answer = yield ReplaceLease(body, self.request_timeout())
             if isinstance(answer, Ok) and answer.obj is not None:
                 self._store_partition(answer.obj)
-                self.journal.record("released", partition=p, token=action.token,
-                                    position=action.position)
+                self.journal.record(events.Released(p, action.token, action.position))
                 self.member.released(p, action.session)
                 self._resolve(p, action.token, True)
                 return
@@ -554,7 +551,7 @@ class SidecarLogic:
                         last = fresh
                         continue
             break
-        self.journal.record("release-failed", partition=p, why=describe(answer))
+        self.journal.record(events.ReleaseFailed(p, describe(answer)))
         self.member.release_failed(p, action.session, now=self.clock(), still_ours=still_ours)
         if not still_ours:
             self._resolve(p, action.token, False)
@@ -563,8 +560,8 @@ class SidecarLogic:
         answer = yield DeleteLease(self.my_lease_name, self.request_timeout(), session=True)
         if isinstance(answer, NoAnswer) or (
                 isinstance(answer, Refused) and answer.status != 404):
-            self.journal.record("end-session-failed", why=describe(answer))
-        self.journal.record("session-end", session=action.session)
+            self.journal.record(events.EndSessionFailed(describe(answer)))
+        self.journal.record(events.SessionEnded(action.session))
         self.member.session_ended()
 
 

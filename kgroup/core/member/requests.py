@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from kgroup.core.lease_codec import Obj
 
@@ -23,7 +22,6 @@ __all__ = [
     "CreateLease",
     "DeleteLease",
     "GetLease",
-    "Journal",
     "NoAnswer",
     "Ok",
     "Pause",
@@ -113,12 +111,6 @@ def describe(answer: Answer) -> str:
     if isinstance(answer, NoAnswer):
         return f"no answer {answer.why}".strip()
     return "ok"
-
-
-class Journal(Protocol):
-    """Where the logic reports what happened (audit file, metrics, logs, app waiters)."""
-
-    def record(self, event: str, **fields: Any) -> None: ...
 
 
 @dataclass(frozen=True)
