@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from kgroup import constants as C
-from kgroup.status_view import GroupView, build_view, render_table
+from kgroup.core.operator.status_view import GroupView, build_view, render_table
 
 
 class StatusError(Exception):

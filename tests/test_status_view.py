@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kgroup.core.operator.status_view import build_view, render_table
 from kgroup.status_cli import render
-from kgroup.status_view import build_view, render_table
 
 Obj = dict[str, Any]
 
