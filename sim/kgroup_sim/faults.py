@@ -2,8 +2,8 @@
 
 Process faults (crash, GC pause, network cut, a member joining or leaving, the operator
 restarting) are made here; hand edits of the stored objects are made by
-:mod:`kgroup_sim.hand_edits`. Moved out of :mod:`kgroup_sim.run` as they were: the same
-random draws, in the same order, so every pinned seed runs as before.
+:mod:`kgroup_sim.hand_edits`. The random draws come in a fixed order: another order would
+change every pinned seed's run (scripts/sim_trace_hashes.py).
 """
 
 from __future__ import annotations

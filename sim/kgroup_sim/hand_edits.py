@@ -7,8 +7,8 @@ partitions, a new generation), ``lock-deleted`` (partition ``member``'s Lease de
 ``group-reapplied`` (the ConsumerGroup deleted, the garbage collector deleting the Leases
 it owned, the same group applied again ``seconds`` later: a new uid, an empty status).
 
-Moved out of :mod:`kgroup_sim.run` as they were: the same random draws, in the same order,
-so every pinned seed runs as before.
+The random draws come in a fixed order: another order would change every pinned seed's run
+(scripts/sim_trace_hashes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The sidecar's decisions above :class:`~kgroup.core.member.reconcile.Member`, without I/O.
 
 ``Member.step`` says *what* to do (start a session, renew, acquire, release, end); this
-module decides everything around it that used to live in the sidecar's asyncio runtime:
+module decides everything around it, so that no driver has a decision to make:
 which observation enters the lock cache (never back in time), which partitions the watch
 selects, which Kubernetes requests each action makes and in what order, what every
 answer, refusal or missing answer means, how long a request may wait and when to retry.
@@ -169,7 +169,8 @@ class SidecarLogic:
 
     def reread_unanswered_acquisition(self) -> bool:
         """An acquisition without answer may have been applied: ask the server (True), or
-        report it failed (False, the old runtime: adoption alone catches up)."""
+        report it failed (False: then adoption alone must catch up; the simulation's
+        ``acquire-timeout-fails`` variant)."""
         return True
 
     def cache_behind(self, lock: Lock | None, action: Release) -> bool:
