@@ -165,7 +165,8 @@ class SimOperator:
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
-            self._create(body, p, plan.lease_duration, plan.owners.get(p))
+            owner = plan.owners.get(p)
+            self._create(body, p, plan.lease_duration, owner, plan.uids.get(owner or ""))
         if plan.status is None:
             self._expire(body, plan.expiries)
             self._mark(body, plan.marks)
@@ -173,10 +174,11 @@ class SimOperator:
         self._write(body, plan)
         return None  # the write's outcome schedules the next pass
 
-    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None) -> None:
+    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None,
+                assigned_uid: str | None) -> None:
         obj = codec.new_partition_lease(namespace=codec.meta(body)["namespace"], group=body,
                                         partition=partition, duration=duration,
-                                        assigned=assigned)
+                                        assigned=assigned, assigned_uid=assigned_uid)
         # in flight: not asked for again meanwhile
         self.memory.lease_created(partition, self.proc.clock())
 
@@ -198,11 +200,15 @@ class SimOperator:
             self.world.count("mark")
             key = lease_key(partition_lease_name(codec.meta(body)["name"], mark.partition))
 
-            def patch(key: str = key, member: str = mark.member) -> Obj | None:
+            def patch(key: str = key, mark: Mark = mark) -> Obj | None:
+                # a merge patch conditional on the lock as decided on (409 when it changed)
                 current = store.get(key)
                 if current is None:
                     raise WriteError(404, f"{key} not found")
-                return store.update(key, codec.marked_partition_lease(current, member))
+                if codec.meta(current).get("resourceVersion") != mark.seen_rv:
+                    raise WriteError(409, f"{key} changed since {mark.seen_rv}")
+                return store.update(key, codec.marked_partition_lease(current, mark.member,
+                                                                      mark.uid))
 
             def done(result: Any, mark: Mark = mark) -> None:
                 if isinstance(result, dict):
