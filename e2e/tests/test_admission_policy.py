@@ -91,7 +91,7 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
     try:
         _apply(cluster, objs)
         pods = {n: token_pod(core, ns, n, WORKER_SA) for n in ("pod-a", "pod-b")}
-        UIDS.update({n: str(p.metadata.uid) for n, p in pods.items()})
+        UIDS.update({n: str(p.metadata.uid) for n, p in pods.items()})  # type: ignore[union-attr]
         tmp = tmp_path_factory.mktemp("admission")
 
         def as_pod(name: str) -> client.CoordinationV1Api:

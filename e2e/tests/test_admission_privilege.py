@@ -108,7 +108,7 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         assert out.returncode == 0, out.stderr
         tmp = tmp_path_factory.mktemp("privilege")
         pod_a = token_pod(core, ns, "pod-a", WORKER_SA)
-        UIDS["pod-a"] = str(pod_a.metadata.uid)
+        UIDS["pod-a"] = str(pod_a.metadata.uid)  # type: ignore[union-attr]
         worker_api = pod_api_client(cluster, pod_a, tmp / "pod-a.kubeconfig")
         operator_sa = next(o["metadata"]["name"] for o in objs
                            if o["kind"] == "ServiceAccount" and "operator" in o["metadata"]["name"])
@@ -543,7 +543,7 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
 
     core = client.CoreV1Api(kube)
     first = token_pod(core, env.ns, "pod-r", WORKER_SA)
-    old_uid = str(first.metadata.uid)
+    old_uid = str(first.metadata.uid)  # type: ignore[union-attr]
     env.admin.create_namespaced_lease(env.ns, _lease(  # no owner: the GC would delete it
         f"{P}20", labels=_partition_labels(20), notes={
             "kgroup.dev/assigned": "pod-r", "kgroup.dev/assigned-uid": old_uid}))
@@ -553,12 +553,12 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
         try:
             core.read_namespaced_pod("pod-r", env.ns)
         except client.ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     wait_for("pod-r deleted", gone, timeout=30)
     second = token_pod(core, env.ns, "pod-r", WORKER_SA)
-    new_uid = str(second.metadata.uid)
+    new_uid = str(second.metadata.uid)  # type: ignore[union-attr]
     assert new_uid != old_uid
     api = pod_api_client(cluster, second, tmp_path / "pod-r.kubeconfig")
     try:
@@ -567,7 +567,7 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
         def take() -> object:
             body = read(env, f"{P}20")
             acquire("pod-r", 1)(body)
-            return again.replace_namespaced_lease(f"{P}20", env.ns, body)
+            return again.replace_namespaced_lease(f"{P}20", env.ns, body)  # type: ignore[arg-type]
 
         with pytest.raises(client.ApiException) as refused:
             take()

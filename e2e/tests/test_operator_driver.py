@@ -183,7 +183,7 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         # refused (409) and changes nothing, the lock is re-read into the cache, and the
         # next pass marks the lock as it is
         lock_name = f"{GROUP}-partition-{victim}"
-        coord = client.CoordinationV1Api(kube)
+        coord: Any = client.CoordinationV1Api(kube)
         coord.patch_namespaced_lease(lock_name, namespace, {"metadata": {"annotations": {
             C.ANNOTATION_ASSIGNED: "mallory"}}})
         cache.put_lease(namespace, kube.sanitize_for_serialization(  # type: ignore[no-untyped-call]

@@ -55,7 +55,7 @@ class SimOperator:
     def __init__(self, world: World, proc: Process) -> None:
         self.world = world
         self.proc = proc
-        self.memory = Memory(started_at=proc.clock())
+        self.memory = Memory(started_at=proc.clock(), identities=world.cfg.identities())
         self.leases = GroupLeases()
         self.group: Obj | None = None
         self.pods: dict[str, PodObservation] = {}
@@ -79,7 +79,8 @@ class SimOperator:
         else:
             if not items and self.group is not None:  # deleted while we did not watch
                 self.group = None
-                self.memory = Memory(started_at=self.proc.clock())
+                self.memory = Memory(started_at=self.proc.clock(),
+                                 identities=self.world.cfg.identities())
             for obj in items:
                 self._put_group(obj)
         self.synced.add(stream)
@@ -104,7 +105,8 @@ class SimOperator:
                 codec.meta(self.group).get("uid"):
             # As the controller's group_deleted: this group's memory ends with it.
             self.group = None
-            self.memory = Memory(started_at=self.proc.clock())
+            self.memory = Memory(started_at=self.proc.clock(),
+                                 identities=self.world.cfg.identities())
         self.poke()
 
     def _put_group(self, obj: Obj) -> None:

@@ -14,19 +14,24 @@ Failure-detector variants (``SimConfig.expiry_rule``): subclasses of the operato
 :class:`kgroup.core.operator_logic.ExpiryRule` that mark a lock's holder session expired
 when it is not (the operator is the group's failure detector since no sidecar watches
 another member's Lease).
+Pod-identity variants (``SimConfig.identities``): subclasses of the operator's
+:class:`kgroup.core.pod_identity.PodIdentities` that mark a name's locks for a pod that
+is not the one the restart grace keeps them for.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kgroup.core import lease_codec as codec
+from kgroup.core.group import PodObservation
 from kgroup.core.group_cache import GroupLeases
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming, LockState
 from kgroup.core.member import Acquire, Action, Lock, Member, Release, Snapshot
 from kgroup.core.operator_logic import ExpiryRule
+from kgroup.core.pod_identity import PodIdentities
 from kgroup.core.sidecar_logic import SidecarLogic
 from kgroup.core.sidecar_requests import Scope
 
@@ -36,11 +41,13 @@ __all__ = [
     "EarlyExpiry",
     "FixedRequestTimeout",
     "MarkerCompareExpiry",
+    "NameOnlyIdentities",
     "NoAdoptionMember",
     "NoFencingMember",
     "NoMarkMember",
     "NoRereadExpiry",
     "NoTargetRevokesMember",
+    "NoUidMember",
     "SameTokenMember",
     "StaleRelist",
     "TokenOnlyCache",
@@ -116,6 +123,37 @@ class NoMarkMember(Member):
     def lock_state(self, lock: Lock, session: str) -> LockState:
         state = super().lock_state(lock, session)
         return LockState.TAKEABLE if state is LockState.HELD else state
+
+
+class NoUidMember(Member):
+    """BROKEN: does not know its pod's uid (as without ``KGROUP_POD_UID``) and takes a
+    lock marked for its name whatever the mark's uid. The chart's admission policy refuses
+    such a write; the simulation runs it with ``SimConfig.uid_admission=False`` to show
+    the protocol needs the uid in the mark."""
+
+    @property
+    def uid(self) -> str | None:
+        return None
+
+    @uid.setter
+    def uid(self, value: str | None) -> None:
+        pass
+
+
+# ---- the operator's pod identities --------------------------------------------------------
+
+
+class NameOnlyIdentities(PodIdentities):
+    """BROKEN: a name's marks follow whatever pod holds the name now, as an operator would
+    that binds the mark to the name alone (or to the uid without asking whose pod it is):
+    a bare pod created under a departed StatefulSet pod's name is marked at once."""
+
+    def resolve(self, names: Iterable[str], pods: Iterable[PodObservation], now: float,
+                grace: Callable[[PodObservation], float]) -> tuple[dict[str, str], float | None]:
+        pods = list(pods)
+        uids, _ = super().resolve(names, pods, now, grace)
+        wanted = set(uids) | set(names)
+        return {**uids, **{p.name: p.uid for p in pods if p.uid and p.name in wanted}}, None
 
 
 # ---- the operator's failure detector ------------------------------------------------------
