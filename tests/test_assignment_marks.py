@@ -156,7 +156,7 @@ class IgnoresMarks(Member):
     """A broken member: it tries every targeted lock whatever its mark says."""
 
     def step(self, snap: Snapshot) -> list[Any]:
-        marked = {p: dataclasses.replace(lock, assigned=self.member)
+        marked = {p: dataclasses.replace(lock, assigned=self.member, assigned_uid=self.uid)
                   for p, lock in snap.locks.items()}
         return super().step(Snapshot(snap.now, snap.timing, snap.drain_timeout, snap.target,
                                      marked, snap.app_releases,
