@@ -32,6 +32,12 @@ carried by the renewals the sidecar writes anyway."""
 ANNOTATION_ASSIGNED = "kgroup.dev/assigned"
 """On a partition Lease: the member the operator assigned the partition to (its target
 owner); only that member may acquire the lock (the chart's admission policy checks it)."""
+ANNOTATION_ASSIGNED_UID = "kgroup.dev/assigned-uid"
+"""On a partition Lease, beside the assignment mark: the uid of the pod the mark is for
+(the pod of that name the operator saw; docs/design.md, "The mark binds the pod's uid").
+The admission policy lets a worker acquire the lock only when its pod-bound token's
+``authentication.kubernetes.io/pod-uid`` equals it: a pod re-created under the same name
+is another pod until the operator moved the mark to it."""
 ANNOTATION_EXPIRED_SESSION = "kgroup.dev/expired-session"
 """On a partition Lease: the expiry mark. The operator (the group's failure detector) sets
 it to the lock's session id once it saw that session over (unrenewed for a full lease

@@ -47,9 +47,16 @@ Schema = dict[str, Any]
 # readers never meet an overflow; the rules below and the readers compare them with
 # spec.partitions), and at most _RANGES_MAX_CHARS characters: every other partition of
 # 100,000 listed one by one ("0,2,4,...") takes 288,894, the longest a real target can be.
+# The shape is checked by CEL rules with a message a person reads (issue 26), not by an
+# OpenAPI ``pattern``, whose refusal quotes the regular expression: on stalledPartitions
+# (one string) in the CRD; on status.assignment and status.members[].assigned in the
+# chart's status policy (a CRD rule there would be estimated at maxProperties x
+# maxLength; a policy is charged what it reads). The readers never trust the shape
+# anyway (kgroup.core.ranges.parse_ranges is bounded; the operator repairs a bad status).
 _RANGES_PATTERN = r"^([0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*)?$"
 _RANGES_MAX_CHARS = 300_000
 _LAST_NUMBER = "find('[0-9]+$')"
+_RANGES_SHAPE = f"self.matches('{_RANGES_PATTERN}')"
 # Rules on the whole object (they see spec and status; they run on status writes too).
 # Only a rule whose estimated cost is bounded fits (StaticEstimatedCostLimit 10^7 per
 # rule): stalledPartitions is one string, so comparing its last (largest, the writers
@@ -60,6 +67,7 @@ ROOT_VALIDATIONS: list[Schema] = [
     {
         "rule": "!has(self.status) || !has(self.status.stalledPartitions)"
                 " || size(self.status.stalledPartitions) == 0"
+                f" || !self.status.stalledPartitions.matches('{_RANGES_PATTERN}')"
                 f" || int(self.status.stalledPartitions.{_LAST_NUMBER}) < self.spec.partitions",
         "messageExpression": "'status.stalledPartitions names partition %s but the group has"
                              " %d partitions (0-%d)'.format([self.status.stalledPartitions."
@@ -142,15 +150,24 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
         "maxProperties": 10000,
         "description": "Target assignment: member (pod name) -> compact ranges.",
     },
-    "status.assignment{}": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
-    "status.stalledPartitions": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
+    "status.assignment{}": {"maxLength": _RANGES_MAX_CHARS},
+    "status.stalledPartitions": {
+        "maxLength": _RANGES_MAX_CHARS,
+        "x-kubernetes-validations": [{
+            "rule": _RANGES_SHAPE,
+            "message": "status.stalledPartitions must be partition ranges such as 0-3,7,9-12: "
+                       "numbers of at most 9 digits, a dash between the ends of a range, "
+                       "commas between ranges",
+            "reason": "FieldValueInvalid",
+        }],
+    },
     "status.members": {
         "maxItems": 10000,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["name"],
     },
     "status.members[].name": {"minLength": 1, "maxLength": 253},
-    "status.members[].assigned": {"pattern": _RANGES_PATTERN, "maxLength": _RANGES_MAX_CHARS},
+    "status.members[].assigned": {"maxLength": _RANGES_MAX_CHARS},
     "status.members[].assignedCount": {"minimum": 0},
     "status.members[].ownedCount": {"minimum": 0},
     "status.members[].acknowledgedEpoch": {"minimum": 0},

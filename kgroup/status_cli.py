@@ -2,7 +2,7 @@
 
 Two reads per refresh, as the kubeconfig's user (kubectl's flags: ``-n``, ``--context``,
 ``--kubeconfig``): the ConsumerGroup, and the group's Leases by label
-(``kgroup.dev/group=<group>``); :mod:`kgroup.status_view` turns them into the view.
+(``kgroup.dev/group=<group>``); :mod:`kgroup.core.operator.status_view` turns them into the view.
 ``--watch`` re-reads every ``--interval`` seconds and prints the view again when it
 changed (a poll, not a watch stream: a group's member Leases change at every renewal,
 and the view keeps only what a person reads). Needs the ``kubernetes`` package (the

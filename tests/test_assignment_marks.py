@@ -62,8 +62,17 @@ def test_the_mark_is_read_from_the_lease() -> None:
     assert codec.parse_partition_lease(lock(3, "7")).value.assigned is None
     patched = codec.marked_partition_lease(lock(3, "7", assigned="pod-b"), ME)
     assert codec.assigned_of(patched) == ME
-    assert codec.assignment_patch(ME) == {"metadata": {"annotations": {
-        "kgroup.dev/assigned": ME}}}
+    assert codec.assignment_patch(ME, "uid-1", "7") == {"metadata": {
+        "resourceVersion": "7",
+        "annotations": {"kgroup.dev/assigned": ME, "kgroup.dev/assigned-uid": "uid-1"}}}
+    # no uid known: the merge patch removes the previous one (null deletes a key)
+    assert codec.assignment_patch(ME, None, "7")["metadata"]["annotations"] == {
+        "kgroup.dev/assigned": ME, "kgroup.dev/assigned-uid": None}
+    with_uid = codec.marked_partition_lease(lock(3, "7", assigned="pod-b"), ME, "uid-1")
+    parsed_uid = codec.parse_partition_lease(with_uid).value
+    assert parsed_uid is not None and parsed_uid.assigned_uid == "uid-1"
+    assert codec.parse_partition_lease(
+        codec.marked_partition_lease(with_uid, "pod-b")).value.assigned_uid is None
 
 
 # ---- the operator: marks follow the target, one write per moved partition --------------
@@ -147,7 +156,7 @@ class IgnoresMarks(Member):
     """A broken member: it tries every targeted lock whatever its mark says."""
 
     def step(self, snap: Snapshot) -> list[Any]:
-        marked = {p: dataclasses.replace(lock, assigned=self.member)
+        marked = {p: dataclasses.replace(lock, assigned=self.member, assigned_uid=self.uid)
                   for p, lock in snap.locks.items()}
         return super().step(Snapshot(snap.now, snap.timing, snap.drain_timeout, snap.target,
                                      marked, snap.app_releases,

@@ -100,13 +100,15 @@ def test_a_member_lease_as_the_sidecar_writes_it_fits_the_policys_bounds() -> No
 
 def test_a_lock_as_the_operator_creates_it_is_free_with_only_its_mark() -> None:
     lock = lease_codec.new_partition_lease(namespace="ns", group=GROUP, partition=0,
-                                           duration=8, assigned="pod-a")
-    assert set(lease_codec.annotations_of(lock)) == {C.ANNOTATION_ASSIGNED}
+                                           duration=8, assigned="pod-a", assigned_uid="u-a")
+    assert set(lease_codec.annotations_of(lock)) == {C.ANNOTATION_ASSIGNED,
+                                                      C.ANNOTATION_ASSIGNED_UID}
     assert "holderIdentity" not in lock["spec"] and lock["spec"]["leaseTransitions"] == 0
     (ref,) = lock["metadata"]["ownerReferences"]
     assert ref["controller"] is True and ref["blockOwnerDeletion"] is False
     text = yaml_text(one(render(), "ValidatingAdmissionPolicy", "kg-kgroup-operator-leases"))
-    assert "variables.newAnnotations.all(k, k == 'kgroup.dev/assigned')" in text
+    assert (f"variables.newAnnotations.all(k, k in ['{C.ANNOTATION_ASSIGNED}', "
+            f"'{C.ANNOTATION_ASSIGNED_UID}'])") in text
 
 
 def yaml_text(policy: dict[str, Any]) -> str:

@@ -120,6 +120,10 @@ def manifests(spec: GroupSpec, namespace: str) -> list[dict[str, Any]]:
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 {"name": "KGROUP_POD_NAME",
                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                # its Events name the pod by uid (the Events policy refuses them without)
+                # and it acquires only locks marked for this pod's uid
+                {"name": "KGROUP_POD_UID",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                 {"name": "KGROUP_LISTEN", "value": "127.0.0.1:8470"},
                 {"name": "KGROUP_TERMINATION_GRACE_SECONDS",
                  "value": str(spec.termination_grace)}],

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kgroup"
 WORKER_SA = "kgroup-worker"
 GROUP = "g"
+UIDS: dict[str, str] = {}  # pod name -> the uid of the token pod the fixture made
 
 
 @dataclass
@@ -90,6 +91,7 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
     try:
         _apply(cluster, objs)
         pods = {n: token_pod(core, ns, n, WORKER_SA) for n in ("pod-a", "pod-b")}
+        UIDS.update({n: str(p.metadata.uid) for n, p in pods.items()})  # type: ignore[union-attr]
         tmp = tmp_path_factory.mktemp("admission")
 
         def as_pod(name: str) -> client.CoordinationV1Api:
@@ -151,13 +153,14 @@ def _create(api: client.CoordinationV1Api, env: Env, lease: Lease) -> Lease:
 def _partition(env: Env, *, holder: str | None = None, transitions: int = 0,
                annotations: dict[str, str] | None = None) -> str:
     """A fresh partition Lease created by the admin (as the operator would, assigned to
-    pod-a unless ``annotations`` say otherwise); its name."""
+    pod-a, with its uid, unless ``annotations`` say otherwise); its name."""
     n = secrets.randbelow(10**6)
     name = f"{GROUP}-partition-{n}"
     _create(env.admin, env, _lease(
         name, "partition", holder=holder, transitions=transitions,
         labels={"kgroup.dev/partition": str(n)},
-        annotations={"kgroup.dev/assigned": "pod-a", **(annotations or {})}))
+        annotations={"kgroup.dev/assigned": "pod-a", "kgroup.dev/assigned-uid": UIDS["pod-a"],
+                     **(annotations or {})}))
     return name
 
 

@@ -16,7 +16,9 @@ that expiry mark itself; the operator marking only a lock's own session. Issue 2
 worker changing the owner references, finalizers, labels or other annotations of a lock
 (held by another, by itself, or while acquiring it), or writing an unbounded member Lease
 (duration, annotation sizes, finalizers, owners); the operator creating a lock already
-held or changing a lock's owners, finalizers or labels.
+held or changing a lock's owners, finalizers or labels; the mark binds the pod's uid: a
+pod of the mark's name but another uid (a pod re-created under that name) or a mark
+without a uid (an older operator's) acquires nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBin
          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 Lease = dict[str, Any]
 DRY = "All"
+UIDS: dict[str, str] = {}  # pod name -> the uid of the token pod the fixture made
+OTHER_UID = "00000000-0000-0000-0000-00000000dead"  # a former pod-a's uid
 
 
 @dataclass
@@ -103,8 +107,9 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs), check=False)
         assert out.returncode == 0, out.stderr
         tmp = tmp_path_factory.mktemp("privilege")
-        worker_api = pod_api_client(cluster, token_pod(core, ns, "pod-a", WORKER_SA),
-                                    tmp / "pod-a.kubeconfig")
+        pod_a = token_pod(core, ns, "pod-a", WORKER_SA)
+        UIDS["pod-a"] = str(pod_a.metadata.uid)  # type: ignore[union-attr]
+        worker_api = pod_api_client(cluster, pod_a, tmp / "pod-a.kubeconfig")
         operator_sa = next(o["metadata"]["name"] for o in objs
                            if o["kind"] == "ServiceAccount" and "operator" in o["metadata"]["name"])
         operator_api = api_client_from_kubeconfig(service_account_kubeconfig(
@@ -117,8 +122,11 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         e.admin.create_namespaced_lease(ns, _lease("other-app-leader", holder="other-app-0"))
         e.admin.create_namespaced_lease(ns, _lease(
             LEADER, labels={"kgroup.dev/role": "operator-leader"}, holder="operator-0"))
-        for n, notes in ((1, {"kgroup.dev/assigned": "pod-a"}),
-                         (2, {"kgroup.dev/assigned": "pod-b"}), (3, {})):
+        mine = {"kgroup.dev/assigned": "pod-a", "kgroup.dev/assigned-uid": UIDS["pod-a"]}
+        for n, notes in ((1, mine), (2, {"kgroup.dev/assigned": "pod-b"}), (3, {}),
+                         (8, {"kgroup.dev/assigned": "pod-a",
+                              "kgroup.dev/assigned-uid": OTHER_UID}),
+                         (9, {"kgroup.dev/assigned": "pod-a"})):
             e.admin.create_namespaced_lease(ns, _lease(
                 f"{GROUP}-partition-{n}", labels=_partition_labels(n), notes=notes))
         e.admin.create_namespaced_lease(ns, _lease(  # held by pod-b, live, assigned to it
@@ -129,10 +137,10 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
             notes={"kgroup.dev/assigned": "pod-b", "kgroup.dev/session": "s-a"}))
         e.admin.create_namespaced_lease(ns, _lease(  # held by pod-b, moved to pod-a, unmarked
             f"{GROUP}-partition-6", labels=_partition_labels(6), holder="pod-b", token=3,
-            notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-b6"}))
+            notes={**mine, "kgroup.dev/session": "s-b6"}))
         e.admin.create_namespaced_lease(ns, _lease(  # ... and one the operator marked expired
             f"{GROUP}-partition-7", labels=_partition_labels(7), holder="pod-b", token=3,
-            notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-b7",
+            notes={**mine, "kgroup.dev/session": "s-b7",
                    "kgroup.dev/expired-session": "s-b7"}))
         e.admin.create_namespaced_lease(ns, _lease(  # pod-b's session (the quorum read)
             f"{GROUP}-member-pod-b", holder="pod-b", notes={"kgroup.dev/session": "s-b7"},
@@ -315,6 +323,15 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
      'the operator assigned it to "pod-b"'),
     ("acquire a free lock assigned to nobody", put("worker", f"{P}3", acquire("pod-a", 1)),
      "assigned it to nobody yet"),
+    ("acquire a lock marked for another pod of its name (another uid)",
+     put("worker", f"{P}8", acquire("pod-a", 1)),
+     f"the pod of that name with uid {OTHER_UID} (annotation kgroup.dev/assigned-uid), not "
+     "this one: a pod re-created under the same name is another pod"),
+    ("acquire a lock marked for its name without a uid (an older operator's mark)",
+     put("worker", f"{P}9", acquire("pod-a", 1)),
+     'assigned to the name "pod-a" without a pod uid'),
+    ("write the mark's uid of a lock marked for it", put("worker", f"{P}8", set_note(
+        "kgroup.dev/assigned-uid", "x")), "it may change it only by acquiring it"),
     ("steal pod-b's live lock with token + 1", put("worker", f"{P}4", acquire("pod-a", 4)),
      'the operator assigned it to "pod-b"'),
     ("re-acquire its own lock with a new session after the move",
@@ -425,12 +442,19 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
         "metadata": {"labels": {"x": "y"}}}), "may not change the owner references"),
     ("pad a lock with an annotation (merge patch)", patch("operator", f"{P}4", {
         "metadata": {"annotations": {"pad": "x" * 1000}}}),
-     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
+     "may change only the kgroup.dev/assigned, kgroup.dev/assigned-uid and "
+     "kgroup.dev/expired-session"),
     ("change a lock's token (merge patch)", patch("operator", f"{P}4", {
         "metadata": {"annotations": {"kgroup.dev/token": "1"}}}),
-     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
+     "may change only the kgroup.dev/assigned, kgroup.dev/assigned-uid and "
+     "kgroup.dev/expired-session"),
     ("move a lock's mark (merge patch)", patch("operator", f"{P}4", {"metadata": {
         "annotations": {"kgroup.dev/assigned": "pod-a"}}}), "allowed"),
+    ("move a lock's mark with its pod's uid (conditional merge patch)", lambda env: env.operator
+     .patch_namespaced_lease(f"{P}4", env.ns, {"metadata": {
+         "resourceVersion": read(env, f"{P}4")["metadata"]["resourceVersion"],
+         "annotations": {"kgroup.dev/assigned": "pod-a",
+                         "kgroup.dev/assigned-uid": UIDS["pod-a"]}}}, dry_run=DRY), "allowed"),
     ("mark a lock's session expired (merge patch)", patch("operator", f"{P}6", {"metadata": {
         "annotations": {"kgroup.dev/expired-session": "s-b6"}}}), "allowed"),
     ("mark a lock expired under another session", patch("operator", f"{P}6", {"metadata": {
@@ -438,10 +462,12 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
      "only to the session it holds"),
     ("change a lock's session (merge patch)", patch("operator", f"{P}6", {"metadata": {
         "annotations": {"kgroup.dev/session": "s-x"}}}),
-     "may change only the kgroup.dev/assigned and kgroup.dev/expired-session"),
+     "may change only the kgroup.dev/assigned, kgroup.dev/assigned-uid and "
+     "kgroup.dev/expired-session"),
     ("create a lock marked expired", create("operator", lock(
         81, notes={"kgroup.dev/expired-session": "s"})),
-     "no annotation but kgroup.dev/assigned (got [kgroup.dev/expired-session])"),
+     "no annotation but kgroup.dev/assigned and kgroup.dev/assigned-uid "
+     "(got [kgroup.dev/expired-session])"),
     ("read a holder's member Lease (the quorum read)", get("operator", f"{GROUP}-member-pod-b"),
      "allowed"),
     ("set a lock's holder (merge patch)", patch("operator", f"{P}4", {"spec": {
@@ -502,6 +528,64 @@ def test_the_admin_is_judged_by_neither_policy(env: Env) -> None:
                  put("admin", f"{P}2", acquire("pod-a", 1)),
                  put("admin", f"{P}2", set_note("kgroup.dev/assigned", "pod-a"))):
         assert answer(env, call) == "allowed"
+
+
+def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_it(
+        cluster: Cluster, kube: client.ApiClient, env: Env, tmp_path: Path) -> None:
+    """For real, with pod-bound tokens: pod-r's lock is marked for its uid; pod-r is deleted
+    and a pod of the same name created (another uid, as a StatefulSet's pod re-created, or
+    a bare pod under its name); its acquisition is refused with a message naming both
+    uids; the operator's own mark (kgroup_operator.kube, conditional on the lock as read,
+    under the operator's token) moves it to the new uid, and then it is allowed."""
+    import asyncio
+
+    from kgroup_operator.kube import Kube
+
+    core = client.CoreV1Api(kube)
+    first = token_pod(core, env.ns, "pod-r", WORKER_SA)
+    old_uid = str(first.metadata.uid)  # type: ignore[union-attr]
+    env.admin.create_namespaced_lease(env.ns, _lease(  # no owner: the GC would delete it
+        f"{P}20", labels=_partition_labels(20), notes={
+            "kgroup.dev/assigned": "pod-r", "kgroup.dev/assigned-uid": old_uid}))
+    core.delete_namespaced_pod("pod-r", env.ns, grace_period_seconds=0)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("pod-r", env.ns)
+        except client.ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    wait_for("pod-r deleted", gone, timeout=30)
+    second = token_pod(core, env.ns, "pod-r", WORKER_SA)
+    new_uid = str(second.metadata.uid)  # type: ignore[union-attr]
+    assert new_uid != old_uid
+    api = pod_api_client(cluster, second, tmp_path / "pod-r.kubeconfig")
+    try:
+        again = client.CoordinationV1Api(api)
+
+        def take() -> object:
+            body = read(env, f"{P}20")
+            acquire("pod-r", 1)(body)
+            return again.replace_namespaced_lease(f"{P}20", env.ns, body)  # type: ignore[arg-type]
+
+        with pytest.raises(client.ApiException) as refused:
+            take()
+        message = json.loads(refused.value.body or "{}").get("message", "")
+        assert refused.value.status == 403, message
+        assert (f"pod pod-r (uid {new_uid}) may not take partition lock {P}20: it is "
+                f"assigned to the pod of that name with uid {old_uid}") in message, message
+        kube_op = Kube(env.operator.api_client, identity="e2e")
+        seen = read(env, f"{P}20")["metadata"]["resourceVersion"]
+        stored = asyncio.run(kube_op.mark_partition_lease(
+            namespace=env.ns, group=GROUP, partition=20, member="pod-r", uid=new_uid,
+            seen_rv=seen))
+        assert stored is not None
+        assert stored["metadata"]["annotations"]["kgroup.dev/assigned-uid"] == new_uid
+        taken: Any = take()
+        assert taken.spec.holder_identity == "pod-r"
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
 
 
 def test_the_operators_leader_election_passes_its_policy_and_labels_its_lease(

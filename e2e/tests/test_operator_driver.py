@@ -4,7 +4,9 @@ fake clock.
 
 The decisions are tested pass by pass in tests/test_operator_logic.py; this checks the
 driver's half: each plan becomes the right calls, in order (partition Leases, status
-write with the read resourceVersion, Events), and a real 409 is answered by a re-read.
+write with the read resourceVersion, Events, marks carrying the pod's uid), and a real
+409 is answered by a re-read: of the group after a status write, of the lock after a
+mark decided on a stale view of it (the mark is a conditional patch).
 The calls go through a recording ``Kube`` to the real server; the cache is fed by the
 test (the pods and member Leases it would have watched), so no watch runs.
 """
@@ -37,17 +39,26 @@ class Recording(Kube):
     calls: list[tuple[str, str]]
 
     async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
-                                     duration: int, assigned: str | None = None) -> Obj | None:
+                                     duration: int, assigned: str | None = None,
+                                     assigned_uid: str | None = None) -> Obj | None:
         self.calls.append(("create-lease", str(partition)))
         return await super().create_partition_lease(namespace=namespace, group=group,
                                                     partition=partition, duration=duration,
-                                                    assigned=assigned)
+                                                    assigned=assigned, assigned_uid=assigned_uid)
 
     async def mark_partition_lease(self, *, namespace: str, group: str, partition: int,
-                                   member: str) -> Obj | None:
+                                   member: str, uid: str | None, seen_rv: str) -> Obj | None:
         self.calls.append(("mark", f"{partition}={member}"))
-        return await super().mark_partition_lease(namespace=namespace, group=group,
-                                                  partition=partition, member=member)
+        stored = await super().mark_partition_lease(namespace=namespace, group=group,
+                                                    partition=partition, member=member,
+                                                    uid=uid, seen_rv=seen_rv)
+        if stored is None:
+            self.calls.append(("409", str(partition)))
+        return stored
+
+    async def get_lease(self, namespace: str, name: str) -> Obj | None:
+        self.calls.append(("get-lease", name))
+        return await super().get_lease(namespace, name)
 
     async def replace_status(self, body: Obj, status: Obj) -> Obj:
         self.calls.append(("replace-status", str(status.get("epoch"))))
@@ -67,7 +78,8 @@ class Recording(Kube):
 
 
 def pod(name: str) -> Obj:
-    return {"metadata": {"name": name, "labels": {"app": "drv"}, "resourceVersion": "1"},
+    return {"metadata": {"name": name, "labels": {"app": "drv"}, "resourceVersion": "1",
+                         "uid": f"uid-{name}"},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
@@ -121,6 +133,8 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         assert {int(x.metadata.labels[C.LABEL_PARTITION]):
                 x.metadata.annotations[C.ANNOTATION_ASSIGNED]
                 for x in leases.items} == {0: "a", 1: "a", 2: "b", 3: "b"}
+        assert {x.metadata.annotations[C.ANNOTATION_ASSIGNED_UID] for x in leases.items} == {
+            "uid-a", "uid-b"}  # and for their pods
         for x in leases.items:  # as the Lease watch would deliver them
             cache.put_lease(namespace, kube.sanitize_for_serialization(x), now[0])  # type: ignore[no-untyped-call]
         stored = custom.get_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
@@ -164,5 +178,27 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         cache.put_lease(namespace, kube.sanitize_for_serialization(edited),  # type: ignore[no-untyped-call]
                         now[0])
         assert (await reconcile())[0] == [("mark", f"{victim}={owner[victim]}")]
+        # a mark decided on a stale view: the cache shows a hand edit, but the lock changed
+        # again since (a second edit the watch has not delivered); the conditional patch is
+        # refused (409) and changes nothing, the lock is re-read into the cache, and the
+        # next pass marks the lock as it is
+        lock_name = f"{GROUP}-partition-{victim}"
+        coord: Any = client.CoordinationV1Api(kube)
+        coord.patch_namespaced_lease(lock_name, namespace, {"metadata": {"annotations": {
+            C.ANNOTATION_ASSIGNED: "mallory"}}})
+        cache.put_lease(namespace, kube.sanitize_for_serialization(  # type: ignore[no-untyped-call]
+            coord.read_namespaced_lease(lock_name, namespace)), now[0])
+        coord.patch_namespaced_lease(lock_name, namespace, {"metadata": {"annotations": {
+            C.ANNOTATION_ASSIGNED: "mallory-2"}}})
+        ctl.poked.clear()
+        assert (await reconcile())[0] == [("mark", f"{victim}={owner[victim]}"),
+                                          ("409", str(victim)), ("get-lease", lock_name)]
+        assert coord.read_namespaced_lease(lock_name, namespace).metadata.annotations[
+            C.ANNOTATION_ASSIGNED] == "mallory-2"  # the stale patch changed nothing
+        assert ctl.poked.is_set()  # decided again at once
+        assert (await reconcile())[0] == [("mark", f"{victim}={owner[victim]}")]
+        notes = coord.read_namespaced_lease(lock_name, namespace).metadata.annotations
+        assert (notes[C.ANNOTATION_ASSIGNED], notes[C.ANNOTATION_ASSIGNED_UID]) == (
+            owner[victim], f"uid-{owner[victim]}")
 
     asyncio.run(scenario())

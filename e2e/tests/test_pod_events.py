@@ -99,6 +99,7 @@ def test_a_fenced_sidecar_posts_an_event_that_describe_pod_shows(
         cluster: Cluster, kube: client.ApiClient, worker: Worker, tmp_path: Path) -> None:
     target = ScriptedTarget(kube, worker.namespace, GROUP)
     target.create(partitions=2, duration=3, renew=1)
+    target.pod_uids[worker.pod] = worker.uid
     epoch = target.assign({worker.pod: [0, 1]})
     sc = SidecarProcess(pod=worker.pod, group=GROUP, namespace=worker.namespace,
                         kubeconfig=str(worker.kubeconfig), workdir=tmp_path,
@@ -138,6 +139,7 @@ def test_a_partition_the_app_does_not_release_in_time_posts_handoff_timed_out(
         kube: client.ApiClient, worker: Worker, tmp_path: Path) -> None:
     target = ScriptedTarget(kube, worker.namespace, GROUP)
     target.create(partitions=1, duration=6, renew=2, drain=1)
+    target.pod_uids[worker.pod] = worker.uid
     epoch = target.assign({worker.pod: [0]})
     sc = SidecarProcess(pod=worker.pod, group=GROUP, namespace=worker.namespace,
                         kubeconfig=str(worker.kubeconfig), workdir=tmp_path,

@@ -18,6 +18,7 @@ from typing import Any
 
 from kgroup.constants import (
     ANNOTATION_ASSIGNED,
+    ANNOTATION_ASSIGNED_UID,
     ANNOTATION_EPOCH,
     ANNOTATION_EXPIRED_SESSION,
     ANNOTATION_POSITION,
@@ -146,6 +147,7 @@ def parse_partition_lease(obj: Obj) -> Parsed:
         position=notes.get(ANNOTATION_POSITION),
         position_token=position_token,
         assigned=notes.get(ANNOTATION_ASSIGNED) or None,
+        assigned_uid=notes.get(ANNOTATION_ASSIGNED_UID) or None,
         expired=notes.get(ANNOTATION_EXPIRED_SESSION) or None,
     )
     return Parsed(lock, tuple(problems))
@@ -256,9 +258,10 @@ def owner_reference(group: Obj, *, controller: bool = False) -> Obj:
 
 
 def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration: int,
-                        assigned: str | None = None) -> Obj:
+                        assigned: str | None = None, assigned_uid: str | None = None) -> Obj:
     """A free lock for ``partition`` (no holder, no token, ``leaseTransitions`` 0): the
-    operator's, marked for ``assigned`` (its target owner) when there is one."""
+    operator's, marked for ``assigned`` (its target owner) when there is one, and for its
+    pod's uid ``assigned_uid`` when the operator knows it."""
     name = meta(group)["name"]
     body: Obj = {
         "apiVersion": "coordination.k8s.io/v1",
@@ -277,21 +280,34 @@ def new_partition_lease(*, namespace: str, group: Obj, partition: int, duration:
         "spec": {"leaseTransitions": 0, "leaseDurationSeconds": duration},
     }
     if assigned:
-        body["metadata"]["annotations"] = {ANNOTATION_ASSIGNED: assigned}
+        body["metadata"]["annotations"] = {
+            k: v for k, v in _mark(assigned, assigned_uid).items() if v}
     return body
 
 
-def assignment_patch(member: str) -> Obj:
-    """The operator's one write when a partition's target owner changes: a JSON merge
-    patch that sets the mark and touches nothing else (holder, token, positions stay)."""
-    return {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member}}}
+def _mark(member: str, uid: str | None) -> dict[str, str | None]:
+    # a mark without a uid removes the previous one (JSON merge patch: null deletes)
+    return {ANNOTATION_ASSIGNED: member, ANNOTATION_ASSIGNED_UID: uid or None}
 
 
-def marked_partition_lease(last: Obj, member: str) -> Obj:
+def assignment_patch(member: str, uid: str | None, resource_version: str) -> Obj:
+    """The operator's one write when a partition's target owner (or its pod's uid)
+    changes: a JSON merge patch that sets the mark (member and uid; no uid known: the uid
+    removed) and touches nothing else (holder, token, positions stay), conditional on
+    ``resource_version`` (the lock as the operator decided on it: a mark decided on a
+    stale view is refused with 409 and decided again on the lock as it is)."""
+    return {"metadata": {"resourceVersion": resource_version,
+                         "annotations": _mark(member, uid)}}
+
+
+def marked_partition_lease(last: Obj, member: str, uid: str | None = None) -> Obj:
     """``last`` with :func:`assignment_patch` applied (what the API server stores)."""
     body = copy.deepcopy(last)
-    body.setdefault("metadata", {})["annotations"] = {**annotations_of(last),
-                                                      ANNOTATION_ASSIGNED: member}
+    notes = {**annotations_of(last), ANNOTATION_ASSIGNED: member}
+    notes.pop(ANNOTATION_ASSIGNED_UID, None)
+    if uid:
+        notes[ANNOTATION_ASSIGNED_UID] = uid
+    body.setdefault("metadata", {})["annotations"] = notes
     return body
 
 

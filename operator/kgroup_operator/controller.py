@@ -181,7 +181,7 @@ class GroupController:
         for p in plan.create_partitions:
             existing = await self.kube.create_partition_lease(
                 namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
-                assigned=plan.owners.get(p))
+                assigned=plan.owners.get(p), assigned_uid=plan.uids.get(plan.owners.get(p, "")))
             self.memory.lease_created(p, plan.now, existing=existing, group=name)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
@@ -219,7 +219,9 @@ class GroupController:
 
     async def _mark(self, marks: list[Mark]) -> None:
         """The marks' patches, concurrently (a join moves many partitions at once and its
-        new owner waits for each mark); the first failure is raised once all are done."""
+        new owner waits for each mark), each conditional on the lock as decided on: one
+        refused because the lock changed (409) re-reads the lock and decides again; the
+        first failure is raised once all are done."""
         namespace, name = self.key
 
         async def one(mark: Mark) -> None:
@@ -227,12 +229,17 @@ class GroupController:
             try:
                 stored = await self.kube.mark_partition_lease(
                     namespace=namespace, group=name, partition=mark.partition,
-                    member=mark.member)
+                    member=mark.member, uid=mark.uid, seen_rv=mark.seen_rv)
             except BaseException:
                 self.memory.mark_failed(mark)
                 raise
-            if stored is None:
+            if stored is None:  # the lock changed since it was read (or is gone)
                 self.memory.mark_failed(mark)
+                lock = await self.kube.get_lease(namespace,
+                                                 partition_lease_name(name, mark.partition))
+                if lock is not None:
+                    self.cache.put_lease(namespace, lock, self.clock())
+                self.poke()  # decide again on the lock as it is now
             else:
                 self.cache.put_lease(namespace, stored, self.clock())
 

@@ -1,8 +1,9 @@
 """Kubernetes calls of the operator: every request it makes lives here.
 
 Rules: the operator never changes a lock's holder (sidecars alone do); it creates
-partition Leases with no holder (marked for their target owner), moves a lock's assignment
-mark with one merge patch of that annotation alone, reads a member Lease (a quorum GET)
+partition Leases with no holder (marked for their target owner and its pod's uid), moves a
+lock's assignment mark with one merge patch of those two annotations alone, conditional on
+the lock's resourceVersion as the operator decided on it, reads a member Lease (a quorum GET)
 before it marks a lock's holder session expired with one merge patch of the
 ``kgroup.dev/expired-session`` annotation conditional on the lock's resourceVersion,
 writes the group's status only through the status subresource with the read
@@ -91,14 +92,15 @@ class Kube:
 
     async def create_partition_lease(
         self, *, namespace: str, group: dict[str, Any], partition: int, duration: int,
-        assigned: str | None = None,
+        assigned: str | None = None, assigned_uid: str | None = None,
     ) -> dict[str, Any] | None:
         """Create a free lock for `partition` (no holder, leaseTransitions 0) marked for
-        `assigned`. None when created; when the name is taken (409), the Lease that holds
-        it (read back: ours, which a later pass marks, or someone else's object)."""
+        `assigned` (its pod `assigned_uid`). None when created; when the name is taken
+        (409), the Lease that holds it (read back: ours, which a later pass marks, or
+        someone else's object)."""
         body = lease_codec.new_partition_lease(namespace=namespace, group=group,
                                                partition=partition, duration=duration,
-                                               assigned=assigned)
+                                               assigned=assigned, assigned_uid=assigned_uid)
         name = body["metadata"]["name"]
 
         def call() -> dict[str, Any] | None:
@@ -118,18 +120,21 @@ class Kube:
         return await asyncio.to_thread(call)
 
     async def mark_partition_lease(
-        self, *, namespace: str, group: str, partition: int, member: str
+        self, *, namespace: str, group: str, partition: int, member: str, uid: str | None,
+        seen_rv: str,
     ) -> dict[str, Any] | None:
-        """PATCH (JSON merge) the lock's ``kgroup.dev/assigned`` mark to `member`; the
-        stored Lease, or None when it is gone (the next pass creates it)."""
+        """PATCH (JSON merge) the lock's assignment mark to `member` and its pod `uid`, only
+        if the lock is still at `seen_rv`; the stored Lease, or None when it changed
+        meanwhile (409: the caller re-reads it and decides again) or is gone (the next
+        pass creates it)."""
         name = C.partition_lease_name(group, partition)
-        body = lease_codec.assignment_patch(member)
+        body = lease_codec.assignment_patch(member, uid, seen_rv)
 
         def call() -> dict[str, Any] | None:
             try:
                 out = self.coord.patch_namespaced_lease(name, namespace, body)
             except ApiException as exc:
-                if exc.status == 404:
+                if exc.status in (404, 409):
                     return None
                 raise
             return self._plain(out)

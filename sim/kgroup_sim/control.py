@@ -55,7 +55,7 @@ class SimOperator:
     def __init__(self, world: World, proc: Process) -> None:
         self.world = world
         self.proc = proc
-        self.memory = Memory(started_at=proc.clock())
+        self.memory = Memory(started_at=proc.clock(), identities=world.cfg.identities())
         self.leases = GroupLeases()
         self.group: Obj | None = None
         self.pods: dict[str, PodObservation] = {}
@@ -79,7 +79,8 @@ class SimOperator:
         else:
             if not items and self.group is not None:  # deleted while we did not watch
                 self.group = None
-                self.memory = Memory(started_at=self.proc.clock())
+                self.memory = Memory(started_at=self.proc.clock(),
+                                 identities=self.world.cfg.identities())
             for obj in items:
                 self._put_group(obj)
         self.synced.add(stream)
@@ -104,7 +105,8 @@ class SimOperator:
                 codec.meta(self.group).get("uid"):
             # As the controller's group_deleted: this group's memory ends with it.
             self.group = None
-            self.memory = Memory(started_at=self.proc.clock())
+            self.memory = Memory(started_at=self.proc.clock(),
+                                 identities=self.world.cfg.identities())
         self.poke()
 
     def _put_group(self, obj: Obj) -> None:
@@ -165,7 +167,8 @@ class SimOperator:
         if body is None:
             return plan.wait
         for p in plan.create_partitions:
-            self._create(body, p, plan.lease_duration, plan.owners.get(p))
+            owner = plan.owners.get(p)
+            self._create(body, p, plan.lease_duration, owner, plan.uids.get(owner or ""))
         if plan.status is None:
             self._expire(body, plan.expiries)
             self._mark(body, plan.marks)
@@ -173,10 +176,11 @@ class SimOperator:
         self._write(body, plan)
         return None  # the write's outcome schedules the next pass
 
-    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None) -> None:
+    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None,
+                assigned_uid: str | None) -> None:
         obj = codec.new_partition_lease(namespace=codec.meta(body)["namespace"], group=body,
                                         partition=partition, duration=duration,
-                                        assigned=assigned)
+                                        assigned=assigned, assigned_uid=assigned_uid)
         # in flight: not asked for again meanwhile
         self.memory.lease_created(partition, self.proc.clock())
 
@@ -198,11 +202,15 @@ class SimOperator:
             self.world.count("mark")
             key = lease_key(partition_lease_name(codec.meta(body)["name"], mark.partition))
 
-            def patch(key: str = key, member: str = mark.member) -> Obj | None:
+            def patch(key: str = key, mark: Mark = mark) -> Obj | None:
+                # a merge patch conditional on the lock as decided on (409 when it changed)
                 current = store.get(key)
                 if current is None:
                     raise WriteError(404, f"{key} not found")
-                return store.update(key, codec.marked_partition_lease(current, member))
+                if codec.meta(current).get("resourceVersion") != mark.seen_rv:
+                    raise WriteError(409, f"{key} changed since {mark.seen_rv}")
+                return store.update(key, codec.marked_partition_lease(current, mark.member,
+                                                                      mark.uid))
 
             def done(result: Any, mark: Mark = mark) -> None:
                 if isinstance(result, dict):

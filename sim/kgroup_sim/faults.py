@@ -27,7 +27,11 @@ without status, and the operator restarts ``seconds`` later), ``spec-change`` (t
 spec is edited: ``member`` more partitions, a new generation), ``lock-deleted`` (an admin
 deletes partition ``member``'s Lease) and ``group-reapplied`` (the ConsumerGroup is
 deleted, the garbage collector deletes the Leases it owns, and the same group is applied
-again ``seconds`` later: a new uid, an empty status)."""
+again ``seconds`` later: a new uid, an empty status), ``recreate`` (a member's pod is
+deleted and created again under its name ``seconds`` later: another uid, as a
+StatefulSet's pod comes back) and ``impostor`` (a member's pod is deleted and a bare pod
+is created under its name at once, running a sidecar of its own: with
+``SimConfig.statefulset`` it must take nothing within the restart grace)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,18 @@ def inject(world: World, fault: Fault) -> None:
         return  # faults stop at fault_time
     world.count(fault.kind)
     world.trace("fault", f"{fault} on {name}")
+    if fault.kind in ("recreate", "impostor"):
+        world.gone(sc)
+        del world.sidecars[name]
+        world.delete_pod(name)
+        if fault.kind == "recreate":
+            world.kernel.at(world.kernel.now + fault.seconds, world.restart, name)
+            return
+        world.bare.add(name)
+        s = world.spec
+        grace = max(s.restart_grace_seconds, s.stateful_set_restart_grace_seconds)
+        world.impostor = (world.start_member(name), world.kernel.now + grace)
+        return
     if fault.kind == "crash":
         world.gone(sc)
         del world.sidecars[name]

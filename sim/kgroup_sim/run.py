@@ -27,6 +27,7 @@ from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, pa
 from kgroup.core import lease_codec as codec
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.operator.decide import ExpiryRule
+from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.ranges import parse_ranges
 from kgroup_sim import faults
 from kgroup_sim.checks import Checker, Violation
@@ -76,6 +77,14 @@ class SimConfig:
     # "": members' pods are bare (no controller); else pods of a Deployment at this
     # revision (ownerReferences + pod-template-hash), as a rollout needs.
     revision: str = ""
+    # members' pods are a StatefulSet's (StatefulSet/worker; ``revision`` is then unused)
+    statefulset: bool = False
+    # which pod (uid) each member's marks are for (kgroup.core.operator.pod_identity, or a broken
+    # variant from kgroup_sim.variants)
+    identities: Callable[[], PodIdentities] = PodIdentities
+    # the store refuses an acquisition by a pod whose uid is not the mark's, as the chart's
+    # admission policy does with the pod-bound token's pod-uid; False: not checked
+    uid_admission: bool = True
     verbose: bool = False
 
 
@@ -164,6 +173,10 @@ class World:
         self.operator_proc: Process | None = None
         self.logic = logic_with(cfg.regressions)
         self.revisions: dict[str, str] = {}  # member name -> its pod's revision
+        self.bare: set[str] = set()  # names whose pod is bare whatever the config says
+        # the impostor (a bare pod under a departed StatefulSet pod's name) and until when
+        # (true time) the restart grace keeps the name for the StatefulSet's pod
+        self.impostor: tuple[SimSidecar, float] | None = None
 
     # ---- services for the simulated processes ---------------------------------------
 
@@ -236,6 +249,12 @@ class World:
             ):
                 self.checker.store_acquired(lock.partition, was.token if was else -1,
                                             lock.token, lock.holder, self.kernel.now)
+                if self.impostor is not None and self.kernel.now < self.impostor[1] \
+                        and lock.session == self.impostor[0].member.session:
+                    self.checker.fail("impostor", self.kernel.now, (
+                        f"partition {lock.partition} taken by {lock.holder}/{lock.session}, a "
+                        f"bare pod under a departed StatefulSet pod's name, within the "
+                        f"restart grace (until {self.impostor[1]:.3f})"))
                 if not self._session_exists(lock.holder, lock.session):
                     # acquired under a session whose member Lease was deleted (by hand or
                     # by the garbage collector) before the holder saw it: others may take
@@ -344,6 +363,9 @@ class World:
         self._by_proc[id(proc)] = sc
         self.sidecars[name] = sc
         self.put_pod(name, ready=True)
+        pod = self.store.get(f"pods/{name}")
+        assert pod is not None
+        sc.uid = sc.member.uid = pod["metadata"]["uid"]  # the downward API's KGROUP_POD_UID
         self.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         return sc
@@ -352,7 +374,12 @@ class World:
         key = f"pods/{name}"
         meta: Obj = {"name": name, "namespace": NAMESPACE,
                      "labels": dict(self.spec.selector.match_labels)}
-        if rev := self.revisions.get(name):
+        if name in self.bare:
+            pass
+        elif self.cfg.statefulset:
+            meta["ownerReferences"] = [{"kind": "StatefulSet", "name": "worker",
+                                        "controller": True}]
+        elif rev := self.revisions.get(name):
             meta["labels"]["pod-template-hash"] = rev
             meta["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"worker-{rev}",
                                         "controller": True}]
@@ -428,8 +455,10 @@ class World:
 
     def bound(self) -> float:
         s = self.spec
+        grace = max(s.restart_grace_seconds, s.stateful_set_restart_grace_seconds) \
+            if self.cfg.statefulset else s.restart_grace_seconds
         return (s.stabilization_window_seconds + s.handoff.drain_timeout_seconds
-                + 3 * s.lease.duration_seconds + s.restart_grace_seconds
+                + 3 * s.lease.duration_seconds + grace
                 + self.cfg.relist[1] + 5.0)
 
     def lock(self, partition: int) -> Lock | None:

@@ -49,14 +49,16 @@ WALL_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 MemberFactory = Callable[[str], Member]
 
 
-def perform(store: Store, request: Request) -> Obj | None:
-    """A request as the API server would serve it (raises WriteError when refused)."""
+def perform(store: Store, request: Request, caller_uid: str | None = None) -> Obj | None:
+    """A request as the API server would serve it (raises WriteError when refused);
+    ``caller_uid``: the uid of the caller's pod (its pod-bound token's)."""
     if isinstance(request, GetLease):
         return store.get(lease_key(request.name))
     if isinstance(request, CreateLease):
         return store.create(lease_key(request.body["metadata"]["name"]), request.body)
     if isinstance(request, ReplaceLease):
-        return store.update(lease_key(request.body["metadata"]["name"]), request.body)
+        return store.update(lease_key(request.body["metadata"]["name"]), request.body,
+                            caller_uid=caller_uid)
     if isinstance(request, DeleteLease):
         store.delete(lease_key(request.name))
         return None
@@ -89,6 +91,7 @@ class SimSidecar:
             termination_grace=world.cfg.termination_grace, member=factory(self.pod),
         )
         self.key = 0  # the world's incarnation number
+        self.uid: str | None = None  # its pod's uid (the world sets it once the pod exists)
         self._step_due = False
         self._wake_gen = 0
         # the app
@@ -162,7 +165,8 @@ class SimSidecar:
             self.proc.schedule(request.seconds / self.proc.rate, self._drive, chain, Ok())
             return
         store = self.world.store
-        self.world.request(self.proc, lambda: perform(store, request),
+        uid = self.uid if self.world.cfg.uid_admission else None
+        self.world.request(self.proc, lambda: perform(store, request, uid),
                            lambda result: self._drive(chain, answer_of(result)),
                            timeout=request.timeout)
 

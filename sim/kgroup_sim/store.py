@@ -10,7 +10,9 @@ than the stored one is refused (409 Conflict), never merged; a create of an exis
 object is refused (409 AlreadyExists); an update or delete of a missing object is refused
 (404). Like the chart's admission policy, an acquisition of a partition lock (a new holder,
 or the holder's new session) by a member the lock is not marked for
-(``kgroup.dev/assigned``) is refused (403), and so is a takeover of a lock held by another
+(``kgroup.dev/assigned``), or by a pod of that name whose uid is not the mark's
+(``kgroup.dev/assigned-uid``: the caller's uid, as a pod-bound token carries it, comes with
+the request), is refused (403), and so is a takeover of a lock held by another
 session unless the operator marked that session expired (``kgroup.dev/expired-session``).
 Nothing here knows time, delays or faults: the simulation decides *when* a request reaches
 the store and whether its answer ever reaches the caller. Every commit is
@@ -54,10 +56,12 @@ class WriteError(Exception):
         self.status = status
 
 
-def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True) -> str | None:
+def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True,
+                           caller_uid: str | None = None) -> str | None:
     """Why the admission policy refuses this partition-lock update, or None: the lock's
-    holder (or the holder's session) changes to a member it is not marked for, or (with
-    ``expiry``) the lock is taken from another holder whose session carries no expiry mark."""
+    holder (or the holder's session) changes to a member it is not marked for, or to one
+    whose pod (``caller_uid``; None: not checked) is not the mark's, or (with ``expiry``)
+    the lock is taken from another holder whose session carries no expiry mark."""
     if not is_partition(new) or not is_partition(old):
         return None
     before, after = parse_partition_lease(old).value, parse_partition_lease(new).value
@@ -67,6 +71,9 @@ def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True) -> str | 
         return None
     if before.assigned != after.holder:
         return f"{after.holder} may not take a lock assigned to {before.assigned or 'nobody'}"
+    if caller_uid is not None and before.assigned_uid != caller_uid:
+        return (f"{after.holder} (uid {caller_uid}) may not take a lock assigned to the pod "
+                f"of that name with uid {before.assigned_uid}")
     if expiry and before.holder and before.holder != after.holder and before.session \
             and before.expired != before.session:
         return (f"{after.holder} may not take a lock held by {before.holder} under session "
@@ -118,8 +125,9 @@ class Store:
         assert new is not None
         return new
 
-    def update(self, key: str, obj: Obj) -> Obj:
-        """Replace ``key`` if its resourceVersion is still the one ``obj`` carries."""
+    def update(self, key: str, obj: Obj, *, caller_uid: str | None = None) -> Obj:
+        """Replace ``key`` if its resourceVersion is still the one ``obj`` carries;
+        ``caller_uid``: the uid of the pod writing (None: the operator, an admin)."""
         old = self.objects.get(key)
         if old is None:
             raise WriteError(404, f"{key} not found")
@@ -127,7 +135,8 @@ class Store:
         stored = old["metadata"]["resourceVersion"]
         if expected is not None and expected != stored:
             raise WriteError(409, f"{key}: resourceVersion {expected} is not {stored}")
-        refused = unassigned_acquisition(old, obj, expiry=self.expiry_admission)
+        refused = unassigned_acquisition(old, obj, expiry=self.expiry_admission,
+                                         caller_uid=caller_uid)
         if refused is not None:
             self.refused += 1
             raise WriteError(403, f"{key}: {refused}")

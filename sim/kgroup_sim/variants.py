@@ -14,12 +14,15 @@ Failure-detector variants (``SimConfig.expiry_rule``): subclasses of the operato
 :class:`kgroup.core.operator.decide.ExpiryRule` that mark a lock's holder session expired
 when it is not (the operator is the group's failure detector since no sidecar watches
 another member's Lease).
+Pod-identity variants (``SimConfig.identities``): subclasses of the operator's
+:class:`kgroup.core.operator.pod_identity.PodIdentities` that mark a name's locks for a pod that
+is not the one the restart grace keeps them for.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
@@ -29,6 +32,8 @@ from kgroup.core.member.reconcile import Acquire, Action, Lock, Member, Release,
 from kgroup.core.member.requests import Scope
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.planner import PodObservation
+from kgroup.core.operator.pod_identity import PodIdentities
 
 __all__ = [
     "REGRESSIONS",
@@ -36,11 +41,13 @@ __all__ = [
     "EarlyExpiry",
     "FixedRequestTimeout",
     "MarkerCompareExpiry",
+    "NameOnlyIdentities",
     "NoAdoptionMember",
     "NoFencingMember",
     "NoMarkMember",
     "NoRereadExpiry",
     "NoTargetRevokesMember",
+    "NoUidMember",
     "SameTokenMember",
     "StaleRelist",
     "TokenOnlyCache",
@@ -116,6 +123,37 @@ class NoMarkMember(Member):
     def lock_state(self, lock: Lock, session: str) -> LockState:
         state = super().lock_state(lock, session)
         return LockState.TAKEABLE if state is LockState.HELD else state
+
+
+class NoUidMember(Member):
+    """BROKEN: does not know its pod's uid (as without ``KGROUP_POD_UID``) and takes a
+    lock marked for its name whatever the mark's uid. The chart's admission policy refuses
+    such a write; the simulation runs it with ``SimConfig.uid_admission=False`` to show
+    the protocol needs the uid in the mark."""
+
+    @property
+    def uid(self) -> str | None:
+        return None
+
+    @uid.setter
+    def uid(self, value: str | None) -> None:
+        pass
+
+
+# ---- the operator's pod identities --------------------------------------------------------
+
+
+class NameOnlyIdentities(PodIdentities):
+    """BROKEN: a name's marks follow whatever pod holds the name now, as an operator would
+    that binds the mark to the name alone (or to the uid without asking whose pod it is):
+    a bare pod created under a departed StatefulSet pod's name is marked at once."""
+
+    def resolve(self, names: Iterable[str], pods: Iterable[PodObservation], now: float,
+                grace: Callable[[PodObservation], float]) -> tuple[dict[str, str], float | None]:
+        pods = list(pods)
+        uids, _ = super().resolve(names, pods, now, grace)
+        wanted = set(uids) | set(names)
+        return {**uids, **{p.name: p.uid for p in pods if p.uid and p.name in wanted}}, None
 
 
 # ---- the operator's failure detector ------------------------------------------------------

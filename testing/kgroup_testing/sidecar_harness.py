@@ -27,6 +27,7 @@ from kubernetes import client
 
 from kgroup.constants import (
     ANNOTATION_ASSIGNED,
+    ANNOTATION_ASSIGNED_UID,
     API_GROUP,
     API_VERSION,
     KIND,
@@ -150,6 +151,9 @@ class ScriptedTarget:
         self.leases: Any = client.CoordinationV1Api(api)
         self.epoch = 0
         self.uid = ""
+        # member -> its pod's uid, marked with it (kgroup.dev/assigned-uid) as the operator
+        # does; a sidecar started with KGROUP_POD_UID acquires only a lock marked for it
+        self.pod_uids: dict[str, str] = {}
 
     def create(self, *, partitions: int, duration: int = 3, renew: int = 1,
                drain: int = 10) -> Obj:
@@ -199,13 +203,16 @@ class ScriptedTarget:
         return self.epoch
 
     def mark(self, partition: int, member: str) -> None:
-        """The operator's one write per moved partition: a merge patch of the mark."""
-        if (self.lock(partition)["metadata"].get("annotations") or {}).get(
-                ANNOTATION_ASSIGNED) == member:
+        """The operator's one write per moved partition: a merge patch of the mark (and of
+        the member's pod uid, when :attr:`pod_uids` knows it)."""
+        uid = self.pod_uids.get(member)
+        notes = self.lock(partition)["metadata"].get("annotations") or {}
+        if notes.get(ANNOTATION_ASSIGNED) == member and notes.get(ANNOTATION_ASSIGNED_UID) == uid:
             return
         self.leases.patch_namespaced_lease(
             partition_lease_name(self.group, partition), self.namespace,
-            {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member}}})
+            {"metadata": {"annotations": {ANNOTATION_ASSIGNED: member,
+                                          ANNOTATION_ASSIGNED_UID: uid}}})
 
     def expire_when_silent(self, member: str, duration: float, *,
                            timeout: float = 60.0) -> list[int]:

@@ -49,6 +49,10 @@ async def _run(settings: Settings) -> int:
             stack.callback(beating.cancel)
         log.info("listening on %s; group %s/%s as member %s", settings.listen,
                  settings.namespace, settings.group, settings.pod_name)
+        if settings.pod_uid is None:
+            log.warning("KGROUP_POD_UID is not set (downward API metadata.uid): the chart's "
+                        "admission policies refuse this sidecar's Events, and locks are "
+                        "taken on the name alone until the API server refuses them")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, sidecar.begin_shutdown)
         kube = KubeAdapter(settings, loop=loop, on_list=sidecar.on_list,

@@ -62,7 +62,7 @@ class Sidecar:
             pod=settings.pod_name, group=settings.group, namespace=settings.namespace,
             clock=clock, wall=lambda: datetime.now(UTC),
             new_session=lambda: secrets.token_hex(8), journal=self,
-            termination_grace=settings.termination_grace_seconds,
+            termination_grace=settings.termination_grace_seconds, uid=settings.pod_uid,
         )
         self.health = SidecarHealth(identity=self.metrics.identity, held=self.held,
                                     clock=clock, stall_after=settings.stall_after_seconds,

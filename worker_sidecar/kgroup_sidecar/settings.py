@@ -90,7 +90,9 @@ class Settings:
     group: str  # KGROUP_GROUP: the ConsumerGroup name
     namespace: str  # KGROUP_NAMESPACE
     pod_name: str  # KGROUP_POD_NAME: the member id
-    pod_uid: str | None = None  # KGROUP_POD_UID: the pod's uid, for Events on it
+    # KGROUP_POD_UID: the pod's uid, for Events on it and to acquire only locks marked for
+    # this pod (not another pod of the same name); unset: the name alone is checked here
+    pod_uid: str | None = None
     listen_host: str = "127.0.0.1"  # KGROUP_LISTEN host
     listen_port: int = 8470  # KGROUP_LISTEN port
     listen_socket: str | None = None  # KGROUP_LISTEN=unix://<path>: this Unix socket

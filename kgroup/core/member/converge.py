@@ -123,6 +123,7 @@ class SidecarLogic:
         journal: Journal | None = None,
         termination_grace: float = 30.0,
         member: Member | None = None,
+        uid: str | None = None,
     ) -> None:
         self.pod = pod
         self.group_name = group
@@ -132,7 +133,9 @@ class SidecarLogic:
         self.new_session = new_session
         self.journal: Journal = journal or _Silent()
         self.termination_grace = termination_grace
-        self.member = member if member is not None else Member(pod)
+        # uid: this pod's (KGROUP_POD_UID); a lock marked for another pod of our name is
+        # not ours to acquire (the admission policy would refuse it)
+        self.member = member if member is not None else Member(pod, uid=uid)
         self.group: Obj | None = None
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0

@@ -35,7 +35,8 @@ Rules, in the order ``step`` applies them:
    on moves nothing. Everything is revoked only on shutdown or when the group is deleted
    (``Snapshot.group_deleted``). Partitions already revoking keep draining.
 4. Acquire a targeted partition only when its lock exists (the operator creates it),
-   is marked for this member (``Lock.assigned``: the API server refuses anyone else) and
+   is marked for this member and its pod (``Lock.assigned``, ``Lock.assigned_uid`` when the
+   member knows its uid: the API server refuses anyone else) and
    is FREE or TAKEABLE (:meth:`Member.lock_state`: held by another member, it is
    takeable only once the operator marked its session expired, ``Lock.expired``; no
    member watches another's session); the write carries the observed resourceVersion as its
@@ -192,8 +193,9 @@ def _older(rv: str, than: str) -> bool:
 class Member:
     """One member's reconciliation state. Single-threaded: call it from one loop."""
 
-    def __init__(self, member: str) -> None:
+    def __init__(self, member: str, *, uid: str | None = None) -> None:
         self.member = member
+        self.uid = uid  # this pod's uid: acquire only a lock whose mark names it (None: any)
         self.session: str | None = None
         self._starting = False
         self._retry_session_at = 0.0
@@ -412,8 +414,9 @@ class Member:
             if p in self._relinquished:
                 continue
             lock = snap.locks.get(p)
-            if lock is None or lock.assigned != self.member:
-                continue  # not created or not marked for us yet: wait for the operator
+            if lock is None or lock.assigned != self.member or (
+                    self.uid is not None and lock.assigned_uid != self.uid):
+                continue  # not created or not marked for our pod yet: wait for the operator
             if lock.holder == self.member and lock.session == session:
                 continue  # ours already: adopted above, or an acquisition in flight
             state = self.lock_state(lock, session)

@@ -53,6 +53,8 @@ from kgroup.core.operator.planner import (
     current_members,
     live_holders,
 )
+from kgroup.core.operator.pod_identity import PodIdentities
+from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
 from kgroup.core.ranges import parse_ranges
 
@@ -118,8 +120,9 @@ class Memory:
     requested_leases: dict[int, float] = field(default_factory=dict)
     noticed_rv: str | None = None
     # marks in flight or written, whose lock the cache has not seen change since:
-    # partition -> (member, the lock's resourceVersion when the mark was decided)
-    marks_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # partition -> (member, its pod's uid, the lock's resourceVersion when decided)
+    marks_sent: dict[int, tuple[str, str | None, str]] = field(default_factory=dict)
+    identities: PodIdentities = field(default_factory=PodIdentities)  # the marks' uids
     # expiry marks in flight or written, whose lock the cache has not seen change since:
     # partition -> (the session marked, the lock's resourceVersion when it was decided)
     expiries_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -170,11 +173,12 @@ class Memory:
 
     def mark_sent(self, mark: Mark) -> None:
         """The mark's write is sent: not asked for again until the lock changes."""
-        self.marks_sent[mark.partition] = (mark.member, mark.seen_rv)
+        self.marks_sent[mark.partition] = (mark.member, mark.uid, mark.seen_rv)
 
     def mark_failed(self, mark: Mark) -> None:
-        """The mark's write was refused or not answered: the next pass decides again."""
-        if self.marks_sent.get(mark.partition) == (mark.member, mark.seen_rv):
+        """The mark's write was refused (409: the lock changed since ``seen_rv``; the driver
+        re-reads it) or not answered: the next pass decides again."""
+        if self.marks_sent.get(mark.partition) == (mark.member, mark.uid, mark.seen_rv):
             del self.marks_sent[mark.partition]
 
     def expiry_sent(self, expiry: Expiry) -> None:
@@ -207,12 +211,15 @@ def squatter(existing: Obj, group: str, partition: int) -> str | None:
 
 @dataclass(frozen=True)
 class Mark:
-    """Mark partition Lease ``partition`` as assigned to ``member`` (one merge patch of the
-    ``kgroup.dev/assigned`` annotation); ``seen_rv``: the lock's resourceVersion seen."""
+    """Mark partition Lease ``partition`` as assigned to ``member``'s pod ``uid`` (one merge
+    patch of the ``kgroup.dev/assigned`` and ``kgroup.dev/assigned-uid`` annotations; uid
+    None: not known, the uid annotation removed); ``seen_rv``: the lock's resourceVersion
+    seen, the patch's precondition (409 when the lock changed since)."""
 
     partition: int
     member: str
     seen_rv: str
+    uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,7 @@ class Plan:
     now: float = 0.0  # the pass's clock reading
     create_partitions: list[int] = field(default_factory=list)
     owners: dict[int, str] = field(default_factory=dict)  # target owners: new locks' marks
+    uids: dict[str, str] = field(default_factory=dict)  # member -> its pod's uid for marks
     marks: list[Mark] = field(default_factory=list)  # write after the status write
     expiries: list[Expiry] = field(default_factory=list)  # re-read, then mark (after marks)
     lease_duration: int = 15  # of the partition Leases to create
@@ -338,21 +346,28 @@ def _next(deadlines: list[float | None], now: float) -> float | None:
     return (min(future) - now) if future else None
 
 
-def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases) -> list[Mark]:
-    """The existing locks whose mark differs from their target owner, less those already
-    sent for the lock as it is cached (an answer or watch event still to come). A partition
-    without an owner in the target keeps its mark (nobody is targeted to acquire it)."""
+def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases,
+                   uids: Mapping[str, str] | None = None) -> list[Mark]:
+    """The existing locks whose mark differs from their target owner or from the uid of
+    its pod (``uids``, :class:`~kgroup.core.operator.pod_identity.PodIdentities`; a member missing
+    from it: no pod known, a lock marked for it keeps its uid), less those already sent
+    for the lock as it is cached (an answer or watch event still to come). A partition
+    without an owner in the target keeps its mark (nobody is targeted to acquire it). A
+    mark without a uid (an operator before issue 26 wrote it) is rewritten with one."""
     marks: list[Mark] = []
     for p, member in sorted(owners.items()):
         lock = leases.partitions.get(p)
         if lock is None:
             memory.marks_sent.pop(p, None)
             continue
-        if lock.assigned == member:
+        uid = (uids or {}).get(member)
+        if uid is None and lock.assigned == member:
             continue
-        if memory.marks_sent.get(p) == (member, lock.resource_version):
+        if lock.assigned == member and lock.assigned_uid == uid:
             continue
-        marks.append(Mark(p, member, lock.resource_version))
+        if memory.marks_sent.get(p) == (member, uid, lock.resource_version):
+            continue
+        marks.append(Mark(p, member, lock.resource_version, uid))
     return marks
 
 
@@ -490,8 +505,13 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         recheck,
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
+    uids, identity_change = memory.identities.resolve(
+        set(owners.values()), obs.pods, now,
+        lambda pod: restart_grace(spec, pod, present=False, kept_ordinals=obs.kept_ordinals,
+                                  name=pod.name))
+    deadlines.append(identity_change)
     plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create, owners=owners,
-                marks=marks_to_write(memory, owners, leases), expiries=expiries,
+                uids=uids, marks=marks_to_write(memory, owners, leases, uids), expiries=expiries,
                 lease_duration=spec.lease.duration_seconds, decision=decision,
                 previous=status, new_status=new_status, problems=seen, generation=generation,
                 members=len(members), deadlines=deadlines)

@@ -61,6 +61,7 @@ def pod_observation(body: Mapping[str, Any]) -> PodObservation:
         owner_kind=kind,
         workload=workload,
         revision=revision,
+        uid=str(meta.get("uid") or ""),
     )
 
 

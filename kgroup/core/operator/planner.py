@@ -70,7 +70,9 @@ class PodObservation:
     for a bare pod). ``workload``: what a rollout replaces pods of, ``Deployment/<name>``
     for a Deployment's pods (whatever their ReplicaSet), else ``<kind>/<name>`` of the
     controller ("" for a bare pod). ``revision``: the pod template's revision
-    (``pod-template-hash`` or ``controller-revision-hash``; "" when unknown).
+    (``pod-template-hash`` or ``controller-revision-hash``; "" when unknown). ``uid``: the
+    pod object's uid ("" when unknown), what the assignment mark binds
+    (:mod:`kgroup.core.operator.pod_identity`).
     """
 
     name: str
@@ -81,6 +83,7 @@ class PodObservation:
     owner_kind: str = ""
     workload: str = ""
     revision: str = ""
+    uid: str = ""
 
 
 @dataclass(frozen=True)
