@@ -227,6 +227,10 @@ class Chaos:
                      "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                     {"name": "KGROUP_POD_NAME",
                      "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    # Events name the pod by uid (the Events policy refuses them without),
+                    # and the sidecar takes only locks marked for this pod's uid
+                    {"name": "KGROUP_POD_UID",
+                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                     {"name": "KGROUP_LISTEN", "value": "127.0.0.1:8470"}]}
         app = {"name": "worker", "image": "kgroup-worker:dev",
                "command": ["python", "-m", "kgroup_pipeline.light_worker",
