@@ -242,7 +242,9 @@ def _diff(old: dict[int, Partition], new: dict[int, Partition]
 
 
 class SidecarClient:
-    """Synchronous client (stdlib http.client; one connection per request)."""
+    """Synchronous client (stdlib http.client). One kept-alive connection per client,
+    used by one request at a time (a lock): a request on a connection the sidecar has
+    closed meanwhile (idle, or the sidecar restarted) is sent once more on a new one."""
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -250,21 +252,53 @@ class SidecarClient:
         self.address = SidecarAddress.parse(self.url)
         self.timeout = timeout
         self.clock = clock
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+        self.connections_opened = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _exchange(self, method: str, path: str, data: bytes | None,
+                  timeout: float) -> tuple[int, str, bytes]:
+        with self._lock:
+            while True:
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = self.address.connection(timeout)
+                    self.connections_opened += 1
+                conn = self._conn
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                try:
+                    conn.request(method, path, body=data,
+                                 headers={"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    raw = resp.read()
+                except (OSError, http.client.HTTPException) as exc:
+                    self._drop()
+                    # a kept-alive connection closed by the sidecar: the request never
+                    # reached it, send it again once (never after a timeout: it may have)
+                    if reused and isinstance(exc, ConnectionError | http.client.BadStatusLine):
+                        continue
+                    raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+                if resp.will_close:
+                    self._drop()
+                return resp.status, resp.reason, raw
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
                  timeout: float | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        conn = self.address.connection(timeout or self.timeout)
-        try:
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise SidecarError(0, f"sidecar unreachable: {exc}") from None
-        finally:
-            conn.close()
-        if resp.status >= 400:
-            raise SidecarError(resp.status, _error_message(raw, resp.reason))
+        status, reason, raw = self._exchange(method, path, data, timeout or self.timeout)
+        if status >= 400:
+            raise SidecarError(status, _error_message(raw, reason))
         try:
             result: dict[str, Any] = json.loads(raw)
         except ValueError as exc:
