@@ -11,7 +11,9 @@ member holds its target, ``--window`` seconds of steady state: per process the C
 
 ``--real-node``: the same on the local real node instead, as a user runs it: the chart
 (e2e/values-real-node.yaml: exec probes), the example ConsumerGroup and 4 light workers
-of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up). Per
+of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up);
+``--probes http`` keeps the example's httpGet probes instead, on a free port, with one
+worker (a hostNetwork pod's port is the node's). Per
 sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU, RSS,
 working set; probes included), and per sidecar *process* the same /proc figures.
 
@@ -32,6 +34,7 @@ import contextlib
 import json
 import os
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -45,7 +48,7 @@ from kgroup.follower import AssignmentFollower
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
 from kgroup_sidecar import testing
-from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, wait_until
+from kgroup_sidecar.testing import ScriptedTarget, SidecarProcess, free_port, wait_until
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -83,6 +86,10 @@ def poll_assignment(sc: SidecarProcess, stop: threading.Event, rate: float) -> N
             SidecarClient(sc.url).assignment()
 
 
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
     """pod uid -> pid of its kgroup-sidecar process (found in /proc by cgroup and command)."""
     found: dict[str, int] = {}
@@ -111,7 +118,10 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
 
     cluster = ensure_up(who="bench")
     ensure_on_node(cluster.state_dir)
-    with group_on_node(cluster, args.partitions) as (g, _producer):
+    http = args.probes == "http"
+    port = free_port() if http else None
+    with group_on_node(cluster, args.partitions, workers=1 if http else args.members,
+                       http_probes_on=port) as (g, _producer):
         time.sleep(15)  # settle
 
         def containers() -> dict[str, Any]:
@@ -139,7 +149,8 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
                 row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
                 row["process_rss_mb"] = rss_mb(pids[uid])
             rows.append(row)
-        return {"where": "real node", "members": len(rows), "partitions": args.partitions,
+        return {"where": "real node", "probes": args.probes, "members": len(rows),
+                "partitions": args.partitions, "uptime": uptime(),
                 "window_s": args.window, "load_avg_start": load0,
                 "load_avg_end": os.getloadavg(), "containers": rows,
                 **{f"{k}_max": max(r.get(k, 0.0) for r in rows) for k in rows[0]},
@@ -161,6 +172,10 @@ def main() -> None:
     ap.add_argument("--follow", action="store_true",
                     help="each app keeps a long-poll open (kgroup.follower)")
     ap.add_argument("--real-node", action="store_true")
+    ap.add_argument("--probes", choices=("exec", "http"), default="exec",
+                    help="--real-node: the exec probes (4 workers), or the example's httpGet "
+                         "probes on a free port (a hostNetwork pod's port is the node's: "
+                         "1 worker)")
     ap.add_argument("--profile", type=Path,
                     help="run the first sidecar under cProfile, its stats written here")
     ap.add_argument("--out", type=Path)
