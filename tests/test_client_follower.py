@@ -9,6 +9,7 @@ one connection serves many requests, and a connection the sidecar dropped is rep
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -156,3 +157,19 @@ def test_a_connection_the_sidecar_closed_is_replaced(scripted: Scripted) -> None
     scripted.runner = scripted.call(serve(scripted.sc, scripted.sc.settings))
     assert [p.partition for p in c.assignment().partitions] == [0]
     assert c.connections_opened == 2
+
+
+def test_a_long_poll_in_one_thread_does_not_hold_up_another_threads_request(
+        scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    c = SidecarClient(scripted.url)
+    a = wait("owned", lambda: (x := c.assignment()).partitions and x)
+    poll = threading.Thread(target=c.wait_for_change, args=(a.version + 1000, 3.0))
+    poll.start()
+    time.sleep(0.2)  # the long-poll is in flight on its thread's connection
+    t0 = time.monotonic()
+    c.report_health([])
+    assert time.monotonic() - t0 < 1.0 and poll.is_alive()
+    poll.join()
+    assert c.connections_opened == 2  # one per thread, each kept
+    c.close()
