@@ -142,7 +142,8 @@ def resources(cluster: Cluster, namespace: str, seconds: float = 30.0) -> Obj:
 
 
 @contextmanager
-def group_on_node(cluster: Cluster, partitions: int, kind: str = "Deployment",
+def group_on_node(cluster: Cluster, partitions: int, kind: str = "Deployment", *,
+                  workers: int = WORKERS, http_probes_on: int | None = None,
                   **group_spec: Any) -> Iterator[tuple[RealGroup, Producer]]:
     namespace = f"bench-real-{kind[:3].lower()}-{partitions}-{secrets.token_hex(2)}"
     with RedisServer() as server:
@@ -152,10 +153,10 @@ def group_on_node(cluster: Cluster, partitions: int, kind: str = "Deployment",
                       audit=REPO / ".state" / "bench" / namespace / "audit", kind=kind)
         g.install()
         try:
-            g.apply(partitions=partitions, replicas=WORKERS, command=LIGHT_WORKER,
-                    stream=STREAM, **group_spec)
+            g.apply(partitions=partitions, replicas=workers, command=LIGHT_WORKER,
+                    stream=STREAM, http_probes_on=http_probes_on, **group_spec)
             with Producer(url, partitions) as producer:
-                g.wait_settled(WORKERS, timeout=300)
+                g.wait_settled(workers, timeout=300)
                 yield g, producer
         finally:
             g.uninstall()

@@ -11,12 +11,20 @@ member holds its target, ``--window`` seconds of steady state: per process the C
 
 ``--real-node``: the same on the local real node instead, as a user runs it: the chart
 (e2e/values-real-node.yaml: exec probes), the example ConsumerGroup and 4 light workers
-of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up). Per
+of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up);
+``--probes http`` keeps the example's httpGet probes instead, on a free port, with one
+worker (a hostNetwork pod's port is the node's). Per
 sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU, RSS,
 working set; probes included), and per sidecar *process* the same /proc figures.
 
     .venv/bin/python bench/bench_sidecar_cost.py [--members 4] [--partitions 16]
         [--window 60] [--code /tmp/old] [--real-node] [--out file.json]
+        [--health-every 1] [--poll-rate 0] [--follow]
+
+The app's requests are chosen to split the sidecar's CPU by cause: ``--health-every 0``
+alone is the sidecar's own (renewals, watches, timers); ``--poll-rate 13`` adds what the
+light worker's request per batch cost; ``--follow --health-every 2`` is the light worker
+now (one long-poll kept open, a health report every 2 s).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import contextlib
 import json
 import os
 import secrets
+import subprocess
 import sys
 import threading
 import time
@@ -35,10 +44,11 @@ from typing import Any
 from kubernetes import client
 
 from kgroup.client import Report, SidecarClient
+from kgroup.follower import AssignmentFollower
 from kgroup_devcluster.sessions import join, leave
 from kgroup_devcluster.tokens import admin_api_client
 from kgroup_testing import sidecar_harness as testing
-from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess, wait_until
+from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess, free_port, wait_until
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -55,13 +65,29 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def report_health(sc: SidecarProcess, stop: threading.Event) -> None:
+def report_health(sc: SidecarProcess, stop: threading.Event, every: float,
+                  follower: AssignmentFollower | None) -> None:
+    """The app's health report every ``every`` seconds (the light worker: 2 s), of what
+    it holds (from the follower's memory when there is one, else one GET first)."""
     app = SidecarClient(sc.url)
-    while not stop.wait(1.0):
+    while not stop.wait(every):
         with contextlib.suppress(Exception):
-            held = app.assignment().active
+            latest = follower.latest() if follower is not None else None
+            held = (latest or app.assignment()).active
             app.report_health([Report(p.partition, p.token, position=f"{int(time.time())}-0",
                                       lag=0) for p in held])
+
+
+def poll_assignment(sc: SidecarProcess, stop: threading.Event, rate: float) -> None:
+    """What the light worker did before the follower: ``GET /v1/assignment`` ``rate``
+    times a second, each on a new connection."""
+    while not stop.wait(1.0 / rate):
+        with contextlib.suppress(Exception):
+            SidecarClient(sc.url).assignment()
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
@@ -92,7 +118,10 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
 
     cluster = ensure_up(who="bench")
     ensure_on_node(cluster.state_dir)
-    with group_on_node(cluster, args.partitions) as (g, _producer):
+    http = args.probes == "http"
+    port = free_port() if http else None
+    with group_on_node(cluster, args.partitions, workers=1 if http else args.members,
+                       http_probes_on=port) as (g, _producer):
         time.sleep(15)  # settle
 
         def containers() -> dict[str, Any]:
@@ -120,7 +149,8 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
                 row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
                 row["process_rss_mb"] = rss_mb(pids[uid])
             rows.append(row)
-        return {"where": "real node", "members": len(rows), "partitions": args.partitions,
+        return {"where": "real node", "probes": args.probes, "members": len(rows),
+                "partitions": args.partitions, "uptime": uptime(),
                 "window_s": args.window, "load_avg_start": load0,
                 "load_avg_end": os.getloadavg(), "containers": rows,
                 **{f"{k}_max": max(r.get(k, 0.0) for r in rows) for k in rows[0]},
@@ -134,7 +164,18 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--code", type=Path, help="run the sidecar from this source tree")
+    ap.add_argument("--health-every", type=float, default=1.0,
+                    help="each app's POST /v1/health period in seconds (0: none)")
+    ap.add_argument("--poll-rate", type=float, default=0.0,
+                    help="each app's GET /v1/assignment per second on new connections "
+                         "(the light worker before the follower: 9-17)")
+    ap.add_argument("--follow", action="store_true",
+                    help="each app keeps a long-poll open (kgroup.follower)")
     ap.add_argument("--real-node", action="store_true")
+    ap.add_argument("--probes", choices=("exec", "http"), default="exec",
+                    help="--real-node: the exec probes (4 workers), or the example's httpGet "
+                         "probes on a free port (a hostNetwork pod's port is the node's: "
+                         "1 worker)")
     ap.add_argument("--profile", type=Path,
                     help="run the first sidecar under cProfile, its stats written here")
     ap.add_argument("--out", type=Path)
@@ -192,8 +233,18 @@ def main() -> None:
             return True
 
         wait_until("every member holds its target", stable, timeout=120)
+        followers: list[AssignmentFollower] = []
         for sc in sidecars:
-            threading.Thread(target=report_health, args=(sc, stop), daemon=True).start()
+            follower = AssignmentFollower(sc.url).start() if args.follow else None
+            if follower is not None:
+                followers.append(follower)
+            if args.health_every > 0:
+                threading.Thread(target=report_health,
+                                 args=(sc, stop, args.health_every, follower),
+                                 daemon=True).start()
+            if args.poll_rate > 0:
+                threading.Thread(target=poll_assignment, args=(sc, stop, args.poll_rate),
+                                 daemon=True).start()
         time.sleep(10)  # settle: the first health reports, the first scope
         load0 = os.getloadavg()
         pids = [sc.proc.pid for sc in sidecars if sc.proc is not None]
@@ -204,6 +255,9 @@ def main() -> None:
                 for p in pids]
         result: dict[str, Any] = {
             "members": args.members, "partitions": args.partitions, "window_s": args.window,
+            "app": {"health_every_s": args.health_every, "poll_rate": args.poll_rate,
+                    "follow": args.follow,
+                    "follower_polls": sum(f.polls for f in followers)},
             "code": str(args.code or "this tree"), "load_avg_start": load0,
             "load_avg_end": os.getloadavg(), "processes": rows,
             "mcpu_mean": sum(r["mcpu"] for r in rows) / len(rows),

@@ -242,7 +242,10 @@ def _diff(old: dict[int, Partition], new: dict[int, Partition]
 
 
 class SidecarClient:
-    """Synchronous client (stdlib http.client; one connection per request)."""
+    """Synchronous client (stdlib http.client). One kept-alive connection per client and
+    thread (a thread's long-poll never holds up another thread's request): a request on
+    a connection the sidecar closed meanwhile (idle, or the sidecar restarted) is sent
+    once more on a new one."""
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -250,21 +253,65 @@ class SidecarClient:
         self.address = SidecarAddress.parse(self.url)
         self.timeout = timeout
         self.clock = clock
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()
+        self.connections_opened = 0
+
+    def close(self) -> None:
+        """Close every thread's connection (the next request opens a new one)."""
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            conn.close()
+
+    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """-> (this thread's connection, whether it was used before)."""
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        with self._lock:
+            if conn is not None and conn in self._open:
+                return conn, True
+            conn = self.address.connection(timeout)
+            self._open.add(conn)
+            self.connections_opened += 1
+        self._local.conn = conn
+        return conn, False
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        with self._lock:
+            self._open.discard(conn)
+
+    def _exchange(self, method: str, path: str, data: bytes | None,
+                  timeout: float) -> tuple[int, str, bytes]:
+        while True:
+            conn, reused = self._connection(timeout)
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            try:
+                conn.request(method, path, body=data,
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(conn)
+                # a kept-alive connection the sidecar closed: sent again once on a new one
+                # (never after a timeout). Every request of this API may be sent twice: a
+                # release already done answers 404, a health report is replaced.
+                if reused and isinstance(exc, ConnectionError | http.client.BadStatusLine):
+                    continue
+                raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+            if resp.will_close:
+                self._drop(conn)
+            return resp.status, resp.reason, raw
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
                  timeout: float | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        conn = self.address.connection(timeout or self.timeout)
-        try:
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            raw = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise SidecarError(0, f"sidecar unreachable: {exc}") from None
-        finally:
-            conn.close()
-        if resp.status >= 400:
-            raise SidecarError(resp.status, _error_message(raw, resp.reason))
+        status, reason, raw = self._exchange(method, path, data, timeout or self.timeout)
+        if status >= 400:
+            raise SidecarError(status, _error_message(raw, reason))
         try:
             result: dict[str, Any] = json.loads(raw)
         except ValueError as exc:

@@ -78,6 +78,9 @@ def test_exec_probes_test_the_sidecars_files_with_find_not_python(tmp_path: Path
     assert side["readinessProbe"]["exec"]["command"] == ready
     assert all(no_interpreter(side[k]["exec"]["command"])
                for k in ("startupProbe", "livenessProbe", "readinessProbe"))
+    # an exec costs the container ~18 ms of CPU (runc): fewer of them than http probes
+    assert side["readinessProbe"]["periodSeconds"] == 10
+    assert side["livenessProbe"]["periodSeconds"] == 30
     # the sidecar's own module writes the files those commands test
     from kgroup_sidecar.probe_files import ALIVE, READY, probe_command
     assert probe_command("/var/run/kgroup/probe", ALIVE) == alive
@@ -271,3 +274,14 @@ def test_sidecar_metrics_bind_the_pod_ip_or_the_host_given(tmp_path: Path) -> No
     side = app_pod(tmp_path / "c", "  sidecar: {metrics: {enabled: true, host: 127.0.0.1}, "
                     "probes: {mode: exec}, image: {tag: '0.1.0'}}\n")["spec"]["initContainers"][0]
     assert "KGROUP_POD_IP" not in {e["name"] for e in side["env"]}  # neither needs it
+
+
+def test_a_readiness_period_set_by_hand_wins_in_either_mode(tmp_path: Path) -> None:
+    parent = parent_chart(tmp_path, POD_TEMPLATE % {"where": "initContainers", "extra": ""})
+    for mode in ("http", "exec"):
+        (parent / "values.yaml").write_text(
+            "kgroup:\n  operator: {enabled: false}\n  sidecar: {image: {tag: '9.9.9'}, "
+            f"probes: {{mode: {mode}}}, readinessProbe: {{periodSeconds: 4}}}}\n")
+        (side,) = one(render(chart=parent), "Pod")["spec"]["initContainers"]
+        assert side["readinessProbe"]["periodSeconds"] == 4
+        assert side["readinessProbe"]["failureThreshold"] == 1

@@ -73,14 +73,14 @@ class RealGroup:
 
     def apply(self, *, partitions: int, replicas: int, command: list[str],
               stream: str, sidecar_env: dict[str, str] | None = None,
-              **group_spec: Any) -> None:
+              http_probes_on: int | None = None, **group_spec: Any) -> None:
         """`kubectl apply` the example ConsumerGroup and worker Deployment (StatefulSet)."""
         docs = [example_group(redis_url=self.redis_url, stream=stream, partitions=partitions,
                               **group_spec)]
         docs += example_workers(api_port=self.cluster.ports["apiserver"],
                                 redis_url=self.redis_url, stream=stream, replicas=replicas,
                                 command=command, small_requests=True, audit_dir=self.audit,
-                                sidecar_env=sidecar_env,
+                                sidecar_env=sidecar_env, http_probes_on=http_probes_on,
                                 path=EXAMPLE if self.kind == "Deployment"
                                 else STATEFULSET_EXAMPLE)
         for d in docs:

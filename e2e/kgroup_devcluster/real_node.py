@@ -20,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from kgroup_sidecar.probe_files import ALIVE, READY, probe_command
+from kgroup_sidecar.probe_files import (
+    ALIVE,
+    LIVENESS_PERIOD_SECONDS,
+    READINESS_PERIOD_SECONDS,
+    READY,
+    probe_command,
+)
 
 from .cluster import REPO
 
@@ -58,22 +64,40 @@ def exec_probes(sidecar: Obj, probe_dir: str = PROBE_DIR) -> None:
         probe = sidecar[key]
         probe.pop("httpGet", None)
         probe["exec"] = {"command": probe_command(probe_dir, name)}
-    # a stale file, not a slow answer, is what fails: one slow exec must not kill it
-    sidecar["livenessProbe"].update(timeoutSeconds=10, failureThreshold=2)
+    # a stale file, not a slow answer, is what fails: one slow exec must not kill it; each
+    # exec costs the container about 18 ms of CPU: fewer of them than http probes
+    sidecar["livenessProbe"].update(periodSeconds=LIVENESS_PERIOD_SECONDS, timeoutSeconds=10,
+                                    failureThreshold=2)
+    sidecar["readinessProbe"]["periodSeconds"] = READINESS_PERIOD_SECONDS
+
+
+def http_probe_port(sidecar: Obj, port: int) -> None:
+    """The example's httpGet probes kept, on ``port`` (a hostNetwork pod's container port
+    is a port of the node: the scheduler places one such pod per node and port, so this
+    serves one worker per node, e.g. to measure what httpGet probes cost there)."""
+    for p in sidecar["ports"]:
+        if p["name"] == "kgroup-probe":
+            p["containerPort"] = port
+    for e in sidecar["env"]:
+        if e["name"] == "KGROUP_PROBE_LISTEN":
+            e["value"] = f"$(KGROUP_POD_IP):{port}"
 
 
 def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
                     replicas: int | None = None, path: Path = EXAMPLE,
                     command: list[str] | None = None, small_requests: bool = False,
                     audit_dir: Path | None = None,
-                    sidecar_env: dict[str, str] | None = None) -> list[Obj]:
+                    sidecar_env: dict[str, str] | None = None,
+                    http_probes_on: int | None = None) -> list[Obj]:
     """The example's ConfigMap and Deployment (or, with `path=STATEFULSET_EXAMPLE`, its
     ConfigMap, headless Service and StatefulSet), placed on the real node.
 
     The keyword arguments are what a test or the demo changes beyond placement: the app's
     command (the PySpark job instead of the light worker), small resource requests, an
     ownership audit file per sidecar in a hostPath directory (`audit_dir`, a test's
-    instrument, not a deployment's) and extra sidecar settings.
+    instrument, not a deployment's) and extra sidecar settings. ``http_probes_on``: keep
+    the example's httpGet probes on that port instead of the exec probes (one worker per
+    node: :func:`http_probe_port`).
     """
     docs: list[Obj] = [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
@@ -96,7 +120,10 @@ def example_workers(*, api_port: int, redis_url: str, stream: str | None = None,
                     c.setdefault("resources", {}).setdefault("requests", {})["cpu"] = (
                         SMALL_CPU_REQUEST)
                 if c["name"] == "kgroup-sidecar":
-                    exec_probes(c)
+                    if http_probes_on is None:
+                        exec_probes(c)
+                    else:
+                        http_probe_port(c, http_probes_on)
                     c["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                  {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]
                     c["env"] += [{"name": k, "value": v}

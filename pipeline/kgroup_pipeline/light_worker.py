@@ -101,6 +101,7 @@ class LightWorker:
             except (OSError, SidecarError):
                 return
             self.handoff.step(time.monotonic(), everything=True)
+            time.sleep(self.idle_wait)  # the ownership may answer from memory: no spin
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ownership_spec(ap, args)
     stop = stop_on_signals()
     worker = LightWorker(client=redis.Redis.from_url(args.redis, decode_responses=True),
-                         stream=args.stream, ownership=ownership_from_spec(spec),
+                         stream=args.stream, ownership=ownership_from_spec(spec, follow=True),
                          max_rows=args.max_rows, drain_timeout=args.drain_timeout, log_every=5.0)
     stats = worker.run(stop)
     print(f"light-worker stopped: batches={stats.batches} rows={stats.rows}", file=sys.stderr)

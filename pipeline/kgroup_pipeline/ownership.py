@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from kgroup.client import Report, SidecarClient, SidecarError
 from kgroup.core.ranges import format_ranges, parse_ranges
+from kgroup.follower import AssignmentFollower
 
 State = Literal["active", "revoking"]
 
@@ -83,15 +84,25 @@ class SidecarOwnership:
     The client stops reporting partitions once the sidecar's promise
     (``validForSeconds``) has run out, so a worker cut off from its sidecar plans nothing
     rather than processing partitions it may no longer own.
+
+    With ``follow`` (the light worker), :meth:`assignment` costs no request: a
+    :class:`kgroup.follower.AssignmentFollower` keeps a long-poll open and the answer
+    it holds is read (a plain request only before its first answer and right after a
+    release, so a partition just released is never reported again).
     """
 
-    def __init__(self, url: str, *, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, *, timeout: float = 5.0, follow: bool = False) -> None:
         self.url = url.rstrip("/")
         self.client = SidecarClient(self.url, timeout=timeout)
+        self.follower = AssignmentFollower(self.url, timeout=timeout).start() if follow \
+            else None
 
     def assignment(self) -> View:
         """Raises :class:`kgroup.client.SidecarError` when the sidecar cannot answer."""
-        a = self.client.assignment()
+        a = self.follower.latest() if self.follower is not None else None
+        if a is None:
+            a = self.follower.fetch(self.client) if self.follower is not None \
+                else self.client.assignment()
         parts = tuple(
             OwnedPartition(p.partition, p.token,
                            "revoking" if p.state == "revoking" else "active", p.position)
@@ -106,6 +117,9 @@ class SidecarOwnership:
             if e.status in (404, 409):
                 return False
             raise
+        finally:
+            if self.follower is not None:
+                self.follower.forget()
 
     def report_health(self, reports: list[Report]) -> None:
         """Per-partition position, lag, stall to the sidecar (``kgroup_pipeline.health``);
@@ -127,11 +141,13 @@ def view_to_wire(view: View, *, member: str) -> dict[str, Any]:
     }
 
 
-def ownership_from_spec(spec: str) -> StaticOwnership | SidecarOwnership:
-    """``sidecar:<url>`` or ``static:<ranges>[@token]``."""
+def ownership_from_spec(spec: str, *, follow: bool = False
+                        ) -> StaticOwnership | SidecarOwnership:
+    """``sidecar:<url>`` or ``static:<ranges>[@token]``; ``follow``: see
+    :class:`SidecarOwnership`."""
     kind, _, rest = spec.partition(":")
     if kind == "sidecar":
-        return SidecarOwnership(rest)
+        return SidecarOwnership(rest, follow=follow)
     if kind == "static":
         ranges, _, token = rest.partition("@")
         return StaticOwnership(parse_ranges(ranges), token=int(token or 1))

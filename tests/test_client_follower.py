@@ -1,0 +1,175 @@
+"""The app's follower (kgroup.follower) and the sync client's kept-alive connection.
+
+The pure part first: :func:`follow_wait` keeps the app's promise from lapsing while the
+sidecar's holds, checked against a model of the sidecar's promise (renewals every 2 s of
+an 8 s lease). Then against a real sidecar HTTP server (tests/test_client.py's scripted
+sidecar, on a Unix socket and on loopback): changes arrive without a request per read,
+one connection serves many requests, and a connection the sidecar dropped is replaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from test_client import Scripted, scripted, wait
+
+from kgroup.client import Assignment, SidecarClient
+from kgroup.follower import AssignmentFollower, follow_wait
+from kgroup_pipeline.ownership import SidecarOwnership
+from kgroup_sidecar.http_api import serve
+
+__all__ = ["scripted"]  # the fixture, imported for the tests below
+
+HELD = {"partitions": [{"partition": 0, "token": 1, "state": "active"}], "fenced": False}
+
+
+def answer(valid_for: float, sent_at: float, *, held: bool = True) -> Assignment:
+    body = dict(HELD) if held else {"partitions": [], "fenced": False}
+    return Assignment.from_json({**body, "validForSeconds": valid_for}, sent_at=sent_at)
+
+
+def sidecar_promise(t: float, *, duration: float = 8.0, renew: float = 2.0,
+                    margin: float = 1.0, latency: float = 0.05) -> float:
+    """validForSeconds the sidecar answers at ``t``: its last renewal was sent at the
+    last multiple of ``renew`` and confirmed ``latency`` later."""
+    last_sent = (t // renew) * renew
+    return last_sent + duration - margin - t
+
+
+def lapses(wait_rule: Callable[[Assignment | None, float], float], *,
+           horizon: float = 300.0, step: float = 0.01) -> list[float]:
+    """Times at which the app held no promise although the sidecar's held (a steady
+    sidecar: no changes, so each long-poll answers after its full wait)."""
+    t, held, out = 0.0, answer(sidecar_promise(0.0), 0.0), []
+    next_answer_at, sent = 0.0, 0.0
+    probe = 0.0
+    while t < horizon:
+        # the poll in flight answers at next_answer_at (measured there by the sidecar)
+        if t >= next_answer_at:
+            held = answer(sidecar_promise(next_answer_at), sent)
+            sent = next_answer_at
+            next_answer_at = sent + wait_rule(held, sent)
+        while probe < min(t + 1.0, horizon) and probe < next_answer_at:
+            if held.valid_until <= probe:
+                out.append(round(probe, 2))
+            probe += step
+        t = next_answer_at
+    return out
+
+
+def test_half_of_what_is_left_keeps_the_promise_whole() -> None:
+    assert lapses(lambda a, now: follow_wait(a, now)) == []
+
+
+def test_waiting_all_that_is_left_lets_the_promise_lapse() -> None:
+    """The broken variant: wait until the promise would run out. The answer's promise
+    counts from the send time, so it arrives already spent: the app owns nothing for
+    seconds at a time although its sidecar never lost anything."""
+
+    def greedy(a: Assignment | None, now: float) -> float:
+        assert a is not None
+        return max(0.1, a.valid_until - now)
+
+    assert len(lapses(greedy)) > 100
+
+
+def test_nothing_held_or_fenced_waits_as_long_as_allowed() -> None:
+    assert follow_wait(None, 0.0) == 30.0
+    assert follow_wait(answer(6.0, 0.0, held=False), 0.0) == 30.0
+    fenced = Assignment.from_json({**HELD, "fenced": True, "validForSeconds": 0}, sent_at=0)
+    assert follow_wait(fenced, 0.0, max_wait=12) == 12
+    assert follow_wait(answer(6.0, 0.0), 1.0) == 2.5
+    assert follow_wait(answer(6.0, 0.0), 9.0) == 0.1  # spent: ask again soon
+
+
+def test_offers_are_kept_in_send_order_and_forget_drops_older_ones() -> None:
+    now = [100.0]
+    f = AssignmentFollower("http://127.0.0.1:1", clock=lambda: now[0])
+    newer, older = answer(6.0, 100.0), answer(6.0, 99.0)
+    f.offer(newer, 100.0)
+    f.offer(older, 99.0)
+    assert f.latest() is newer
+    now[0] = 101.0
+    f.forget()
+    assert f.latest() is None
+    f.offer(newer, 100.0)  # sent before the forget: e.g. before a release
+    assert f.latest() is None
+    f.offer(older, 101.5)
+    assert f.latest() is older
+
+
+def test_follower_sees_changes_with_few_requests(scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("acked", lambda: c.assignment().acked_epoch == 1)
+    f = AssignmentFollower(scripted.url).start()
+    try:
+        wait("first answer", lambda: f.latest() is not None)
+        polls = f.polls
+        t0 = time.monotonic()
+        reads = 0
+        while time.monotonic() - t0 < 1.0:
+            a = f.latest()
+            assert a is not None and [p.partition for p in a.active] == [0, 1]
+            reads += 1
+            time.sleep(0.005)
+        # 3 s lease, 1 s renew: an answer about every second, not one per read
+        assert reads > 100 and f.polls - polls <= 3
+        scripted.set(target=[0], epoch=2)
+        wait("revoking seen", lambda: (a := f.latest()) is not None
+             and any(p.state == "revoking" for p in a.partitions), timeout=2)
+        assert f.client.connections_opened == 1
+    finally:
+        f.stop()
+
+
+def test_a_released_partition_is_not_reported_from_memory(scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    own = SidecarOwnership(scripted.url, follow=True)
+    try:
+        wait("acked", lambda: own.client.assignment().acked_epoch == 1)
+        scripted.set(target=[0], epoch=2)
+        wait("revoking", lambda: [p.partition for p in own.assignment().revoking()] == [1])
+        assert own.release(1, 11, "9-0")
+        assert [p.partition for p in own.assignment().partitions] == [0]
+    finally:
+        assert own.follower is not None
+        own.follower.stop()
+
+
+def test_the_sync_client_keeps_one_connection(scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("owned", lambda: c.assignment().partitions)
+    for _ in range(20):
+        c.assignment()
+    assert c.connections_opened == 1
+
+
+def test_a_connection_the_sidecar_closed_is_replaced(scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("owned", lambda: c.assignment().partitions)
+    # the sidecar's HTTP server stops (closing the kept-alive connection) and serves again
+    scripted.call(scripted.runner.cleanup())
+    scripted.runner = scripted.call(serve(scripted.sc, scripted.sc.settings))
+    assert [p.partition for p in c.assignment().partitions] == [0]
+    assert c.connections_opened == 2
+
+
+def test_a_long_poll_in_one_thread_does_not_hold_up_another_threads_request(
+        scripted: Scripted) -> None:
+    scripted.set(target=[0], epoch=1)
+    c = SidecarClient(scripted.url)
+    a = wait("owned", lambda: (x := c.assignment()).partitions and x)
+    poll = threading.Thread(target=c.wait_for_change, args=(a.version + 1000, 3.0))
+    poll.start()
+    time.sleep(0.2)  # the long-poll is in flight on its thread's connection
+    t0 = time.monotonic()
+    c.report_health([])
+    assert time.monotonic() - t0 < 1.0 and poll.is_alive()
+    poll.join()
+    assert c.connections_opened == 2  # one per thread, each kept
+    c.close()
