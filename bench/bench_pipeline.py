@@ -123,7 +123,8 @@ def bench_light(client: Any, stream: str) -> tuple[int, float]:
     return worker.stats.rows, time.monotonic() - t0
 
 
-def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, Any]:
+def bench_spark(client: Any, url: str, stream: str, master: str,
+                read_on: str = "tasks") -> dict[str, Any]:
     t0 = time.monotonic()
     spark = build_session(master)
     session_s = time.monotonic() - t0
@@ -139,7 +140,8 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, An
     t1 = time.monotonic()
     progress = run_worker(redis_url=url, stream=stream, ownership="static:0-15@1",
                           master=master, checkpoint=tempfile.mkdtemp(prefix="kgroup-bench-"),
-                          stop=stop, quiet=True, spark=spark, max_rows=MAX_ROWS)
+                          stop=stop, quiet=True, spark=spark, max_rows=MAX_ROWS,
+                          read_on=read_on)
     spark.stop()
     report = verify(client, stream)
     assert report.clean and report.caught_up
@@ -483,7 +485,7 @@ def main() -> int:
     ap.add_argument("--async-progress", action="store_true",
                     help="the drivers write Spark's offset/commit logs in the background")
     ap.add_argument("--read-on", choices=("tasks", "driver"), default="tasks",
-                    help="the drivers' and the start-up worker's --read-on")
+                    help="every PySpark worker's --read-on")
     ap.add_argument("--startup", action="store_true",
                     help="only the start-up run: launch -> first committed batch")
     args = ap.parse_args()
@@ -520,7 +522,7 @@ def main() -> int:
         spark: dict[str, Any] = {}
         if not args.no_spark and not args.only_drivers:
             backlog(client, "spark", args.events)
-            spark = bench_spark(client, srv.url, "spark", args.master)
+            spark = bench_spark(client, srv.url, "spark", args.master, args.read_on)
             rows.append({"consumer": "PySpark worker, steady", "events": spark["steady_rows"],
                          "seconds": spark["steady_rows"] / spark["steady_eps"],
                          "events_per_s": spark["steady_eps"]})
@@ -540,6 +542,7 @@ def main() -> int:
         print_stages(spark["stages"])
     print_drivers(spark3, latency)
     meta = {"events": args.events, "partitions": PARTS, "master": args.master,
+            "read_on": args.read_on,
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0], "load_avg": list(os.getloadavg()),
             "load_avg_start": load_start,
