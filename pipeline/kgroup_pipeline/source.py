@@ -190,6 +190,9 @@ class KgroupDriverStreamReader(SimpleDataSourceStreamReader):
         self.planner = KgroupStreamReader({**options, "output": "aggregates"})
         self._client: redis.Redis | None = None
 
+    def __getstate__(self) -> dict[str, Any]:  # a replay after a restart may run in a task
+        return {**self.__dict__, "_client": None}
+
     def initialOffset(self) -> dict[str, Any]:
         return self.planner.initialOffset()
 
