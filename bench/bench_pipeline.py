@@ -123,7 +123,8 @@ def bench_light(client: Any, stream: str) -> tuple[int, float]:
     return worker.stats.rows, time.monotonic() - t0
 
 
-def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, Any]:
+def bench_spark(client: Any, url: str, stream: str, master: str,
+                read_on: str = "tasks") -> dict[str, Any]:
     t0 = time.monotonic()
     spark = build_session(master)
     session_s = time.monotonic() - t0
@@ -139,7 +140,8 @@ def bench_spark(client: Any, url: str, stream: str, master: str) -> dict[str, An
     t1 = time.monotonic()
     progress = run_worker(redis_url=url, stream=stream, ownership="static:0-15@1",
                           master=master, checkpoint=tempfile.mkdtemp(prefix="kgroup-bench-"),
-                          stop=stop, quiet=True, spark=spark, max_rows=MAX_ROWS)
+                          stop=stop, quiet=True, spark=spark, max_rows=MAX_ROWS,
+                          read_on=read_on)
     spark.stop()
     report = verify(client, stream)
     assert report.clean and report.caught_up
@@ -262,6 +264,7 @@ def child(argv: list[str]) -> int:
     for name in ("--redis", "--stream", "--share", "--master", "--name", "--out", "--trigger"):
         ap.add_argument(name, required=True)
     ap.add_argument("--async-progress", action="store_true")
+    ap.add_argument("--read-on", default="tasks")
     args = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     client = redis.Redis.from_url(args.redis, decode_responses=True)
@@ -293,12 +296,16 @@ def child(argv: list[str]) -> int:
         while not client.exists(f"bench:{args.stream}:go"):
             time.sleep(0.01)
         threading.Thread(target=watch_stop, daemon=True).start()
+        options: dict[str, Any] = {}  # only those given (a base tree may lack them)
+        if args.async_progress:
+            options["async_progress"] = True
+        if args.read_on != "tasks":
+            options["read_on"] = args.read_on
         progress = run_worker(redis_url=args.redis, stream=args.stream,
                               ownership=f"static:{args.share}@1", master=args.master,
                               checkpoint=f"{ckpt}/main", stop=stop, quiet=True, spark=spark,
                               max_rows=MAX_ROWS, trigger_seconds=float(args.trigger),
-                              **({"async_progress": True} if args.async_progress
-                                 else {}))  # type: ignore[arg-type]  # (a base tree lacks it)
+                              **options)
     spark.stop()
     Path(args.out).write_text(json.dumps({
         "share": args.share, "session_s": session_s, "warm_s": warm_s, "rows": progress.rows,
@@ -375,7 +382,7 @@ def latencies(client: Any, stream: str, samples: Sequence[tuple[float, list[tupl
 
 def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: float,
             seconds: float, tmp: str, trigger: float = 0.25,
-            async_progress: bool = False) -> dict[str, Any]:
+            async_progress: bool = False, read_on: str = "tasks") -> dict[str, Any]:
     """Drain a backlog with `workers` warmed drivers, then produce at `rate` for latency."""
     client = srv.client()
     stream = f"d{workers}"
@@ -391,7 +398,8 @@ def drivers(srv: RedisServer, *, workers: int, events: int, master: str, rate: f
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, "--child", "--redis", srv.url, "--stream", stream,
                      "--share", share, "--master", master, "--name", str(i), "--out", outs[i],
-                     "--trigger", str(trigger)] + (["--async-progress"] if async_progress else []),
+                     "--trigger", str(trigger), "--read-on", read_on]
+                    + (["--async-progress"] if async_progress else []),
                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         wait_for("drivers ready", lambda: int(client.get(f"bench:{stream}:ready") or 0) == workers,
                  600, procs=procs, step=0.2)
@@ -476,13 +484,17 @@ def main() -> int:
                     help="the drivers' trigger interval, seconds (latency run)")
     ap.add_argument("--async-progress", action="store_true",
                     help="the drivers write Spark's offset/commit logs in the background")
+    ap.add_argument("--read-on", choices=("tasks", "driver"), default="tasks",
+                    help="every PySpark worker's --read-on")
     ap.add_argument("--startup", action="store_true",
                     help="only the start-up run: launch -> first committed batch")
     args = ap.parse_args()
     if args.startup:
         with RedisServer() as srv:
             load = os.getloadavg()[0]
-            st = bench_startup(srv, master=args.master)
+            st = bench_startup(srv, master=args.master,
+                               extra=["--read-on", args.read_on] if args.read_on != "tasks"
+                               else [])
         print("\n".join(st["lines"]))
         print(f"worker launch -> first committed batch {st['first_commit_s']:.1f}s (session "
               f"line at {st['session_line_s']}s, query started at {st['query_line_s']}s); "
@@ -510,7 +522,7 @@ def main() -> int:
         spark: dict[str, Any] = {}
         if not args.no_spark and not args.only_drivers:
             backlog(client, "spark", args.events)
-            spark = bench_spark(client, srv.url, "spark", args.master)
+            spark = bench_spark(client, srv.url, "spark", args.master, args.read_on)
             rows.append({"consumer": "PySpark worker, steady", "events": spark["steady_rows"],
                          "seconds": spark["steady_rows"] / spark["steady_eps"],
                          "events_per_s": spark["steady_eps"]})
@@ -530,6 +542,7 @@ def main() -> int:
         print_stages(spark["stages"])
     print_drivers(spark3, latency)
     meta = {"events": args.events, "partitions": PARTS, "master": args.master,
+            "read_on": args.read_on,
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0], "load_avg": list(os.getloadavg()),
             "load_avg_start": load_start,
@@ -554,7 +567,8 @@ def bench_drivers(srv: RedisServer, args: argparse.Namespace,
                                         master=args.master, rate=args.rate,
                                         seconds=args.latency_seconds, tmp=tmp,
                                         trigger=args.trigger,
-                                        async_progress=args.async_progress)
+                                        async_progress=args.async_progress,
+                                        read_on=args.read_on)
             except (RuntimeError, TimeoutError, AssertionError, OSError) as exc:
                 logs = sorted(Path(tmp).glob(f"d{workers}-*.log"))
                 tail = logs[-1].read_text(errors="replace")[-800:] if logs else ""
@@ -562,7 +576,7 @@ def bench_drivers(srv: RedisServer, args: argparse.Namespace,
                 print(f"{workers} driver(s) fell short: {exc}\n{tail}", file=sys.stderr)
     latency: dict[str, Any] = {"method": LATENCY_METHOD, "rate": args.rate,
                                "seconds": args.latency_seconds, "trigger_s": args.trigger,
-                               "async_progress": args.async_progress}
+                               "async_progress": args.async_progress, "read_on": args.read_on}
     for workers, r in runs.items():
         if "fell_short" in r:
             continue

@@ -46,7 +46,8 @@ class SparkWorker:
     """worker.run in a thread, stopped (drain + release) by `stop()`."""
 
     def __init__(self, spark: Any, *, redis_url: str, stream: str, ownership: str,
-                 checkpoint: str | None = None, max_rows: int = 20_000) -> None:
+                 checkpoint: str | None = None, max_rows: int = 20_000,
+                 read_on: str = "tasks") -> None:
         self.stop_event = threading.Event()
         self.progress: Progress | None = None
         self.error: BaseException | None = None
@@ -56,7 +57,8 @@ class SparkWorker:
                 self.progress = run_worker(
                     redis_url=redis_url, stream=stream, ownership=ownership, master="",
                     checkpoint=checkpoint or tempfile.mkdtemp(prefix="kgroup-test-ckpt-"),
-                    stop=self.stop_event, max_rows=max_rows, drain_timeout=20.0, spark=spark)
+                    stop=self.stop_event, max_rows=max_rows, drain_timeout=20.0, spark=spark,
+                    read_on=read_on)
             except BaseException as e:
                 self.error = e
 
@@ -186,6 +188,26 @@ def test_a_backlog_is_consumed_in_bounded_batches(
     assert sum(sizes) == 24_000 and max(sizes) <= 4000 and len(sizes) >= 6, sizes
     report = verify(rclient, stream)
     assert report.clean and report.caught_up
+
+
+def test_the_low_latency_reader_on_the_driver_commits_bounded_batches_exactly_once(
+        spark: Any, rclient: redis.Redis, redis_url: str, stream: str) -> None:
+    """``--read-on driver``: no Python task per batch; the same sink, the same promises."""
+    produce(rclient, stream=stream, partitions=PARTS, count=12_000, keys=300, bad_every=500,
+            seed=16)
+    worker = SparkWorker(spark, redis_url=redis_url, stream=stream, ownership="static:0-15@1",
+                         max_rows=4000, read_on="driver")
+    try:
+        wait_for(lambda: worker.error is not None or verify(rclient, stream).caught_up,
+                 what="catch-up")
+    finally:
+        progress = worker.stop()
+    sizes = [b["rows"] for b in progress.stages]
+    assert sum(sizes) == 12_000 and max(sizes) <= 4000 and len(sizes) >= 3, sizes
+    report = verify(rclient, stream)
+    assert report.clean and report.caught_up
+    assert report.total("dead") == report.total("bad") == 24
+    assert rclient.xlen(f"kgroup:{{{stream}}}:dead") == 24
 
 
 def test_a_batch_is_read_again_with_the_same_rows_and_malformed_events_stay_rows(

@@ -29,7 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 import redis
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.errors import PySparkNotImplementedError
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
@@ -147,17 +153,62 @@ class KgroupStreamReader(DataSourceStreamReader):
         assert isinstance(partition, RangesPartition)
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         try:
-            for part, token, from_id, to_id, limit in partition.ranges:
-                batches = read_range(client, stream=self.stream, partition=part, token=token,
-                                     from_id=from_id, to_id=to_id, limit=limit)
-                if self.aggregated:
-                    results = aggregate(batches)
-                    if results:
-                        yield results_to_arrow(results)
-                else:
-                    yield from batches
+            yield from self.read_ranges(client, partition.ranges)
         finally:
             client.close()
+
+    def read_ranges(self, client: redis.Redis, ranges: list[Range]) -> Iterator[pa.RecordBatch]:
+        for part, token, from_id, to_id, limit in ranges:
+            batches = read_range(client, stream=self.stream, partition=part, token=token,
+                                 from_id=from_id, to_id=to_id, limit=limit)
+            if self.aggregated:
+                results = aggregate(batches)
+                if results:
+                    yield results_to_arrow(results)
+            else:
+                yield from batches
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the sink's fenced transaction is the commit that counts."""
+
+
+class KgroupDriverStreamReader(SimpleDataSourceStreamReader):
+    """``option("readOn", "driver")``: plan, read and aggregate in the source's planner
+    process (Spark's simple stream reader), so a batch runs no Python task at all.
+
+    A micro-batch then costs one planner round trip plus a JVM-only job over the results
+    Spark cached (no Python worker, no pickled reader per task): the low-latency mode for
+    small batches. One process reads every range, so a backlog drains on one core (the
+    task reader spreads ranges over ``splits`` Python workers). The offsets, the ranges
+    and the admission cap are the task reader's own: ``read(start)`` plans like
+    ``latestOffset`` (``ReadMaxRows(maxRowsPerBatch)``), and a batch Spark replays after a
+    restart (``readBetweenOffsets``) re-reads the same ranges, which the sink refuses if
+    they are stale. The output is always the per-key aggregates (``RESULT_DDL``).
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.planner = KgroupStreamReader({**options, "output": "aggregates"})
+        self._client: redis.Redis | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a replay after a restart may run in a task
+        return {**self.__dict__, "_client": None}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.planner.initialOffset()
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
+        end = self.planner.latestOffset(start, ReadMaxRows(self.planner.max_rows))
+        if end is start or end == start:
+            return iter(()), start
+        return self.readBetweenOffsets(start, end), end
+
+    def readBetweenOffsets(self, start: dict[str, Any],
+                           end: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self.planner.redis_url, decode_responses=True)
+        ranges = [r for task in split_ranges(end.get("p", {}), 1) for r in task]
+        # read now: Spark's cache copies the iterator (copy.copy), a generator cannot be
+        return iter(list(self.planner.read_ranges(self._client, ranges)))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the sink's fenced transaction is the commit that counts."""
@@ -165,17 +216,28 @@ class KgroupStreamReader(DataSourceStreamReader):
 
 class KgroupStreamSource(DataSource):
     """``spark.readStream.format("kgroup").option("redis", ...).option("stream", ...)
-    .option("ownership", "sidecar:http://127.0.0.1:8470")``."""
+    .option("ownership", "sidecar:http://127.0.0.1:8470")``; ``option("readOn",
+    "driver")`` for :class:`KgroupDriverStreamReader` (aggregates only)."""
 
     @classmethod
     def name(cls) -> str:
         return "kgroup"
 
+    def _on_driver(self) -> bool:
+        return self.options.get("readon", "tasks") == "driver"
+
     def schema(self) -> str:
-        return RESULT_DDL if self.options.get("output", "events") == "aggregates" else SOURCE_DDL
+        aggregates = self.options.get("output", "events") == "aggregates" or self._on_driver()
+        return RESULT_DDL if aggregates else SOURCE_DDL
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self._on_driver():  # Spark then asks simpleStreamReader
+            raise PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED",
+                                             messageParameters={"feature": "streamReader"})
         return KgroupStreamReader(dict(self.options))
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        return KgroupDriverStreamReader(dict(self.options))
 
 
 def aggregate_arrow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -162,14 +162,15 @@ class FencedBatchSink:
 def start_query(spark: Any, *, redis_url: str, stream: str, ownership: str, checkpoint: str,
                 sink: FencedBatchSink, trigger_seconds: float = 0.25,
                 max_rows: int = 100_000, fused: bool = True,
-                async_progress: bool = False) -> Any:
+                async_progress: bool = False, read_on: str = "tasks") -> Any:
     from kgroup_pipeline.source import aggregate_arrow
 
     reader = (spark.readStream.format("kgroup")
               .option("redis", redis_url).option("stream", stream)
               .option("ownership", ownership).option("maxRowsPerBatch", str(max_rows))
-              .option("splits", str(spark.sparkContext.defaultParallelism)))
-    if fused:
+              .option("splits", str(spark.sparkContext.defaultParallelism))
+              .option("readOn", read_on))
+    if fused or read_on == "driver":
         results = reader.option("output", "aggregates").load()
     else:
         results = reader.load().mapInArrow(aggregate_arrow, RESULT_DDL)
@@ -221,7 +222,8 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         stop: threading.Event, trigger_seconds: float = 0.25, max_rows: int = 100_000,
         drain_timeout: float = 30.0, quiet: bool = False, spark: Any = None,
         executor_cores: int = 1, executor_memory: str = "512m", cores_max: int = 1,
-        fused: bool = True, warm: bool = True, async_progress: bool = False) -> Progress:
+        fused: bool = True, warm: bool = True, async_progress: bool = False,
+        read_on: str = "tasks") -> Progress:
     """Run until `stop`; then seal, drain, release everything and stop the query.
 
     With `spark` given (tests share one session per module) the session is left running.
@@ -234,12 +236,13 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
         if not quiet:
             print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
                   flush=True)
-        if warm:
+        if warm and read_on == "tasks":
             warm_up(spark)
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
-                        max_rows=max_rows, fused=fused, async_progress=async_progress)
+                        max_rows=max_rows, fused=fused, async_progress=async_progress,
+                        read_on=read_on)
     handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
@@ -284,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--async-progress", action="store_true",
                     help="Spark's offset/commit logs written in the background (experimental)")
+    ap.add_argument("--read-on", choices=("tasks", "driver"), default="tasks",
+                    help="driver: plan, read and aggregate in the source's planner process "
+                         "(no Python task per batch: lower latency, one core for reads)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="do not start the Python workers while the query starts")
     args = ap.parse_args(argv)
@@ -294,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=checkpoint, stop=stop, trigger_seconds=args.trigger,
         max_rows=args.max_rows, drain_timeout=args.drain_timeout,
         executor_cores=args.executor_cores, executor_memory=args.executor_memory,
-        cores_max=args.cores_max, warm=not args.no_warm_up, async_progress=args.async_progress)
+        cores_max=args.cores_max, warm=not args.no_warm_up, async_progress=args.async_progress,
+        read_on=args.read_on)
     return 0
 
 
