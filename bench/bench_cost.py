@@ -252,6 +252,45 @@ class RealSidecars:
 # ---- one size ---------------------------------------------------------------------------
 
 
+class Timeline:
+    """Where empty -> Stable goes: every ``interval`` s one list of the group's partition
+    Leases (raw JSON), counting the locks that exist, carry an assignment mark and have a
+    holder; the first moment each count reached the partition count."""
+
+    def __init__(self, st: Stage, partitions: int, interval: float = 5.0) -> None:
+        self.st, self.partitions, self.interval = st, partitions, interval
+        self.t0 = time.monotonic()
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
+        self._thread.start()
+
+    def _count(self) -> tuple[int, int, int]:
+        raw = self.st.coord.list_namespaced_lease(
+            self.st.ns,
+            label_selector=f"kgroup.dev/group={self.st.group},kgroup.dev/role=partition",
+            _preload_content=False)
+        items = json.loads(raw.data)["items"]
+        marked = sum(1 for o in items
+                     if (o["metadata"].get("annotations") or {}).get("kgroup.dev/assigned"))
+        held = sum(1 for o in items if (o.get("spec") or {}).get("holderIdentity"))
+        return len(items), marked, held
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):
+                self.samples.append((round(time.monotonic() - self.t0, 1), *self._count()))
+
+    def stop(self) -> Obj:
+        self._stop.set()
+        self._thread.join(30)
+        first: Obj = {}
+        for name, i in (("all_locks_created_s", 1), ("all_locks_marked_s", 2),
+                        ("all_locks_held_s", 3)):
+            first[name] = next((s[0] for s in self.samples if s[i] >= self.partitions), None)
+        return {**first, "samples": self.samples}
+
+
 def baseline(st: Stage, seconds: float) -> Obj:
     """The API server's lease counters per second with nothing of ours running."""
     a, t0 = api_lease_counters(st.cluster), time.monotonic()
@@ -271,6 +310,7 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
                    "swarm_processes": 0 if real else processes}
     swarm: Swarm | SwarmProcs | None = None
     sidecars: RealSidecars | None = None
+    timeline: Timeline | None = None
     try:
         pods = [f"w-{i}" for i in range(members + 1)]
         st.pods(pods)
@@ -279,6 +319,7 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
         st.create_group(partitions=partitions, window=None, duration=None, renew=None,
                         drain=None)
         t0 = time.monotonic()
+        timeline = Timeline(st, partitions)
         op_port = free_port()
         op = st.start_operator(metrics_port=op_port, env=(
             {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
@@ -293,6 +334,7 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             swarm.add(pods[:members])
         wait_until("Stable", lambda: st.stable_with(members), timeout=timeout, interval=1.0)
         result["empty_to_stable_s"] = round(time.monotonic() - t0, 1)
+        result["timeline"] = timeline.stop()
         print(f"  {members}x{partitions}: Stable after {result['empty_to_stable_s']} s",
               flush=True)
         t0 = time.monotonic()
@@ -364,6 +406,8 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             result["fencings"] = swarm.fencings()
     except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
         result["fell_short"] = f"{type(exc).__name__}: {exc}"[:300]
+        if timeline is not None and "timeline" not in result:
+            result["timeline"] = timeline.stop()
         with contextlib.suppress(Exception):
             status = st.status()
             result["status_at_timeout"] = {k: status.get(k) for k in (
