@@ -32,7 +32,9 @@ ratio of each size's cost to the previous. ``--out`` writes the JSON (default
 ``docs/bench/cost.json``).
 
     .venv/bin/python bench/bench_cost.py [--members 10,50,200] [--partitions 10000]
-        [--window 60] [--own-watches] [--real 50] [--processes 2] [--groups 0]
+        [--window 60] [--own-watches] [--real 50] [--processes 2]
+    .venv/bin/python bench/bench_cost.py --groups 100 --members 10 --partitions 100
+        # 100 groups x 10 members (own watches) on one operator
 """
 
 from __future__ import annotations
@@ -422,6 +424,72 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
     return result
 
 
+def many(groups: int, members: int, partitions: int, *, window: float, timeout: float,
+         processes: int, operator_from: Path | None = None) -> Obj:
+    """``groups`` groups of ``members`` swarm members each (own watches), one operator:
+    empty -> every group Stable, then the steady-state window (no join or leave)."""
+    st = Stage("bench-groups")
+    result: Obj = {"groups": groups, "members": groups * members,
+                   "members_per_group": members, "partitions": partitions,
+                   "how": "swarm, own watches per member", "swarm_processes": processes}
+    swarm: SwarmProcs | None = None
+    names = [f"g{i}" for i in range(groups)]
+    try:
+        st.room_for(groups * members + 50)
+        for g in names:
+            st.pods([f"{g}-w-{j}" for j in range(members)], app=g)
+        result["baseline_per_s"] = base = baseline(st, min(15.0, window))
+        for g in names:
+            st.create_group(partitions=partitions, window=None, duration=None, renew=None,
+                            drain=None, name=g)
+        t0 = time.monotonic()
+        op_port = free_port()
+        op = st.start_operator(metrics_port=op_port, env=(
+            {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
+            else None))
+        swarm = SwarmProcs(kubeconfig=str(st.cluster.kubeconfig), namespace=st.ns,
+                           group=names[0], processes=processes, own_watches=True,
+                           health_interval=1.0)
+        for g in names:
+            swarm.add([f"{g}-w-{j}" for j in range(members)], group=g)
+
+        def all_stable() -> str | bool:
+            listing = st.custom.list_namespaced_custom_object(
+                "kgroup.dev", "v1alpha1", st.ns, "consumergroups")
+            stable = sum(1 for o in listing["items"]
+                         if st.stable_with(members, dict(o.get("status") or {})))
+            return stable == groups or f"{stable} of {groups} Stable"
+
+        wait_until("every group Stable", all_stable, timeout=timeout, interval=2.0)
+        result["empty_to_stable_s"] = round(time.monotonic() - t0, 1)
+        print(f"  {groups} groups x {members}: all Stable after "
+              f"{result['empty_to_stable_s']} s", flush=True)
+        member_pids = [int(x["pid"]) for x in swarm.stats()]
+        w = Window(st, op.pid, op_port, member_pids)
+        a = w.read()
+        time.sleep(window)  # the measuring window, not a wait for a condition
+        b = w.read()
+        rates = w.rates(a, b)
+        for k, key in (("watch_events", "lease_watch_events_per_s"),
+                       ("watch_bytes", "lease_watch_kib_per_s"),
+                       ("writes", "lease_writes_per_s")):
+            rates[key + "_raw"] = rates[key]
+            rates[key] = rates[key] - base[k] / (1024 if k == "watch_bytes" else 1)
+        result.update(rates)
+        result["operator_cpu_s_total"] = cpu_seconds(op.pid)
+        result["swarms"] = swarm.stats()
+        result["swarm_rss_mb"] = sum(rss_mb(p) for p in member_pids)
+        result["fencings"] = swarm.fencings()
+    except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        result["fell_short"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"  {groups} groups: {result['fell_short']}", flush=True)
+    finally:
+        if swarm is not None:
+            swarm.close()
+        st.close()
+    return result
+
+
 # ---- fits and the table -----------------------------------------------------------------
 
 COSTS = ("lease_watch_events_per_s", "lease_watch_kib_per_s", "lease_writes_per_s",
@@ -497,12 +565,29 @@ def main() -> None:
     ap.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                     help="sample the operator with py-spy over the window (needs py-spy in "
                          "the venv); folded stacks go to DIR")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="instead of sizes: this many groups of --members members each "
+                         "(own watches) on one operator")
     ap.add_argument("--label", default="", help="a name for this run in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "cost.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",") if x]
     command = ".venv/bin/python bench/bench_cost.py " + " ".join(sys.argv[1:])
     rows = []
+    if args.groups:
+        facts = machine()
+        row = many(args.groups, sizes[0], args.partitions, window=args.window,
+                   timeout=args.timeout, processes=args.processes,
+                   operator_from=args.operator_from)
+        row["load_average_at_start"] = facts["load_average"]
+        row["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps(row, default=str), flush=True)
+        runs0: Obj = json.loads(args.out.read_text()) if args.out.exists() else {}
+        runs0[args.label or command] = {"command": command, "machine": machine(),
+                                        "groups": row, "when": time.strftime(
+                                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        args.out.write_text(json.dumps(runs0, indent=1, default=str) + "\n")
+        return
     for m in sizes:
         facts = machine()
         row = one(m, args.partitions, window=args.window, timeout=args.timeout,
