@@ -132,8 +132,8 @@ class Kube:
 
         def call() -> dict[str, Any] | None:
             try:
-                self.locks.create_namespaced_lease(namespace, cast(Any, body),
-                                                   _preload_content=False)
+                _json(self.locks.create_namespaced_lease(namespace, cast(Any, body),
+                                                         _preload_content=False))
                 return None
             except ApiException as exc:
                 if exc.status != 409:
@@ -255,6 +255,11 @@ class Kube:
 
 
 def _json(response: Any) -> dict[str, Any]:
-    """The body of an answer read with ``_preload_content=False`` (urllib3's response)."""
-    out: dict[str, Any] = json.loads(response.data)
+    """The body of an answer read with ``_preload_content=False`` (urllib3's response),
+    whose connection then goes back to the pool: urllib3 keeps it out of the pool until
+    released, and without this every request opened a TLS connection of its own."""
+    try:
+        out: dict[str, Any] = json.loads(response.data)
+    finally:
+        response.release_conn()
     return out
