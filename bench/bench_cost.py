@@ -301,6 +301,10 @@ def baseline(st: Stage, seconds: float) -> Obj:
     return {k: (b[k] - a[k]) / dt for k in a}
 
 
+LEASE: tuple[int | None, int | None] = (None, None)
+"""(duration, renew) of every group made; None: the CRD's default (``--lease``)."""
+
+
 def one(members: int, partitions: int, *, window: float, timeout: float, real: bool,
         own_watches: bool, processes: int, base_port: int,
         operator_from: Path | None = None, profile_dir: Path | None = None) -> Obj:
@@ -309,7 +313,8 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
                    "how": "real sidecar processes" if real else (
                        "swarm, own watches per member" if own_watches
                        else "swarm, watches shared per process"),
-                   "swarm_processes": 0 if real else processes}
+                   "swarm_processes": 0 if real else processes,
+                   "lease_duration_renew": LEASE}
     swarm: Swarm | SwarmProcs | None = None
     sidecars: RealSidecars | None = None
     timeline: Timeline | None = None
@@ -318,8 +323,8 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
         st.pods(pods)
         base = baseline(st, min(15.0, window))
         result["baseline_per_s"] = base
-        st.create_group(partitions=partitions, window=None, duration=None, renew=None,
-                        drain=None)
+        st.create_group(partitions=partitions, window=None, duration=LEASE[0],
+                        renew=LEASE[1], drain=None)
         t0 = time.monotonic()
         timeline = Timeline(st, partitions)
         op_port = free_port()
@@ -431,7 +436,8 @@ def many(groups: int, members: int, partitions: int, *, window: float, timeout: 
     st = Stage("bench-groups")
     result: Obj = {"groups": groups, "members": groups * members,
                    "members_per_group": members, "partitions": partitions,
-                   "how": "swarm, own watches per member", "swarm_processes": processes}
+                   "how": "swarm, own watches per member", "swarm_processes": processes,
+                   "lease_duration_renew": LEASE}
     swarm: SwarmProcs | None = None
     names = [f"g{i}" for i in range(groups)]
     try:
@@ -440,8 +446,8 @@ def many(groups: int, members: int, partitions: int, *, window: float, timeout: 
             st.pods([f"{g}-w-{j}" for j in range(members)], app=g)
         result["baseline_per_s"] = base = baseline(st, min(15.0, window))
         for g in names:
-            st.create_group(partitions=partitions, window=None, duration=None, renew=None,
-                            drain=None, name=g)
+            st.create_group(partitions=partitions, window=None, duration=LEASE[0],
+                            renew=LEASE[1], drain=None, name=g)
         t0 = time.monotonic()
         op_port = free_port()
         op = st.start_operator(metrics_port=op_port, env=(
@@ -568,10 +574,18 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=0,
                     help="instead of sizes: this many groups of --members members each "
                          "(own watches) on one operator")
+    ap.add_argument("--lease", default="", metavar="DURATION/RENEW",
+                    help="lease duration and renew interval (seconds) instead of the CRD's "
+                         "defaults (8/2): longer ones give requests more time on a loaded "
+                         "machine (the request timeout is derived from them)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "cost.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",") if x]
+    global LEASE
+    if args.lease:
+        duration, renew = (int(x) for x in args.lease.split("/"))
+        LEASE = (duration, renew)
     command = ".venv/bin/python bench/bench_cost.py " + " ".join(sys.argv[1:])
     rows = []
     if args.groups:
