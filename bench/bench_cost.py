@@ -483,9 +483,12 @@ def many(groups: int, members: int, partitions: int, *, window: float, timeout: 
             rates[key] = rates[key] - base[k] / (1024 if k == "watch_bytes" else 1)
         result.update(rates)
         result["operator_cpu_s_total"] = cpu_seconds(op.pid)
+        print(json.dumps(result, default=str), flush=True)  # the window's figures first
         result["swarms"] = swarm.stats()
         result["swarm_rss_mb"] = sum(rss_mb(p) for p in member_pids)
         result["fencings"] = swarm.fencings()
+        # before the teardown: crashing 1,000 swarm members one by one takes minutes
+        print(json.dumps(result, default=str), flush=True)
     except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
         result["fell_short"] = f"{type(exc).__name__}: {exc}"[:300]
         print(f"  {groups} groups: {result['fell_short']}", flush=True)
