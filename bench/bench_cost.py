@@ -32,7 +32,9 @@ ratio of each size's cost to the previous. ``--out`` writes the JSON (default
 ``docs/bench/cost.json``).
 
     .venv/bin/python bench/bench_cost.py [--members 10,50,200] [--partitions 10000]
-        [--window 60] [--own-watches] [--real 50] [--processes 2] [--groups 0]
+        [--window 60] [--own-watches] [--real 50] [--processes 2]
+    .venv/bin/python bench/bench_cost.py --groups 100 --members 10 --partitions 100
+        # 100 groups x 10 members (own watches) on one operator
 """
 
 from __future__ import annotations
@@ -252,12 +254,55 @@ class RealSidecars:
 # ---- one size ---------------------------------------------------------------------------
 
 
+class Timeline:
+    """Where empty -> Stable goes: every ``interval`` s one list of the group's partition
+    Leases (raw JSON), counting the locks that exist, carry an assignment mark and have a
+    holder; the first moment each count reached the partition count."""
+
+    def __init__(self, st: Stage, partitions: int, interval: float = 5.0) -> None:
+        self.st, self.partitions, self.interval = st, partitions, interval
+        self.t0 = time.monotonic()
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
+        self._thread.start()
+
+    def _count(self) -> tuple[int, int, int]:
+        raw = self.st.coord.list_namespaced_lease(
+            self.st.ns,
+            label_selector=f"kgroup.dev/group={self.st.group},kgroup.dev/role=partition",
+            _preload_content=False)
+        items = json.loads(raw.data)["items"]
+        marked = sum(1 for o in items
+                     if (o["metadata"].get("annotations") or {}).get("kgroup.dev/assigned"))
+        held = sum(1 for o in items if (o.get("spec") or {}).get("holderIdentity"))
+        return len(items), marked, held
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):
+                self.samples.append((round(time.monotonic() - self.t0, 1), *self._count()))
+
+    def stop(self) -> Obj:
+        self._stop.set()
+        self._thread.join(30)
+        first: Obj = {}
+        for name, i in (("all_locks_created_s", 1), ("all_locks_marked_s", 2),
+                        ("all_locks_held_s", 3)):
+            first[name] = next((s[0] for s in self.samples if s[i] >= self.partitions), None)
+        return {**first, "samples": self.samples}
+
+
 def baseline(st: Stage, seconds: float) -> Obj:
     """The API server's lease counters per second with nothing of ours running."""
     a, t0 = api_lease_counters(st.cluster), time.monotonic()
     time.sleep(seconds)
     b, dt = api_lease_counters(st.cluster), time.monotonic() - t0
     return {k: (b[k] - a[k]) / dt for k in a}
+
+
+LEASE: tuple[int | None, int | None] = (None, None)
+"""(duration, renew) of every group made; None: the CRD's default (``--lease``)."""
 
 
 def one(members: int, partitions: int, *, window: float, timeout: float, real: bool,
@@ -268,17 +313,20 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
                    "how": "real sidecar processes" if real else (
                        "swarm, own watches per member" if own_watches
                        else "swarm, watches shared per process"),
-                   "swarm_processes": 0 if real else processes}
+                   "swarm_processes": 0 if real else processes,
+                   "lease_duration_renew": LEASE}
     swarm: Swarm | SwarmProcs | None = None
     sidecars: RealSidecars | None = None
+    timeline: Timeline | None = None
     try:
         pods = [f"w-{i}" for i in range(members + 1)]
         st.pods(pods)
         base = baseline(st, min(15.0, window))
         result["baseline_per_s"] = base
-        st.create_group(partitions=partitions, window=None, duration=None, renew=None,
-                        drain=None)
+        st.create_group(partitions=partitions, window=None, duration=LEASE[0],
+                        renew=LEASE[1], drain=None)
         t0 = time.monotonic()
+        timeline = Timeline(st, partitions)
         op_port = free_port()
         op = st.start_operator(metrics_port=op_port, env=(
             {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
@@ -293,6 +341,7 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             swarm.add(pods[:members])
         wait_until("Stable", lambda: st.stable_with(members), timeout=timeout, interval=1.0)
         result["empty_to_stable_s"] = round(time.monotonic() - t0, 1)
+        result["timeline"] = timeline.stop()
         print(f"  {members}x{partitions}: Stable after {result['empty_to_stable_s']} s",
               flush=True)
         t0 = time.monotonic()
@@ -364,6 +413,8 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             result["fencings"] = swarm.fencings()
     except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
         result["fell_short"] = f"{type(exc).__name__}: {exc}"[:300]
+        if timeline is not None and "timeline" not in result:
+            result["timeline"] = timeline.stop()
         with contextlib.suppress(Exception):
             status = st.status()
             result["status_at_timeout"] = {k: status.get(k) for k in (
@@ -374,6 +425,76 @@ def one(members: int, partitions: int, *, window: float, timeout: float, real: b
             swarm.close()
         if sidecars is not None:
             sidecars.close()
+        st.close()
+    return result
+
+
+def many(groups: int, members: int, partitions: int, *, window: float, timeout: float,
+         processes: int, operator_from: Path | None = None) -> Obj:
+    """``groups`` groups of ``members`` swarm members each (own watches), one operator:
+    empty -> every group Stable, then the steady-state window (no join or leave)."""
+    st = Stage("bench-groups")
+    result: Obj = {"groups": groups, "members": groups * members,
+                   "members_per_group": members, "partitions": partitions,
+                   "how": "swarm, own watches per member", "swarm_processes": processes,
+                   "lease_duration_renew": LEASE}
+    swarm: SwarmProcs | None = None
+    names = [f"g{i}" for i in range(groups)]
+    try:
+        st.room_for(groups * members + 50)
+        for g in names:
+            st.pods([f"{g}-w-{j}" for j in range(members)], app=g)
+        result["baseline_per_s"] = base = baseline(st, min(15.0, window))
+        for g in names:
+            st.create_group(partitions=partitions, window=None, duration=LEASE[0],
+                            renew=LEASE[1], drain=None, name=g)
+        t0 = time.monotonic()
+        op_port = free_port()
+        op = st.start_operator(metrics_port=op_port, env=(
+            {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
+            else None))
+        swarm = SwarmProcs(kubeconfig=str(st.cluster.kubeconfig), namespace=st.ns,
+                           group=names[0], processes=processes, own_watches=True,
+                           health_interval=1.0)
+        for g in names:
+            swarm.add([f"{g}-w-{j}" for j in range(members)], group=g)
+
+        def all_stable() -> str | bool:
+            listing = st.custom.list_namespaced_custom_object(
+                "kgroup.dev", "v1alpha1", st.ns, "consumergroups")
+            stable = sum(1 for o in listing["items"]
+                         if st.stable_with(members, dict(o.get("status") or {})))
+            return stable == groups or f"{stable} of {groups} Stable"
+
+        wait_until("every group Stable", all_stable, timeout=timeout, interval=2.0)
+        result["empty_to_stable_s"] = round(time.monotonic() - t0, 1)
+        print(f"  {groups} groups x {members}: all Stable after "
+              f"{result['empty_to_stable_s']} s", flush=True)
+        member_pids = [int(x["pid"]) for x in swarm.stats()]
+        w = Window(st, op.pid, op_port, member_pids)
+        a = w.read()
+        time.sleep(window)  # the measuring window, not a wait for a condition
+        b = w.read()
+        rates = w.rates(a, b)
+        for k, key in (("watch_events", "lease_watch_events_per_s"),
+                       ("watch_bytes", "lease_watch_kib_per_s"),
+                       ("writes", "lease_writes_per_s")):
+            rates[key + "_raw"] = rates[key]
+            rates[key] = rates[key] - base[k] / (1024 if k == "watch_bytes" else 1)
+        result.update(rates)
+        result["operator_cpu_s_total"] = cpu_seconds(op.pid)
+        print(json.dumps(result, default=str), flush=True)  # the window's figures first
+        result["swarms"] = swarm.stats()
+        result["swarm_rss_mb"] = sum(rss_mb(p) for p in member_pids)
+        result["fencings"] = swarm.fencings()
+        # before the teardown: crashing 1,000 swarm members one by one takes minutes
+        print(json.dumps(result, default=str), flush=True)
+    except (TimeoutError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        result["fell_short"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"  {groups} groups: {result['fell_short']}", flush=True)
+    finally:
+        if swarm is not None:
+            swarm.close()
         st.close()
     return result
 
@@ -453,12 +574,37 @@ def main() -> None:
     ap.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                     help="sample the operator with py-spy over the window (needs py-spy in "
                          "the venv); folded stacks go to DIR")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="instead of sizes: this many groups of --members members each "
+                         "(own watches) on one operator")
+    ap.add_argument("--lease", default="", metavar="DURATION/RENEW",
+                    help="lease duration and renew interval (seconds) instead of the CRD's "
+                         "defaults (8/2): longer ones give requests more time on a loaded "
+                         "machine (the request timeout is derived from them)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "cost.json")
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",") if x]
+    global LEASE
+    if args.lease:
+        duration, renew = (int(x) for x in args.lease.split("/"))
+        LEASE = (duration, renew)
     command = ".venv/bin/python bench/bench_cost.py " + " ".join(sys.argv[1:])
     rows = []
+    if args.groups:
+        facts = machine()
+        row = many(args.groups, sizes[0], args.partitions, window=args.window,
+                   timeout=args.timeout, processes=args.processes,
+                   operator_from=args.operator_from)
+        row["load_average_at_start"] = facts["load_average"]
+        row["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps(row, default=str), flush=True)
+        runs0: Obj = json.loads(args.out.read_text()) if args.out.exists() else {}
+        runs0[args.label or command] = {"command": command, "machine": machine(),
+                                        "groups": row, "when": time.strftime(
+                                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        args.out.write_text(json.dumps(runs0, indent=1, default=str) + "\n")
+        return
     for m in sizes:
         facts = machine()
         row = one(m, args.partitions, window=args.window, timeout=args.timeout,

@@ -139,11 +139,12 @@ class Stage:
                              f"crd/{C.CRD_NAME}")
         self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=self.ns)))
 
-    def pods(self, names: Iterable[str]) -> None:
+    def pods(self, names: Iterable[str], *, app: str | None = None) -> None:
+        """Pods labelled ``app`` (default: the stage's group), Running on kwok's nodes."""
         names = list(names)
         for pod in names:
             self.core.create_namespaced_pod(self.ns, client.V1Pod(
-                metadata=client.V1ObjectMeta(name=pod, labels={"app": self.group}),
+                metadata=client.V1ObjectMeta(name=pod, labels={"app": app or self.group}),
                 spec=client.V1PodSpec(
                     node_selector={"type": "kwok"},
                     tolerations=[client.V1Toleration(key="kwok.x-k8s.io/node",
@@ -159,11 +160,34 @@ class Stage:
 
         wait_until(f"{len(want)} pods Running", ready, timeout=300, interval=0.5)
 
+    def room_for(self, pods: int, per_node: int = 250) -> None:
+        """Enough kwok nodes for ``pods`` pods (the cluster starts with three of
+        ``per_node``): more fake nodes, kept for later runs (kwok's lease renewals of a
+        node cost a write every 40 s, counted in each benchmark's baseline)."""
+        nodes: Any = self.core.list_node(label_selector="type=kwok")
+        have = {n.metadata.name for n in nodes.items}
+        want = -(-(pods + 10) // per_node)
+        res = {"cpu": "64", "memory": "256Gi", "pods": str(per_node),
+               "ephemeral-storage": "1Ti"}
+        for i in range(want):
+            name = f"kwok-node-{i}"
+            if name in have:
+                continue
+            self.core.create_node(client.V1Node(
+                metadata=client.V1ObjectMeta(
+                    name=name, annotations={"kwok.x-k8s.io/node": "fake",
+                                            "node.alpha.kubernetes.io/ttl": "0"},
+                    labels={"type": "kwok", "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}),
+                status=client.V1NodeStatus(allocatable=res, capacity=res)))
+
     def create_group(self, *, partitions: int, window: int | None = 0,
                      duration: int | None = 15, renew: int | None = 5,
-                     drain: int | None = 30) -> Obj:
-        """The group; a setting given as None is left out (the CRD's default applies)."""
-        spec: Obj = {"partitions": partitions, "selector": {"matchLabels": {"app": self.group}}}
+                     drain: int | None = 30, name: str | None = None) -> Obj:
+        """The group (``name``: another than the stage's, selecting pods ``app=name``); a
+        setting given as None is left out (the CRD's default applies)."""
+        name = name or self.group
+        spec: Obj = {"partitions": partitions, "selector": {"matchLabels": {"app": name}}}
         if window is not None:
             spec["stabilizationWindowSeconds"] = window
         lease = {k: v for k, v in (("durationSeconds", duration),
@@ -175,7 +199,7 @@ class Stage:
         obj: Obj = self.custom.create_namespaced_custom_object(
             C.API_GROUP, C.API_VERSION, self.ns, C.PLURAL, {
                 "apiVersion": f"{C.API_GROUP}/{C.API_VERSION}", "kind": C.KIND,
-                "metadata": {"name": self.group}, "spec": spec})
+                "metadata": {"name": name}, "spec": spec})
         return obj
 
     def start_operator(self, *, metrics_port: int = 0,
@@ -197,8 +221,10 @@ class Stage:
             C.API_GROUP, C.API_VERSION, self.ns, C.PLURAL, self.group)
         return dict(obj.get("status") or {})
 
-    def stable_with(self, members: int) -> Obj | None:
-        st = self.status()
+    def stable_with(self, members: int, st: Obj | None = None) -> Obj | None:
+        """The group's status if it is Stable with ``members`` members, every member
+        holding its target and acknowledging the epoch (``st``: a status already read)."""
+        st = self.status() if st is None else st
         if (st.get("phase") == "Stable" and st.get("memberCount") == members
                 and st.get("unowned") == 0
                 and all(m.get("ownedCount") == m.get("assignedCount")

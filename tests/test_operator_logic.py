@@ -8,7 +8,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from kgroup.core.operator.decide import Memory, Observation, Plan, decide, written
+from kgroup.core.operator.decide import (
+    CREATES_PER_PASS,
+    Memory,
+    Observation,
+    Plan,
+    decide,
+    written,
+)
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation
 
@@ -324,3 +331,33 @@ def test_another_group_s_lease_under_the_name_is_a_squatter_too() -> None:
     assert "kgroup.dev/group='h'" in str(squatter(other, "g", 2))
     assert squatter(partition_lease(2, "5"), "g", 2) is None
     assert "kgroup.dev/partition='2'" in str(squatter(partition_lease(2, "5"), "g", 3))
+
+
+def test_an_empty_groups_locks_are_created_in_slices_each_with_the_target_as_of_its_pass(
+) -> None:
+    """Issue 25: 10,000 locks in one pass held the first target back for minutes and left
+    every lock to be marked by a second write; in slices of CREATES_PER_PASS, the next pass
+    follows at once and the locks created after the first target carry their owner."""
+    n = 2 * CREATES_PER_PASS + 7
+    op = Op()  # no member yet: the first slice is created unmarked
+    op.body = body(partitions=n)
+    first = op.decide()
+    assert first.create_partitions == list(range(CREATES_PER_PASS))
+    assert first.wait == 0.0  # the next slice at once, not at a timer
+    assert not any(first.owners.get(p) for p in first.create_partitions)
+    for p in first.create_partitions:
+        op.memory.lease_created(p, op.now)
+    op.now += 0.5
+    op.leases.put(member_lease("a", "20"), op.now)  # a member's session appears
+    op.pods = pods("a")
+    second = op.decide()
+    assert second.create_partitions == list(range(CREATES_PER_PASS, 2 * CREATES_PER_PASS))
+    assert second.status is not None and second.status["assignment"] == {"a": f"0-{n - 1}"}
+    assert all(second.owners[p] == "a" for p in second.create_partitions)  # marked at create
+    op.write(second, "11")
+    for p in second.create_partitions:
+        op.memory.lease_created(p, op.now)
+    op.now += 0.5
+    last = op.decide()
+    assert last.create_partitions == list(range(2 * CREATES_PER_PASS, n))
+    assert last.wait != 0.0  # nothing more to create: no immediate pass

@@ -25,8 +25,10 @@ latency measured on the swarm carries up to one batch delay.
 ``own_watches=True`` gives each member its own watches instead (the real ``KubeAdapter``'s,
 its own connections): the API server then sends each event to every member as it would to
 N pods, so its ``apiserver_watch_events_total`` shows what N pods cost (and this process
-pays for every delivery). ``health_interval`` makes every member's app report the health
-of what it holds that often, so each renewal carries a changing summary (lags, positions).
+pays for every delivery). With own watches, members of other groups of the namespace may
+join too (``add(pods, group=...)``): many small groups in one swarm. ``health_interval``
+makes every member's app report the health of what it holds that often, so each renewal
+carries a changing summary (lags, positions).
 
 There is no app: a revoking partition is acknowledged at once (``auto_ack``, what an app
 that finished its in-flight work does), so handoffs are not bounded by the drain timeout.
@@ -77,6 +79,7 @@ T = TypeVar("T")
 EXECUTOR_THREADS = 32
 SHARED_CONNECTIONS = 32
 SESSION_CONNECTIONS = 256  # the members' member-Lease writes (kube.py)
+OWN_CONNECTIONS = 8  # a member's own (own_watches): its two watches and its lock writes
 
 
 class Hub:
@@ -268,6 +271,8 @@ class Swarm:
         self.crashed_at: dict[str, float] = {}
         hub_settings = self.settings("swarm-hub", audit=False)
         self.clients: tuple[ApiClient, ApiClient] | None = None  # made in the loop
+        self.own_clients: list[ApiClient] = []  # a member's own (own_watches)
+        self.config: Any = None
         self.hub = Hub(hub_settings, self.loop)
         self.lag_max_s = 0.0
 
@@ -294,10 +299,10 @@ class Swarm:
                      "lag": (tick * 7 + p) % 50} for p, t in held.items()]})
                 self.health_reports += 1
 
-    def settings(self, pod: str, *, audit: bool = True) -> Settings:
+    def settings(self, pod: str, *, audit: bool = True, group: str | None = None) -> Settings:
         audit_file = (str(self.audit_dir / f"audit-{pod}.jsonl")
                       if audit and self.audit_dir is not None else None)
-        return Settings(group=self.group, namespace=self.namespace, pod_name=pod,
+        return Settings(group=group or self.group, namespace=self.namespace, pod_name=pod,
                         listen_port=0, kubeconfig=self.kubeconfig, log_level="WARNING",
                         audit_file=audit_file, termination_grace_seconds=self.grace)
 
@@ -310,7 +315,7 @@ class Swarm:
         self.thread.start()
 
         async def clients() -> tuple[ApiClient, ApiClient]:
-            config = load_config(self.kubeconfig)
+            self.config = config = load_config(self.kubeconfig)
             return (ApiClient(config, connections=SHARED_CONNECTIONS),
                     ApiClient(config, connections=SESSION_CONNECTIONS))
 
@@ -323,14 +328,27 @@ class Swarm:
                 lambda: self.loop.create_task(self._report_health(interval)))
         return self
 
-    def add(self, pods: Iterable[str]) -> None:
+    def add(self, pods: Iterable[str], group: str | None = None) -> None:
+        """Start members ``pods`` (of ``group``: another group than the swarm's needs
+        ``own_watches``, the hub watches the swarm's group only)."""
+        if group not in (None, self.group) and not self.own_watches:
+            raise ValueError("members of another group need own_watches")
+
         async def go() -> None:
             for pod in pods:
-                settings = self.settings(pod)
+                settings = self.settings(pod, group=group)
                 sc: Sidecar = (AckingSidecar if self.auto_ack else Sidecar)(settings)
                 assert self.clients is not None
+                clients = self.clients
+                if self.own_watches:
+                    # its watches and lock writes on connections of its own, as a pod's:
+                    # a shared pool would queue N members' long-lived watches behind each
+                    # other (32 connections for 50 members' 100 watches timed out)
+                    own = ApiClient(self.config, connections=OWN_CONNECTIONS)
+                    self.own_clients.append(own)
+                    clients = (own, self.clients[1])
                 adapter = SwarmAdapter(settings, hub=self.hub, sidecar=sc,
-                                       clients=self.clients, loop=self.loop,
+                                       clients=clients, loop=self.loop,
                                        own_watches=self.own_watches)
                 task = self.loop.create_task(sc.run(adapter), name=f"sidecar-{pod}")
                 self.members[pod] = Running(sc, task, time.monotonic())
@@ -392,7 +410,7 @@ class Swarm:
 
         async def close_clients() -> None:
             await self.hub.adapter.aclose()
-            for api in self.clients or ():
+            for api in [*(self.clients or ()), *self.own_clients]:
                 await api.close()
 
         try:
@@ -439,7 +457,7 @@ class SwarmProcs:
             raise RuntimeError(f"swarm process {proc.pid}: {reply['error']}")
         return reply.get("result")
 
-    def add(self, pods: Iterable[str]) -> None:
+    def add(self, pods: Iterable[str], group: str | None = None) -> None:
         share: dict[int, list[str]] = {}
         for pod in pods:
             i = self._next % len(self.procs)
@@ -447,7 +465,7 @@ class SwarmProcs:
             self.where[pod] = i
             share.setdefault(i, []).append(pod)
         for i, mine in share.items():
-            self._ask(i, "add", pods=mine)
+            self._ask(i, "add", pods=mine, group=group)
 
     def leave(self, pod: str, timeout: float = 60.0) -> None:
         self._ask(self.where.pop(pod), "leave", pod=pod, timeout=timeout)
@@ -503,7 +521,7 @@ def serve(argv: list[str] | None = None) -> int:
         try:
             result: Any = None
             if op == "add":
-                swarm.add(req["pods"])
+                swarm.add(req["pods"], req.get("group"))
             elif op == "leave":
                 swarm.leave(req["pod"], req.get("timeout", 60.0))
             elif op == "crash":

@@ -40,6 +40,7 @@ from kgroup.core.operator.decide import (
     Mark,
     Memory,
     Observation,
+    Plan,
     decide,
     written,
 )
@@ -178,11 +179,7 @@ class GroupController:
         body = self.body
         if body is None:
             return plan.wait
-        for p in plan.create_partitions:
-            existing = await self.kube.create_partition_lease(
-                namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
-                assigned=plan.owners.get(p), assigned_uid=plan.uids.get(plan.owners.get(p, "")))
-            self.memory.lease_created(p, plan.now, existing=existing, group=name)
+        await self._create(body, plan)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
@@ -216,6 +213,24 @@ class GroupController:
         await self._expire(plan.expiries)
         await self._mark(plan.marks)
         return plan.wait
+
+    async def _create(self, body: dict[str, Any], plan: Plan) -> None:
+        """The pass's lock creates, concurrently (the Kube's lock pool bounds how many are
+        in flight); each reported to the memory; the first failure is raised once all are
+        done (the pass is retried)."""
+        namespace, name = self.key
+
+        async def one(p: int) -> None:
+            existing = await self.kube.create_partition_lease(
+                namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
+                assigned=plan.owners.get(p), assigned_uid=plan.uids.get(plan.owners.get(p, "")))
+            self.memory.lease_created(p, plan.now, existing=existing, group=name)
+
+        results = await asyncio.gather(*(one(p) for p in plan.create_partitions),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _mark(self, marks: list[Mark]) -> None:
         """The marks' patches, concurrently (a join moves many partitions at once and its

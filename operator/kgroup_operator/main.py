@@ -172,8 +172,8 @@ async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metri
         stopping.cancel()
         hold = asyncio.create_task(elector.hold(stop))
     metrics.set_leader(True)
-    groups = GroupLoops(kube=Kube(api, identity=settings.identity), settings=settings,
-                        metrics=metrics)
+    kube = Kube(api, identity=settings.identity)
+    groups = GroupLoops(kube=kube, settings=settings, metrics=metrics)
     memo = kopf.Memo(groups=groups)
     lost = False
     try:
@@ -192,6 +192,7 @@ async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metri
         )
     finally:
         metrics.set_leader(False)
+        kube.close()
         lost = hold is not None and hold.done() and stop.is_set()
         if hold is not None:
             hold.cancel()

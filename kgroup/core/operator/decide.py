@@ -60,6 +60,7 @@ from kgroup.core.ranges import parse_ranges
 
 __all__ = [
     "API_RETRY_SECONDS",
+    "CREATES_PER_PASS",
     "FAILED_PASS_RETRY_SECONDS",
     "IDLE_RECHECK",
     "Event",
@@ -85,6 +86,12 @@ NOT_SYNCED_RETRY_SECONDS = 0.5
 """Next pass while the caches have not listed everything yet."""
 SQUAT_RECHECK = 30.0
 """A lock whose name another object holds is tried again this often (one create, one read)."""
+CREATES_PER_PASS = 500
+"""Lock creates one pass hands over at most; the next pass follows at once. An empty
+group's thousands of locks are so created in slices, each carrying the target owner's mark
+as of its pass: the locks created once the first target is decided need no separate mark
+(one write per lock instead of a create and a mark), and no pass holds a stale target for
+long."""
 LEASE_CREATE_RECHECK = 5.0
 """A partition Lease created but not yet shown by the synced cache is created again after
 this long (deleted before the watch showed it; a create of an existing one is a 409)."""
@@ -478,8 +485,12 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
 
     create = [p for p in range(spec.partitions) if p not in leases.partitions
               and now >= requested.get(p, -again(p)) + again(p)]
+    more_to_create = len(create) > CREATES_PER_PASS
+    create = create[:CREATES_PER_PASS]
     recheck = min((t + again(p) for p, t in requested.items()
                    if p not in create), default=None)
+    if more_to_create:
+        recheck = now  # the next slice: the pass after this one's creates are done
 
     epoch, new_target = status.epoch, target
     last_rebalance: LastRebalance | None = None
