@@ -12,7 +12,7 @@ does not fit this machine at 200 members. ``--operator-from`` runs another check
 operator (a before/after).
 
     .venv/bin/python bench/bench_renewals.py --members 200,1000 [--window 30]
-        [--operator-from /path/to/checkout]
+        [--operator-from /path/to/checkout] [--profile /tmp/op.txt]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -102,7 +103,7 @@ class Renewer:
 
 
 def one(members: int, *, partitions: int, window: float, settle: float,
-        operator_from: Path | None) -> Obj:
+        operator_from: Path | None, profile: Path | None = None) -> Obj:
     st = Stage("bench-renew")
     result: Obj = {"members": members, "partitions": partitions,
                    "operator": str(operator_from) if operator_from else "this checkout"}
@@ -123,6 +124,12 @@ def one(members: int, *, partitions: int, window: float, settle: float,
         passes = "kgroup_planning_passes_total"
         c0, p0, t0 = own_cpu_seconds(op.pid), operator_metric(port, passes), time.monotonic()
         w0 = renewer.writes
+        spy = None
+        if profile is not None:  # py-spy samples the thread holding the GIL
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(op.pid),
+                 "-d", str(int(window)), "-r", "100", "-g", "--nonblocking", "-f", "raw",
+                 "-o", str(profile)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(window)  # the measuring window
         dt = time.monotonic() - t0
         c1, p1 = own_cpu_seconds(op.pid), operator_metric(port, passes)
@@ -135,6 +142,8 @@ def one(members: int, *, partitions: int, window: float, settle: float,
             "renew_rounds_late": renewer.late,
             "member_count_at_end": st.status().get("memberCount"),
         })
+        if spy is not None:
+            spy.wait(30)
     finally:
         if renewer is not None:
             renewer.close()
@@ -150,6 +159,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=60.0)
     ap.add_argument("--operator-from", type=Path, default=None)
     ap.add_argument("--label", default="")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="py-spy's collapsed stacks of the operator over the window, to this "
+                         "file (<members> appended); costs the operator some CPU")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "renewals.json")
     args = ap.parse_args()
     command = ".venv/bin/python bench/bench_renewals.py " + " ".join(sys.argv[1:])
@@ -157,7 +169,9 @@ def main() -> None:
     for m in (int(x) for x in args.members.split(",")):
         start = [round(x, 2) for x in os.getloadavg()]
         row = one(m, partitions=args.partitions, window=args.window, settle=args.settle,
-                  operator_from=args.operator_from)
+                  operator_from=args.operator_from,
+                  profile=(args.profile.with_name(f"{args.profile.name}.{m}")
+                           if args.profile else None))
         row["load_average_at_start"] = start
         row["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(row)

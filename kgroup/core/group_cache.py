@@ -29,6 +29,7 @@ __all__ = [
     "material_lock_change",
     "material_member_change",
     "pod_observation",
+    "says_no_stall",
 ]
 
 
@@ -206,7 +207,7 @@ def health_key(raw: str | None) -> Any:
     not the lag figures and positions, which change with every renewal and are not in the
     status. No stall is the same as no annotation; one that does not read as a JSON object
     is kept whole."""
-    if not raw:
+    if not raw or says_no_stall(raw):
         return None
     try:
         data = json.loads(raw)
@@ -217,6 +218,30 @@ def health_key(raw: str | None) -> Any:
     key = (data.get("stalled") or None, data.get("stalledCount") or None,
            data.get("reason") or None)
     return None if key == (None, None, None) else key  # no stall: as no annotation
+
+
+_NO_STALL_ENDS = (',"stalled":"","stalledCount":0}', ',"stalledCount":0}', '{"stalledCount":0}')
+
+
+def says_no_stall(raw: str) -> bool:
+    """Whether a ``kgroup.dev/health`` text says *no stall* in the sidecar's own encoding
+    (``kgroup.core.health.encode_summary``: compact JSON, sorted keys, so ``stalled`` then
+    ``stalledCount`` come last), read without parsing it: a member's renewal carries up
+    to 4 KiB of it, changed at every renewal (lags and positions), and decoding it cost
+    the operator more than the rest of the renewal (issue 25).
+
+    True only if: no backslash (so every ``"`` is JSON's own, not one inside a string);
+    no ``"reason":`` key anywhere; the text ends with ``"stalledCount":0}`` (the last
+    member of the outer object: its value, whatever came before); and ``"stalled":``
+    appears only as the outer object's member just before it, with ``""``. For a JSON
+    object that is exactly :func:`health_key` ``None``; a malformed text that passes
+    reads as no stall, as the status reads any malformed one
+    (``kgroup.core.health.parse_summary``)."""
+    if "\\" in raw or '"reason":' in raw:
+        return False
+    if raw.endswith(_NO_STALL_ENDS[0]):
+        return raw.count('"stalled":') == 1
+    return raw.endswith(_NO_STALL_ENDS[1:]) and '"stalled":' not in raw
 
 
 def material_member_change(previous: MemberLease | None, new: MemberLease, *, was_live: bool,
