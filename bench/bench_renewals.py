@@ -36,6 +36,10 @@ from kgroup import constants as C
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
+QUIET_FOR = 20.0
+"""After ``--settle``, the window starts once no planning pass ran for this long (the
+group settled: Degraded, no deadline left), or after QUIET_MAX seconds more."""
+QUIET_MAX = 240.0
 
 
 def member_body(st: Stage, pod: str, tick: int, per_member: int) -> Obj:
@@ -119,6 +123,15 @@ def one(members: int, *, partitions: int, window: float, settle: float,
             {"PYTHONPATH": f"{operator_from}:{operator_from}/operator"} if operator_from
             else None))
         time.sleep(settle)  # let it create the partition Leases and settle (Degraded)
+        quiet_since, last, waited = time.monotonic(), None, time.monotonic()
+        while time.monotonic() - waited < QUIET_MAX:  # then until no pass for QUIET_FOR s
+            now_passes = operator_metric(port, "kgroup_planning_passes_total")
+            if now_passes != last:
+                quiet_since, last = time.monotonic(), now_passes
+            elif time.monotonic() - quiet_since >= QUIET_FOR:
+                break
+            time.sleep(1.0)
+        result["settled_after_s"] = round(settle + time.monotonic() - waited, 1)
         status = st.status()
         result["phase"], result["member_count"] = status.get("phase"), status.get("memberCount")
         passes = "kgroup_planning_passes_total"

@@ -105,8 +105,9 @@ class GroupLeases:
         old = self.bodies.get(name)
         if old is not None and not codec.not_older(body, old):
             return False
-        if codec.is_member(body):
-            ml = codec.parse_member_lease(body).value
+        renewed = self._renewal(old, body, name) if old is not None else None
+        if renewed is not None or codec.is_member(body):
+            ml = renewed or codec.parse_member_lease(body).value
             if ml is None:
                 return False
             previous = self.members.get(ml.member)
@@ -131,6 +132,30 @@ class GroupLeases:
             self.partitions[lock.partition] = lock
             return material_lock_change(previous_lock, lock)
         return False
+
+    def _renewal(self, old: Obj, body: Obj, name: str) -> MemberLease | None:
+        """The cached member Lease with ``body``'s marker, when ``body`` differs from the
+        cached ``old`` body at most where a renewal does (its resourceVersion, renewTime,
+        health, managedFields): every field :func:`~kgroup.core.lease_codec.parse_member_lease`
+        reads is compared, so the result is what parsing would give, without building it
+        from scratch on each of the 500 renewals/s of a 1,000-member group. None: parse."""
+        labels, old_labels = codec.labels_of(body), codec.labels_of(old)
+        if labels != old_labels or labels.get(C.LABEL_ROLE) != C.ROLE_MEMBER:
+            return None
+        cached = self.members.get(labels.get(C.LABEL_MEMBER) or
+                                  str((body.get("spec") or {}).get("holderIdentity") or ""))
+        if cached is None or cached.name != name:
+            return None
+        spec, old_spec = body.get("spec") or {}, old.get("spec") or {}
+        notes, old_notes = codec.annotations_of(body), codec.annotations_of(old)
+        if (spec.get("holderIdentity") != old_spec.get("holderIdentity")
+                or spec.get("leaseDurationSeconds") != old_spec.get("leaseDurationSeconds")
+                or notes.get(C.ANNOTATION_SESSION) != old_notes.get(C.ANNOTATION_SESSION)
+                or notes.get(C.ANNOTATION_EPOCH) != old_notes.get(C.ANNOTATION_EPOCH)):
+            return None
+        marker = str(codec.meta(body).get("resourceVersion", ""))
+        return MemberLease(cached.member, cached.session, marker, cached.duration,
+                           cached.epoch, cached.epoch_annotation, cached.name)
 
     def drop(self, body: Obj) -> None:
         """A Lease's DELETED event."""
