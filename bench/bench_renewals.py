@@ -37,8 +37,9 @@ from kgroup import constants as C
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
 QUIET_FOR = 20.0
-"""After ``--settle``, the window starts once no planning pass ran for this long (the
-group settled: Degraded, no deadline left), or after QUIET_MAX seconds more."""
+"""After ``--settle``, the window starts once the group is Degraded (settled: every
+partition unowned, its marks written) and no planning pass ran for this long, or after
+QUIET_MAX seconds more."""
 QUIET_MAX = 240.0
 
 
@@ -126,7 +127,8 @@ def one(members: int, *, partitions: int, window: float, settle: float,
         quiet_since, last, waited = time.monotonic(), None, time.monotonic()
         while time.monotonic() - waited < QUIET_MAX:  # then until no pass for QUIET_FOR s
             now_passes = operator_metric(port, "kgroup_planning_passes_total")
-            if now_passes != last:
+            settled = st.status().get("phase") == "Degraded"  # every partition unowned
+            if now_passes is None or now_passes != last or not settled:
                 quiet_since, last = time.monotonic(), now_passes
             elif time.monotonic() - quiet_since >= QUIET_FOR:
                 break
