@@ -142,6 +142,7 @@ class Stage:
     def pods(self, names: Iterable[str], *, app: str | None = None) -> None:
         """Pods labelled ``app`` (default: the stage's group), Running on kwok's nodes."""
         names = list(names)
+        self.cluster.ensure_pod_capacity(len(names))  # 1,000 kwok pods need more nodes
         for pod in names:
             self.core.create_namespaced_pod(self.ns, client.V1Pod(
                 metadata=client.V1ObjectMeta(name=pod, labels={"app": app or self.group}),

@@ -117,6 +117,8 @@ _VERB = {"read": "get", "list": "list", "create": "create", "replace": "update",
 # The sidecar's own client (kgroup_sidecar.apiclient): verb(LEASES, ...), and its watches
 # as data: WatchSpec("kind", LEASES, ...) is a list plus a watch.
 _SIDECAR_CALL = re.compile(r"\.(get|list|create|replace|patch|delete)\(\s*LEASES\b")
+# The operator's Lease watch (lease_watch.py, aiohttp): GETs of the leases URL, one a watch.
+_AIOHTTP_WATCH = '"watch": "true"'
 _SIDECAR_WATCH = re.compile(r"WatchSpec\(\s*\"\w+\",\s*LEASES\b")
 
 
@@ -130,7 +132,7 @@ def lease_verbs_called(*files: str) -> set[str]:
         verbs |= {_VERB[m] for m in _SIDECAR_CALL.findall(text)}
         if _SIDECAR_WATCH.search(text):
             verbs |= {"list", "watch"}
-        if "watch.Watch" in text or "watch=True" in text \
+        if "watch.Watch" in text or "watch=True" in text or _AIOHTTP_WATCH in text \
                 or "kopf.on.event(\"coordination.k8s.io\"" in text:
             verbs |= {"list", "watch"}
     return verbs
@@ -189,8 +191,10 @@ def operator_calls() -> set[tuple[str, str, str]]:
         for args in _KOPF_EVENT.findall(text):
             group, res = _KOPF_RESOURCE[args.split(", labels")[0]]
             calls |= {(group, res, "list"), (group, res, "watch")}
-        if "watch.Watch" in text or "watch=True" in text:  # lease_watch.py
+        if "watch.Watch" in text or "watch=True" in text:
             calls |= {("coordination.k8s.io", "leases", "watch")}
+        if _AIOHTTP_WATCH in text:  # lease_watch.py: a list, then a watch, with aiohttp
+            calls |= {("coordination.k8s.io", "leases", v) for v in ("list", "watch")}
     return calls
 
 

@@ -137,3 +137,37 @@ def test_a_lease_watch_that_ended_fails_liveness(monkeypatch: pytest.MonkeyPatch
         await rt.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_real_lease_watch_is_not_alive_once_its_task_ended_unasked() -> None:
+    """lease_watch.LeaseWatch itself: its task ends only on a bug (every API or network
+    error is retried); then alive() is False. Stopped on purpose, it stays alive()."""
+    from kubernetes import client
+
+    from kgroup_operator.lease_watch import Http, LeaseWatch
+
+    async def scenario() -> None:
+        def watch() -> LeaseWatch:
+            return LeaseWatch(Http(client.Configuration()), "ns", "g",
+                              on_list=lambda items: None, on_event=lambda kind, obj: None)
+
+        async def bug() -> None:
+            raise SystemError("the watch itself broke")
+
+        async def forever() -> None:
+            await asyncio.Event().wait()
+
+        broken, stopped = watch(), watch()
+        broken._run = bug  # type: ignore[method-assign]
+        stopped._run = forever  # type: ignore[method-assign]
+        assert broken.alive() and stopped.alive()  # not started yet
+        broken.start()
+        stopped.start()
+        await asyncio.sleep(0.01)
+        assert not broken.alive()
+        assert stopped.alive()
+        stopped.stop()
+        await stopped.wait_stopped()
+        assert stopped.alive()
+
+    asyncio.run(scenario())

@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "schedul
 
 FAKE_NODES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+PODS_PER_NODE = 250
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_TIMEOUT = 240.0  # seconds; the machine may be busy with a Go build
 
@@ -391,10 +392,11 @@ class Cluster:
 
     # ---- nodes --------------------------------------------------------------------------------
 
-    def ensure_nodes(self) -> None:
+    def ensure_nodes(self, names: Iterable[str] = FAKE_NODES) -> None:
         """Create the fake nodes kwok manages (existing ones are kept)."""
-        resources = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
-        for name in FAKE_NODES:
+        resources = {"cpu": "64", "memory": "256Gi", "pods": str(PODS_PER_NODE),
+                     "ephemeral-storage": "1Ti"}
+        for name in names:
             manifest = {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {
@@ -413,6 +415,13 @@ class Cluster:
             status, body = self.request("POST", "/api/v1/nodes", manifest)
             if status not in (201, 409):
                 raise ClusterError(f"creating node {name}: HTTP {status}: {body[:300]!r}")
+
+    def ensure_pod_capacity(self, pods: int) -> None:
+        """Enough fake nodes for ``pods`` more pods than the three standing nodes hold
+        (a benchmark's 1,000 members): extra ones are added, never removed (they cost
+        nothing while no pod runs on them)."""
+        extra = -(-max(0, pods - PODS_PER_NODE) // PODS_PER_NODE)
+        self.ensure_nodes(f"kwok-node-{len(FAKE_NODES) + i}" for i in range(extra))
 
     def _get_json(self, path: str) -> dict[str, Any] | None:
         try:

@@ -5,7 +5,6 @@ One :class:`GroupLoops` per process, handed to kopf handlers through kopf's ``me
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -15,7 +14,7 @@ from kgroup.core.operator.planner import PodObservation
 from .cache import Cache, GroupKey
 from .controller import GroupController
 from .kube import Kube
-from .lease_watch import LeaseWatch
+from .lease_watch import Http, LeaseWatch
 from .metrics import Metrics
 from .settings import OperatorSettings
 
@@ -32,6 +31,7 @@ class GroupLoops:
         self.metrics = metrics if metrics is not None else Metrics(process=False)
         self.controllers: dict[GroupKey, GroupController] = {}
         self.watches: dict[GroupKey, LeaseWatch] = {}
+        self.http: Http | None = None  # the Lease watches' aiohttp session, made lazily
 
     async def start(self) -> None:
         """Initial listing of pods and StatefulSets, then let the group loops run (a
@@ -64,6 +64,8 @@ class GroupLoops:
         self.watches.clear()
         for key in list(self.controllers):
             await self.controllers.pop(key).stop()
+        if self.http is not None:
+            await self.http.close()
 
     def group_seen(self, key: GroupKey, body: dict[str, Any]) -> None:
         c = self.controllers.get(key)
@@ -96,8 +98,9 @@ class GroupLoops:
             if self.controllers.get(key) is c:
                 self.lease_event(namespace, kind, body)
 
-        w = LeaseWatch(self.kube.api, namespace, key[1], loop=asyncio.get_running_loop(),
-                       on_list=listed, on_event=event)
+        if self.http is None:
+            self.http = Http(self.kube.api.configuration)
+        w = LeaseWatch(self.http, namespace, key[1], on_list=listed, on_event=event)
         w.start()
         return w
 

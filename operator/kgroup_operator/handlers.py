@@ -13,11 +13,11 @@ and move partitions).
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
 import kopf
+import orjson
 
 from kgroup import constants as C
 
@@ -81,7 +81,9 @@ async def group_event(
     if type == "DELETED":
         await rt.group_deleted((namespace, name))
     else:
-        rt.group_seen((namespace, name), copy.deepcopy(dict(body)))
+        # a copy of its own (kopf's body is a view): orjson's round trip costs a tenth of
+        # copy.deepcopy's, which showed in profiles at every status write of a large group
+        rt.group_seen((namespace, name), orjson.loads(orjson.dumps(dict(body))))
 
 
 @kopf.on.event("v1", "pods")

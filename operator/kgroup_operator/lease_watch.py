@@ -14,179 +14,224 @@ Why not a kopf handler on every Lease, as for the other resources:
   interval (1,000 members at the default 2 s: 500 events/s), and kopf spends far more per
   event than the cache does (its body wrappers, a deep copy of the body for its diff base,
   per-object loggers and throttler). A renewal that changes nothing material must cost
-  almost nothing (``GroupLeases.put``), so the stream is read line by line, each event
-  ``json.loads``-ed and handed to the loop in batches (at most one wake-up of the loop per
-  ``BATCH_SECONDS``, not one per event).
+  almost nothing (``GroupLeases.put``).
 
-A watch runs in a thread of its own (the Kubernetes client blocks; the shared pool of
-``asyncio.to_thread`` must stay free for the writes) with an API client of its own (its
-connection is held for the watch's life). List, then watch from the list's
-resourceVersion (bookmarks keep it fresh); a 410 Gone lists again, any other break
-re-watches after a short backoff. Nothing polls.
+How: each watch is a task on the operator's event loop reading the API server's stream
+with aiohttp (as kopf itself does; one session, its connection pool shared by every
+group's watch), the stream's lines cut by :class:`kgroup.core.operator.watch_stream.Lines`
+(bounded) and decoded with orjson. An earlier version read it with the ``kubernetes``
+client in a thread per watch: urllib3's chunked reads in Python, ``json.loads`` and the
+hand-over to the loop cost most of the operator's steady-state CPU (docs/benchmarks.md).
+List, then watch from the list's resourceVersion (bookmarks keep it fresh); a 410 Gone
+lists again, any other break watches again from the last version seen, after a backoff
+when it failed (:func:`kgroup.core.operator.watch_stream.backoff`). Nothing polls.
+
+Authentication is the ``kubernetes`` client's configuration (kubeconfig or in-cluster),
+read per request: a rotated in-cluster token is used at once (its refresh hook).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import threading
+import ssl
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+import orjson
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from kgroup import constants as C
+from kgroup.core.operator import watch_stream as ws
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 WATCH_SECONDS = 300
+"""The server ends each watch after this long (then it is resumed from its version)."""
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5)
 BATCH_SECONDS = 0.1
-"""Events are handed to the loop at most this often: one wake-up of the loop per batch
-(renewals arrive spread out; handed over one by one, each woke the loop)."""
-BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+"""After each read of the stream, reading pauses this long (:func:`_let_it_gather`)."""
 
 
-class Gone(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
+class Http:
+    """One aiohttp session to the API server for every Lease watch of the process, its
+    address and credentials from a ``kubernetes`` client configuration. Made lazily,
+    inside the running loop."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.configuration = configuration
+        self.server = str(configuration.host).rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        cfg = self.configuration
+        if not self.server.startswith("https:"):
+            return False
+        if not cfg.verify_ssl:
+            return False
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+        return ctx
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=0),
+                cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    def headers(self) -> dict[str, str]:
+        token = self.configuration.get_api_key_with_prefix("authorization")
+        return {"Accept": "application/json", **({"Authorization": token} if token else {})}
+
+    def leases_url(self, namespace: str) -> str:
+        return f"{self.server}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class LeaseWatch:
     """List and watch the Leases labelled ``kgroup.dev/group=<group>`` in ``namespace``;
-    ``on_list(items)`` after each listing, ``on_event(type, lease)`` per event, both
-    called on ``loop``, in the order they arrived."""
+    ``on_list(items)`` after each listing, ``on_event(type, lease)`` per event, in the
+    order they arrived, on the loop."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, group: str, *,
-                 loop: asyncio.AbstractEventLoop, on_list: Callable[[list[Obj]], None],
+    def __init__(self, http: Http, namespace: str, group: str, *,
+                 on_list: Callable[[list[Obj]], None],
                  on_event: Callable[[str, Obj], None]) -> None:
-        self.api = client.ApiClient(configuration=api.configuration)
-        self.coord = client.CoordinationV1Api(self.api)
+        self.http = http
         self.namespace = namespace
         self.group = group
         self.selector = f"{C.LABEL_GROUP}={group}"
-        self.loop = loop
         self.on_list = on_list
         self.on_event = on_event
         self.events = 0
-        self._stop = threading.Event()
-        self._started = False
-        self._lock = threading.Lock()
-        self._pending: list[tuple[str, Any]] = []
-        self._scheduled = False
-        self._responses: set[Any] = set()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"leases:{namespace}/{group}")
+        self.lists = 0
+        self.failures = 0
+        self._stopped = False
+        self._task: asyncio.Task[None] | None = None
 
     def alive(self) -> bool:
-        """False once the watch's thread ended without being asked to stop."""
-        return self._stop.is_set() or self._thread.is_alive() or not self._started
+        """False once the watch's task ended without being asked to stop (it only ends so
+        on a bug: every error of the API server or the network is retried)."""
+        return self._stopped or self._task is None or not self._task.done()
 
     def start(self) -> None:
-        self._started = True
-        self._thread.start()
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"leases:{self.namespace}/{self.group}")
 
     def stop(self) -> None:
-        self._stop.set()
-        for resp in list(self._responses):
-            try:
-                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
-            except Exception as exc:  # already closed
-                log.debug("lease watch: closing the stream: %s", exc)
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
 
-    # ---- the loop side -------------------------------------------------------------------
+    async def wait_stopped(self) -> None:
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
 
-    def _push(self, kind: str, payload: Any) -> None:
-        if self._stop.is_set():
-            return
-        with self._lock:
-            self._pending.append((kind, payload))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self.loop.call_soon_threadsafe(self.loop.call_later, BATCH_SECONDS, self._flush)
+    # ---- the stream ----------------------------------------------------------------------
 
-    def _flush(self) -> None:
-        with self._lock:
-            batch, self._pending, self._scheduled = self._pending, [], False
-        if self._stop.is_set():
-            return
-        for kind, payload in batch:
-            try:
-                if kind == "LIST":
-                    self.on_list(payload)
-                else:
-                    self.on_event(kind, payload)
-            except Exception:
-                log.exception("Leases of %s/%s: handling a %s failed", self.namespace,
-                              self.group, kind)
-
-    # ---- the thread side -----------------------------------------------------------------
-
-    def _call(self, **kw: Any) -> Any:
-        return self.coord.list_namespaced_lease(
-            self.namespace, label_selector=self.selector, _preload_content=False, **kw)
-
-    def _run(self) -> None:
-        failures = 0
+    async def _run(self) -> None:
         rv: str | None = None
-        while not self._stop.is_set():
+        while True:
             try:
                 if rv is None:
-                    raw = self._call(_request_timeout=(3, 60))
-                    body = json.loads(raw.data)
-                    rv = body["metadata"]["resourceVersion"]
-                    self._push("LIST", list(body.get("items") or []))
-                rv = self._watch(rv)
-                failures = 0
-            except Gone:
+                    rv = await self._list()
+                rv = await self._watch(rv)
+            except ws.Gone:
                 log.info("Leases of %s/%s: watch expired (410 Gone); listing again",
                          self.namespace, self.group)
                 rv = None
-                continue
-            except ApiException as exc:
-                if exc.status == 410:
-                    rv = None
-                    continue
-                failures += 1
-                log.warning("Leases of %s/%s: %s %s; retrying", self.namespace, self.group,
-                            exc.status, exc.reason)
+            except ws.WatchError as exc:  # the API server refused: list again after a wait
+                self.failures += 1
+                log.warning("Leases of %s/%s: %s; retrying", self.namespace, self.group, exc)
                 rv = None
-            except Exception as exc:  # the API server went away: urllib3, socket, ssl errors
-                if self._stop.is_set():
-                    break
-                failures += 1
-                log.warning("Leases of %s/%s: watch broke (%s); retrying", self.namespace,
-                            self.group, type(exc).__name__)
-            if failures:  # backoff between reconnects only: events are waited for
-                self._stop.wait(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1])
-        self.api.close()  # type: ignore[no-untyped-call]
+            except Exception as exc:  # the API server went away, or sent what is not JSON
+                self.failures += 1  # (aiohttp.ClientError, TimeoutError, ValueError, ...)
+                log.warning("Leases of %s/%s: watch broke (%s: %s); retrying",
+                            self.namespace, self.group, type(exc).__name__, exc)
+            await asyncio.sleep(ws.backoff(self.failures))
 
-    def _watch(self, rv: str) -> str | None:
+    async def _list(self) -> str:
+        async with self.http.session().get(
+                self.http.leases_url(self.namespace), params={"labelSelector": self.selector},
+                headers=self.http.headers(), timeout=LIST_TIMEOUT) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise _error(resp.status, raw)
+        body = orjson.loads(raw)
+        self.failures = 0
+        self.lists += 1
+        self._deliver_list(list(body.get("items") or []))
+        return str(body["metadata"]["resourceVersion"])
+
+    async def _watch(self, rv: str) -> str:
         """One watch request until the server ends it; the version to resume from."""
-        resp = self._call(watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                          timeout_seconds=WATCH_SECONDS,
-                          _request_timeout=(3, WATCH_SECONDS + 30))
-        self._responses.add(resp)
-        try:
-            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
-                if self._stop.is_set():
-                    return None
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone()
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.events += 1
-                    self._push(str(kind), obj)
-        finally:
-            self._responses.discard(resp)
-            resp.release_conn()
+        params = {"labelSelector": self.selector, "watch": "true", "resourceVersion": rv,
+                  "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
+        timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=WATCH_SECONDS + 30)
+        async with self.http.session().get(
+                self.http.leases_url(self.namespace), params=params,
+                headers=self.http.headers(), timeout=timeout) as resp:
+            if resp.status != 200:
+                raise _error(resp.status, await resp.read())
+            self.failures = 0
+            lines = ws.Lines()
+            async for chunk in resp.content.iter_any():
+                for line in lines.feed(chunk):
+                    s = ws.step(orjson.loads(line))
+                    rv = s.resource_version or rv
+                    if s.deliver:
+                        self.events += 1
+                        self._deliver(s.kind, s.obj)
+                await _let_it_gather(resp)
         return rv
+
+    def _deliver_list(self, items: list[Obj]) -> None:
+        try:
+            self.on_list(items)
+        except Exception:
+            log.exception("Leases of %s/%s: handling a listing failed", self.namespace,
+                          self.group)
+
+    def _deliver(self, kind: str, obj: Any) -> None:
+        try:
+            self.on_event(kind, obj)
+        except Exception:
+            log.exception("Leases of %s/%s: handling a %s failed", self.namespace,
+                          self.group, kind)
+
+
+async def _let_it_gather(resp: aiohttp.ClientResponse) -> None:
+    """Stop reading the connection for :data:`BATCH_SECONDS`: the events that arrive
+    meanwhile wait in the socket and are read, decrypted and parsed in one go.
+
+    Renewals arrive spread out (1,000 members at 2 s: one every 2 ms), each in a TCP
+    segment of its own; read as they come, each cost a wake-up of the loop, a pass of
+    asyncio's SSL layer (Python code) and aiohttp's parser: more than the event itself.
+    The pause uses aiohttp's own flow control (the protocol's pause/resume), which its
+    stream reader uses when its buffer fills. An event waits at most this long more."""
+    conn = resp.connection
+    if conn is None or conn.protocol is None:
+        return
+    protocol = conn.protocol
+    protocol.pause_reading()
+    try:
+        await asyncio.sleep(BATCH_SECONDS)
+    finally:
+        if protocol.transport is not None:
+            protocol.resume_reading()
+
+
+def _error(status: int, raw: bytes) -> ws.WatchError:
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except ValueError:
+        body = {}
+    message = str(body.get("message") or "") if isinstance(body, dict) else ""
+    return ws.error(status, message)

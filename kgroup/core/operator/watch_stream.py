@@ -1,0 +1,111 @@
+"""A Kubernetes watch stream read and resumed: the decisions, without I/O.
+
+A watch answers with one JSON event per line (``{"type": ..., "object": ...}``) until the
+API server ends the stream. What a watcher decides, whatever reads the bytes:
+
+* :class:`Lines` cuts the byte chunks into lines, holding at most one unfinished line,
+  and refuses one longer than its bound (memory stays bounded whatever the server sends;
+  an object is at most 1.5 MiB, so a line is too);
+* :func:`step` says what an event means: one to hand on (ADDED, MODIFIED, DELETED), a
+  BOOKMARK (only its resourceVersion, to resume from), or an ERROR (410 Gone: the version
+  is too old, list again; anything else: watch again);
+* :func:`backoff` says how long to wait before the next attempt after ``failures``
+  failures in a row (none after a stream the server simply ended: events are waited
+  for, not polled).
+
+Used by the operator's per-group Lease watch (``kgroup_operator.lease_watch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BACKOFF_SECONDS", "MAX_LINE_BYTES", "Gone", "LineTooLong", "Lines", "Step",
+           "WatchError", "backoff", "step"]
+
+MAX_LINE_BYTES = 8 * 1024 * 1024
+"""An event line's bound: an object is at most 1.5 MiB (etcd's request limit), JSON
+escaping of its annotations can at most double it, and the event adds a few bytes."""
+BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+DELIVERED = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+class LineTooLong(ValueError):
+    """A line grew past its bound: the stream is dropped (and watched again)."""
+
+
+class WatchError(Exception):
+    """An ERROR event, or an answer other than 200 to the watch request."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(f"{code} {message}".strip())
+        self.code = code
+        self.message = message
+
+
+class Gone(WatchError):
+    """410: the watch's resourceVersion is too old: list again."""
+
+
+def error(code: int, message: str = "") -> WatchError:
+    return (Gone if code == 410 else WatchError)(code, message)
+
+
+class Lines:
+    """Byte chunks in, complete non-empty lines out; at most ``max_line`` bytes held."""
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self.max_line = max_line
+        self._pending = b""
+
+    @property
+    def pending(self) -> int:
+        """Bytes held of a line not finished yet."""
+        return len(self._pending)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if b"\n" not in chunk:
+            if len(self._pending) + len(chunk) > self.max_line:
+                self._pending = b""
+                raise LineTooLong(f"a watch line over {self.max_line} bytes")
+            self._pending += chunk
+            return []
+        *lines, rest = (self._pending + chunk).split(b"\n")
+        if len(rest) > self.max_line or any(len(line) > self.max_line for line in lines):
+            self._pending = b""
+            raise LineTooLong(f"a watch line over {self.max_line} bytes")
+        self._pending = rest
+        return [line for line in lines if line.strip()]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one event means: ``deliver`` it (its type and object) or not; the version to
+    resume from (None: unchanged)."""
+
+    deliver: bool
+    kind: str
+    obj: Mapping[str, Any]
+    resource_version: str | None
+
+
+def step(event: Mapping[str, Any]) -> Step:
+    """One decoded event; an ERROR raises :class:`Gone` (410) or :class:`WatchError`."""
+    kind = str(event.get("type") or "")
+    obj = event.get("object")
+    obj = obj if isinstance(obj, Mapping) else {}
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise error(code if isinstance(code, int) else 500, str(obj.get("message") or ""))
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return Step(kind in DELIVERED, kind, obj, str(rv) if rv else None)
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait after ``failures`` failed attempts in a row (0: none failed)."""
+    if failures <= 0:
+        return 0.0
+    return BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
