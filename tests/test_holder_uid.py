@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kgroup_sim.store import Store, WriteError, lease_key
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
+from kgroup_sim.store import Store, WriteError, lease_key
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GROUP: dict[str, Any] = {"metadata": {"name": "g", "uid": "g-uid"}}
