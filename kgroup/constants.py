@@ -38,6 +38,14 @@ ANNOTATION_ASSIGNED_UID = "kgroup.dev/assigned-uid"
 The admission policy lets a worker acquire the lock only when its pod-bound token's
 ``authentication.kubernetes.io/pod-uid`` equals it: a pod re-created under the same name
 is another pod until the operator moved the mark to it."""
+ANNOTATION_HOLDER_UID = "kgroup.dev/holder-uid"
+"""On a partition Lease: the uid of the pod holding it, written by the acquirer in the
+write that takes it (the admission policy requires it to equal the pod-bound token's
+``authentication.kubernetes.io/pod-uid``). Every later write of the holder (release,
+position, renewal) is allowed only to the pod of that uid: a pod re-created under the
+holder's name cannot release the old pod's locks nor write their positions. A lock
+without it (taken by an older sidecar) is the holder's by name until its next
+acquisition (docs/design.md, "The holder is a pod, not a name")."""
 ANNOTATION_EXPIRED_SESSION = "kgroup.dev/expired-session"
 """On a partition Lease: the expiry mark. The operator (the group's failure detector) sets
 it to the lock's session id once it saw that session over (unrenewed for a full lease

@@ -45,11 +45,12 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
 
 def _held_lock() -> dict[str, Any]:
     lock = lease_codec.new_partition_lease(namespace="ns", group=GROUP, partition=3,
-                                           duration=8, assigned="pod-a")
+                                           duration=8, assigned="pod-b", assigned_uid="u-b")
     lock["metadata"]["resourceVersion"] = "41"
     held = lease_codec.acquired_partition_lease(lock, member="pod-b", session="s-b", token=41,
-                                                duration=8, now=NOW)
+                                                duration=8, now=NOW, uid="u-b")
     held["metadata"]["resourceVersion"] = "42"
+    held = lease_codec.marked_partition_lease(held, "pod-a", "u-a")
     return lease_codec.expiry_marked_partition_lease(held, "s-b")
 
 
@@ -57,10 +58,10 @@ def test_an_acquisition_changes_only_the_annotations_the_policy_lets_an_acquirer
     acquire, _holder, nobody = _lists(_variable(_worker_policy(), "writableAnnotations"))
     last = _held_lock()
     taken = lease_codec.acquired_partition_lease(last, member="pod-a", session="s-a",
-                                                 token=42, duration=8, now=NOW)
+                                                 token=42, duration=8, now=NOW, uid="u-a")
     written = _changed(lease_codec.annotations_of(last), lease_codec.annotations_of(taken))
     assert written == acquire == {C.ANNOTATION_SESSION, C.ANNOTATION_TOKEN,
-                                  C.ANNOTATION_EXPIRED_SESSION}
+                                  C.ANNOTATION_EXPIRED_SESSION, C.ANNOTATION_HOLDER_UID}
     assert taken["metadata"]["labels"] == last["metadata"]["labels"]
     assert nobody == set()  # a worker neither holding nor acquiring changes none
     assert taken["metadata"]["ownerReferences"] == last["metadata"]["ownerReferences"]
@@ -75,6 +76,16 @@ def test_a_release_changes_only_the_annotations_the_policy_lets_a_holder_change(
     assert holder == {C.ANNOTATION_SESSION, C.ANNOTATION_EXPIRED_SESSION,
                       C.ANNOTATION_POSITION, C.ANNOTATION_POSITION_TOKEN}
     assert released["metadata"]["labels"] == last["metadata"]["labels"]
+    # the holder uid is the acquirer's alone: a holder never changes it, and its writes are
+    # judged against it (annotation names as the codec spells them)
+    assert C.ANNOTATION_HOLDER_UID not in holder
+    policy = _worker_policy()
+    assert _variable(policy, "oldHolderUid") == (
+        f"variables.oldAnnotations[?'{C.ANNOTATION_HOLDER_UID}'].orValue('')")
+    text = yaml_text(policy)
+    assert "variables.newHolderUid == variables.podUid" in text
+    assert ("!variables.holderWrite || variables.oldHolderUid == '' || "
+            "variables.oldHolderUid == variables.podUid") in text
 
 
 def test_a_member_lease_as_the_sidecar_writes_it_fits_the_policys_bounds() -> None:

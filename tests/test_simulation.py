@@ -215,6 +215,9 @@ def test_a_statefulset_pod_re_created_under_its_name_gets_its_partitions_back() 
     assert pod is not None
     assert all((lock := back.lock(p)) and lock.assigned_uid == pod["metadata"]["uid"]
                for p in mine)
+    # the new pod re-acquired them with a new session: the locks are bound to its uid
+    assert all((lock := back.lock(p)) and lock.holder_uid == pod["metadata"]["uid"]
+               for p in mine)
 
 
 IMPOSTOR = (Fault(10.0, "impostor", member=1),)

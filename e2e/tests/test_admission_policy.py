@@ -193,7 +193,8 @@ def _denied(call: Callable[[], object]) -> str:
 
 def _acquire(holder: str, transitions: int, token: str | None = None) -> Callable[[Lease], None]:
     """An acquisition as the sidecar writes it: the fencing token is the resourceVersion
-    read (the write's precondition), unless ``token`` says otherwise."""
+    read (the write's precondition), unless ``token`` says otherwise, and the holder's pod
+    uid (kgroup.dev/holder-uid) is its token pod's."""
     def change(lease: Lease) -> None:
         lease["spec"]["holderIdentity"] = holder
         lease["spec"]["leaseTransitions"] = transitions
@@ -202,6 +203,8 @@ def _acquire(holder: str, transitions: int, token: str | None = None) -> Callabl
         notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"] if token is None \
             else token
         notes.pop("kgroup.dev/expired-session", None)  # a new session starts unmarked
+        if holder in UIDS:
+            notes["kgroup.dev/holder-uid"] = UIDS[holder]
     return change
 
 

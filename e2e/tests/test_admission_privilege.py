@@ -142,6 +142,11 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
             f"{GROUP}-partition-7", labels=_partition_labels(7), holder="pod-b", token=3,
             notes={**mine, "kgroup.dev/session": "s-b7",
                    "kgroup.dev/expired-session": "s-b7"}))
+        for n, uid in ((10, OTHER_UID), (11, UIDS["pod-a"])):  # held by a former pod-a / by it
+            e.admin.create_namespaced_lease(ns, _lease(
+                f"{GROUP}-partition-{n}", labels=_partition_labels(n), holder="pod-a", token=2,
+                notes={**mine, "kgroup.dev/session": "s-a", "kgroup.dev/holder-uid": uid,
+                       "kgroup.dev/position": "7", "kgroup.dev/position-token": "1"}))
         e.admin.create_namespaced_lease(ns, _lease(  # pod-b's session (the quorum read)
             f"{GROUP}-member-pod-b", holder="pod-b", notes={"kgroup.dev/session": "s-b7"},
             labels={**MEMBER, "kgroup.dev/member": "pod-b"}))
@@ -219,9 +224,12 @@ def delete(who: str, name: str) -> Request:
     return call
 
 
-def acquire(holder: str, transitions: int, session: str = "s-new") -> Callable[[Lease], None]:
-    """An acquisition as the sidecar writes it: one more transition, and the fencing token
-    (kgroup.dev/token) is the resourceVersion the write replaces."""
+def acquire(holder: str, transitions: int, session: str = "s-new",
+            uid: str | None = None) -> Callable[[Lease], None]:
+    """An acquisition as the sidecar writes it: one more transition, the fencing token
+    (kgroup.dev/token) is the resourceVersion the write replaces, and the holder's pod uid
+    (kgroup.dev/holder-uid) is ``uid`` (None: the holder's token pod's, looked up when
+    sent; "": none written)."""
     def change(lease: Lease) -> None:
         lease["spec"]["holderIdentity"] = holder
         lease["spec"]["leaseTransitions"] = transitions
@@ -229,6 +237,11 @@ def acquire(holder: str, transitions: int, session: str = "s-new") -> Callable[[
         notes["kgroup.dev/session"] = session
         notes["kgroup.dev/token"] = lease["metadata"]["resourceVersion"]
         notes.pop("kgroup.dev/expired-session", None)  # a new session starts unmarked
+        holder_uid = UIDS.get(holder, "") if uid is None else uid
+        if holder_uid:
+            notes["kgroup.dev/holder-uid"] = holder_uid
+        else:
+            notes.pop("kgroup.dev/holder-uid", None)
     return change
 
 
@@ -377,6 +390,42 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
         "ownerReferences", [])), "allowed"),  # it had none: nothing changes
     ("holder: stretch its own lock to 2^31-1 s", put("worker", f"{P}5", set_spec(
         "leaseDurationSeconds", 2**31 - 1)), "must be at most 3600"),
+    # issue 26: the holder is a pod, not a name (kgroup.dev/holder-uid)
+    ("acquire a lock assigned to it naming another pod as holder uid",
+     put("worker", f"{P}1", acquire("pod-a", 1, uid=OTHER_UID)),
+     "must write its pod's uid"),
+    ("acquire a lock assigned to it without a holder uid",
+     put("worker", f"{P}1", acquire("pod-a", 1, uid="")),
+     'kgroup.dev/holder-uid, got "": every later write of the holder'),
+    ("re-created pod: renew the lock a former pod of its name holds",
+     put("worker", f"{P}10", set_spec("leaseDurationSeconds", 20)),
+     f"may not renew or change partition lock {P}10: it is held by the pod of that name "
+     f"with uid {OTHER_UID} (annotation kgroup.dev/holder-uid), not this one"),
+    ("re-created pod: release the lock a former pod of its name holds",
+     put("worker", f"{P}10", release),
+     f"may not release partition lock {P}10: it is held by the pod of that name with uid "
+     f"{OTHER_UID}"),
+    ("re-created pod: release it with a position", put("worker", f"{P}10", both(
+        release, set_note("kgroup.dev/position", "42"),
+        set_note("kgroup.dev/position-token", "2"))), f"may not release partition lock {P}10"),
+    ("re-created pod: write the position of the lock a former pod of its name holds",
+     put("worker", f"{P}10", both(set_note("kgroup.dev/position", "42"),
+                                  set_note("kgroup.dev/position-token", "2"))),
+     f"may not write the position of partition lock {P}10: it is held by the pod of that "
+     f"name with uid {OTHER_UID}"),
+    ("re-created pod: put its own uid on the former pod's lock", put("worker", f"{P}10",
+        lambda lease: set_note("kgroup.dev/holder-uid", UIDS["pod-a"])(lease)),
+     "kgroup.dev/holder-uid"),
+    ("true holder (its uid on the lock): renew it", put("worker", f"{P}11", set_spec(
+        "leaseDurationSeconds", 20)), "allowed"),
+    ("true holder: write its position", put("worker", f"{P}11", both(
+        set_note("kgroup.dev/position", "42"), set_note("kgroup.dev/position-token", "2"))),
+     "allowed"),
+    ("true holder: release it with a position", put("worker", f"{P}11", both(
+        release, set_note("kgroup.dev/position", "42"),
+        set_note("kgroup.dev/position-token", "2"))), "allowed"),
+    ("true holder: change its holder uid", put("worker", f"{P}11", set_note(
+        "kgroup.dev/holder-uid", OTHER_UID)), "may not change annotation(s) kgroup.dev/holder-uid"),
     ("acquirer: also write an annotation of its own", put("worker", f"{P}7", both(
         acquire("pod-a", 4), set_note("kgroup.dev/epoch", "0"))),
      "may change only kgroup.dev/session, kgroup.dev/token, kgroup.dev/expired-session"),
@@ -532,11 +581,14 @@ def test_the_admin_is_judged_by_neither_policy(env: Env) -> None:
 
 def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_it(
         cluster: Cluster, kube: client.ApiClient, env: Env, tmp_path: Path) -> None:
-    """For real, with pod-bound tokens: pod-r's lock is marked for its uid; pod-r is deleted
-    and a pod of the same name created (another uid, as a StatefulSet's pod re-created, or
-    a bare pod under its name); its acquisition is refused with a message naming both
-    uids; the operator's own mark (kgroup_operator.kube, conditional on the lock as read,
-    under the operator's token) moves it to the new uid, and then it is allowed."""
+    """For real, with pod-bound tokens: pod-r's lock is marked for its uid and pod-r takes
+    it (its uid written as the holder uid); pod-r is deleted and a pod of the same name
+    created (another uid, as a StatefulSet's pod re-created, or a bare pod under its name)
+    while the old session still holds the lock: its release and its position write are
+    refused with a message naming both uids, and so is its acquisition; the operator's own
+    mark (kgroup_operator.kube, conditional on the lock as read, under the operator's
+    token) moves it to the new uid, and then it is allowed (a new session re-acquiring the
+    name's lock), after which the new pod is the holder and its release is allowed."""
     import asyncio
 
     from kgroup_operator.kube import Kube
@@ -547,6 +599,15 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
     env.admin.create_namespaced_lease(env.ns, _lease(  # no owner: the GC would delete it
         f"{P}20", labels=_partition_labels(20), notes={
             "kgroup.dev/assigned": "pod-r", "kgroup.dev/assigned-uid": old_uid}))
+    old_api = pod_api_client(cluster, first, tmp_path / "pod-r-old.kubeconfig")
+    try:
+        body = read(env, f"{P}20")
+        acquire("pod-r", 1, session="s-old", uid=old_uid)(body)
+        held: Any = client.CoordinationV1Api(old_api).replace_namespaced_lease(
+            f"{P}20", env.ns, body)  # type: ignore[arg-type]
+        assert held.metadata.annotations["kgroup.dev/holder-uid"] == old_uid
+    finally:
+        old_api.close()  # type: ignore[no-untyped-call]
     core.delete_namespaced_pod("pod-r", env.ns, grace_period_seconds=0)
 
     def gone() -> bool:
@@ -564,15 +625,31 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
     try:
         again = client.CoordinationV1Api(api)
 
-        def take() -> object:
+        def write(change: Callable[[Lease], None]) -> object:
             body = read(env, f"{P}20")
-            acquire("pod-r", 1)(body)
+            change(body)
             return again.replace_namespaced_lease(f"{P}20", env.ns, body)  # type: ignore[arg-type]
 
-        with pytest.raises(client.ApiException) as refused:
-            take()
-        message = json.loads(refused.value.body or "{}").get("message", "")
-        assert refused.value.status == 403, message
+        def refusal(change: Callable[[Lease], None]) -> str:
+            with pytest.raises(client.ApiException) as refused:
+                write(change)
+            message = str(json.loads(refused.value.body or "{}").get("message", ""))
+            assert refused.value.status == 403, message
+            return message
+
+        def take() -> object:
+            return write(acquire("pod-r", 1, session="s-2", uid=new_uid))
+
+        position = both(set_note("kgroup.dev/position", "9"),
+                        set_note("kgroup.dev/position-token", "1"))
+        for verb, change in (("release", both(release, position)),
+                             ("write the position of", position)):
+            message = refusal(change)
+            assert (f"pod pod-r (uid {new_uid}) may not {verb} partition lock {P}20: it is "
+                    f"held by the pod of that name with uid {old_uid} (annotation "
+                    f"kgroup.dev/holder-uid)") in message, message
+        assert read(env, f"{P}20")["spec"]["holderIdentity"] == "pod-r"
+        message = refusal(acquire("pod-r", 1, session="s-2", uid=new_uid))
         assert (f"pod pod-r (uid {new_uid}) may not take partition lock {P}20: it is "
                 f"assigned to the pod of that name with uid {old_uid}") in message, message
         kube_op = Kube(env.operator.api_client, identity="e2e")
@@ -584,6 +661,9 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
         assert stored["metadata"]["annotations"]["kgroup.dev/assigned-uid"] == new_uid
         taken: Any = take()
         assert taken.spec.holder_identity == "pod-r"
+        assert taken.metadata.annotations["kgroup.dev/holder-uid"] == new_uid
+        released: Any = write(both(release, position))
+        assert released.spec.holder_identity is None
     finally:
         api.close()  # type: ignore[no-untyped-call]
 

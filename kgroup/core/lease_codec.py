@@ -21,6 +21,7 @@ from kgroup.constants import (
     ANNOTATION_ASSIGNED_UID,
     ANNOTATION_EPOCH,
     ANNOTATION_EXPIRED_SESSION,
+    ANNOTATION_HOLDER_UID,
     ANNOTATION_POSITION,
     ANNOTATION_POSITION_TOKEN,
     ANNOTATION_SESSION,
@@ -148,6 +149,7 @@ def parse_partition_lease(obj: Obj) -> Parsed:
         position_token=position_token,
         assigned=notes.get(ANNOTATION_ASSIGNED) or None,
         assigned_uid=notes.get(ANNOTATION_ASSIGNED_UID) or None,
+        holder_uid=notes.get(ANNOTATION_HOLDER_UID) or None,
         expired=notes.get(ANNOTATION_EXPIRED_SESSION) or None,
     )
     return Parsed(lock, tuple(problems))
@@ -376,11 +378,15 @@ def renewed_member_lease(last: Obj, *, duration: float, epoch: int | None,
 
 
 def acquired_partition_lease(
-    last: Obj, *, member: str, session: str, token: int, duration: float, now: datetime
+    last: Obj, *, member: str, session: str, token: int, duration: float, now: datetime,
+    uid: str | None = None,
 ) -> Obj:
     """``last`` taken by ``member``: ``token`` (kgroup.core.tokens: ``last``'s own
     resourceVersion, the write's precondition) in ``kgroup.dev/token``, the expiry mark
-    removed; ``leaseTransitions``
+    removed, the holder's pod uid in ``kgroup.dev/holder-uid``: ``uid`` (the sidecar's
+    ``KGROUP_POD_UID``), or when it is not known the mark's uid (``kgroup.dev/assigned-uid``:
+    the admission policy lets only the pod of that uid acquire, and requires the holder uid
+    to be the caller's); ``leaseTransitions``
     counts acquisitions of this Lease object (one more), as client-go's leader election does."""
     stamp = micro_time(now)
     body = copy.deepcopy(last)
@@ -396,12 +402,18 @@ def acquired_partition_lease(
     notes[ANNOTATION_SESSION] = session
     notes[ANNOTATION_TOKEN] = str(token)
     notes.pop(ANNOTATION_EXPIRED_SESSION, None)  # a new session starts unmarked
+    holder_uid = uid or notes.get(ANNOTATION_ASSIGNED_UID)
+    if holder_uid:
+        notes[ANNOTATION_HOLDER_UID] = holder_uid
+    else:  # no uid to bind (a mark without one): the policy refuses this acquisition
+        notes.pop(ANNOTATION_HOLDER_UID, None)
     body["metadata"]["annotations"] = notes
     return body
 
 
 def released_partition_lease(last: Obj, *, token: int, position: str | None) -> Obj:
-    """Holder cleared; ``position`` None keeps the previous position annotations."""
+    """Holder cleared; ``position`` None keeps the previous position annotations. The
+    holder uid stays (the pod that last held it; the next acquisition replaces it)."""
     body = copy.deepcopy(last)
     spec = body.setdefault("spec", {})
     spec.pop("holderIdentity", None)

@@ -85,6 +85,9 @@ class SimConfig:
     # the store refuses an acquisition by a pod whose uid is not the mark's, as the chart's
     # admission policy does with the pod-bound token's pod-uid; False: not checked
     uid_admission: bool = True
+    # the store refuses a holder's write (release, position) from a pod whose uid is not the
+    # lock's kgroup.dev/holder-uid, as the chart's admission policy does; False: not checked
+    holder_admission: bool = True
     verbose: bool = False
 
 
@@ -157,7 +160,8 @@ class World:
         self.rng = self.kernel.rng
         self.spec = cfg.spec or draw_spec(self.rng, cfg)
         self.checker = Checker()
-        self.store = Store(self._committed, expiry_admission=cfg.expiry_admission)
+        self.store = Store(self._committed, expiry_admission=cfg.expiry_admission,
+                           holder_admission=cfg.holder_admission)
         self.watches: list[_Watch] = []
         self.sidecars: dict[str, SimSidecar] = {}
         self.incarnations = 0

@@ -13,7 +13,10 @@ or the holder's new session) by a member the lock is not marked for
 (``kgroup.dev/assigned``), or by a pod of that name whose uid is not the mark's
 (``kgroup.dev/assigned-uid``: the caller's uid, as a pod-bound token carries it, comes with
 the request), is refused (403), and so is a takeover of a lock held by another
-session unless the operator marked that session expired (``kgroup.dev/expired-session``).
+session unless the operator marked that session expired (``kgroup.dev/expired-session``);
+an acquisition must write the caller's uid in ``kgroup.dev/holder-uid``, and a write of the
+holder (release, position) by a pod whose uid is not the lock's holder uid (a pod
+re-created under the holder's name) is refused (403).
 Nothing here knows time, delays or faults: the simulation decides *when* a request reaches
 the store and whether its answer ever reaches the caller. Every commit is
 reported to one hook, from which the simulation fans out watch events and runs its
@@ -74,6 +77,9 @@ def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True,
     if caller_uid is not None and before.assigned_uid != caller_uid:
         return (f"{after.holder} (uid {caller_uid}) may not take a lock assigned to the pod "
                 f"of that name with uid {before.assigned_uid}")
+    if caller_uid is not None and after.holder_uid != caller_uid:
+        return (f"{after.holder} (uid {caller_uid}) must write its uid as the holder uid, "
+                f"not {after.holder_uid}")
     if expiry and before.holder and before.holder != after.holder and before.session \
             and before.expired != before.session:
         return (f"{after.holder} may not take a lock held by {before.holder} under session "
@@ -81,12 +87,32 @@ def unassigned_acquisition(old: Obj, new: Obj, *, expiry: bool = True,
     return None
 
 
+def foreign_holder_write(old: Obj, new: Obj, caller_uid: str | None) -> str | None:
+    """Why the admission policy refuses this partition-lock update as a holder write from
+    another pod, or None: the lock's holder writes it (release, position; not an
+    acquisition) from a pod (``caller_uid``; None: not checked) other than the one whose uid
+    the lock carries (``kgroup.dev/holder-uid``; none: an older sidecar's, by name)."""
+    if caller_uid is None or not is_partition(new) or not is_partition(old):
+        return None
+    before, after = parse_partition_lease(old).value, parse_partition_lease(new).value
+    if before is None or after is None or not before.holder:
+        return None
+    if after.holder and (after.holder, after.session) != (before.holder, before.session):
+        return None  # an acquisition: unassigned_acquisition judges it
+    if before.holder_uid is None or before.holder_uid == caller_uid:
+        return None
+    return (f"{before.holder} (uid {caller_uid}) may not write a lock held by the pod of that "
+            f"name with uid {before.holder_uid}")
+
+
 CommitHook = Callable[[str, "Obj | None", "Obj | None"], None]
 
 
 class Store:
-    def __init__(self, on_commit: CommitHook, *, expiry_admission: bool = True) -> None:
+    def __init__(self, on_commit: CommitHook, *, expiry_admission: bool = True,
+                 holder_admission: bool = True) -> None:
         self.expiry_admission = expiry_admission
+        self.holder_admission = holder_admission  # False: the holder-uid rule is off
         self.objects: dict[str, Obj] = {}
         self.rv = 0
         self.uids = 0
@@ -137,6 +163,8 @@ class Store:
             raise WriteError(409, f"{key}: resourceVersion {expected} is not {stored}")
         refused = unassigned_acquisition(old, obj, expiry=self.expiry_admission,
                                          caller_uid=caller_uid)
+        if refused is None and self.holder_admission:
+            refused = foreign_holder_write(old, obj, caller_uid)
         if refused is not None:
             self.refused += 1
             raise WriteError(403, f"{key}: {refused}")

@@ -454,7 +454,7 @@ class SidecarLogic:
         assert self.timing is not None
         body = codec.acquired_partition_lease(
             last, member=self.pod, session=action.session, token=action.token,
-            duration=self.timing.duration, now=self.wall(),
+            duration=self.timing.duration, now=self.wall(), uid=self.member.uid,
         )
         answer = yield ReplaceLease(body, self.request_timeout())
         result = answer.obj if isinstance(answer, Ok) else None

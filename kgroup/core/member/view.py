@@ -35,6 +35,7 @@ class Lock:
     position_token: int | None = None
     assigned: str | None = None  # the operator's mark: the only member that may acquire it
     assigned_uid: str | None = None  # the uid of the pod the mark is for (None: none marked)
+    holder_uid: str | None = None  # the uid of the holder's pod (None: an older sidecar's)
     # the operator's expiry mark: the session it saw over (takeable when it is ``session``)
     expired: str | None = None
 
