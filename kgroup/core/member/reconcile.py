@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kgroup.core.assignment import PartitionView, View
 from kgroup.core.locks import LeaseTiming, LockState, fencing_deadline, lock_state
 from kgroup.core.member.view import (
     AckEpoch,
@@ -71,14 +72,12 @@ from kgroup.core.member.view import (
     Lock,
     Lost,
     PartitionState,
-    PartitionView,
     Release,
     Renew,
     Revoke,
     Snapshot,
     StartSession,
     Target,
-    View,
 )
 from kgroup.core.tokens import acquisition_token, resource_version_number
 
