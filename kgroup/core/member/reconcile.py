@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kgroup.core.assignment import PartitionView, View
-from kgroup.core.locks import LeaseTiming, LockState, fencing_deadline, lock_state
+from kgroup.core.locks import LeaseTiming, Lock, LockState, fencing_deadline, lock_state
 from kgroup.core.member.view import (
     AckEpoch,
     Acquire,
@@ -69,7 +69,6 @@ from kgroup.core.member.view import (
     AppRelease,
     EndSession,
     Fence,
-    Lock,
     Lost,
     PartitionState,
     Release,

@@ -1,6 +1,6 @@
 """The vocabulary of the member state machine (:mod:`kgroup.core.member.reconcile`).
 
-What it observes (:class:`Snapshot` with :class:`Lock`, :class:`Target`,
+What it observes (:class:`Snapshot` with :class:`~kgroup.core.locks.Lock`, :class:`Target`,
 :class:`AppRelease`) and what it decides (the actions, executed in order by the adapter).
 What the app sees is :class:`kgroup.core.assignment.View`, shared with the client and the
 pipeline. Plain frozen data: no I/O, no clock.
@@ -12,30 +12,13 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kgroup.core.locks import LeaseTiming
+from kgroup.core.locks import LeaseTiming, Lock
 
 
 class PartitionState(enum.Enum):
     ACTIVE = "active"  # process it
     REVOKING = "revoking"  # finish in-flight work, take no new work, then acknowledge
     RELEASING = "releasing"  # release write in flight; not shown to the app
-
-
-@dataclass(frozen=True)
-class Lock:
-    """An observed partition Lease."""
-
-    partition: int
-    holder: str | None
-    session: str | None
-    token: int
-    resource_version: str
-    position: str | None = None
-    position_token: int | None = None
-    assigned: str | None = None  # the operator's mark: the only member that may acquire it
-    assigned_uid: str | None = None  # the uid of the pod the mark is for (None: none marked)
-    # the operator's expiry mark: the session it saw over (takeable when it is ``session``)
-    expired: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,7 @@ from typing import Any
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import MemberLease, Obj
-from kgroup.core.locks import SessionTracker
-from kgroup.core.member.reconcile import Lock
+from kgroup.core.locks import Lock, SessionTracker
 from kgroup.core.operator.planner import LockObservation, PodObservation
 from kgroup.core.operator.status import MemberLeaseObservation
 
