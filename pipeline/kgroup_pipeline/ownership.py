@@ -28,7 +28,7 @@ previous owner handed over, if anything."""
 NEVER = float("inf")
 
 
-def held(partitions: tuple[OwnedPartition, ...], *, member: str, version: int = 0
+def lasting(partitions: tuple[OwnedPartition, ...], *, member: str, version: int = 0
          ) -> Assignment:
     """An answer whose promise never runs out: what a static or scripted ownership holds
     (the same :class:`kgroup.client.Assignment` a sidecar's answer is read into)."""
@@ -56,7 +56,7 @@ class StaticOwnership:
         self._held = {p: OwnedPartition(p, token) for p in sorted(partitions)}
 
     def assignment(self) -> Assignment:
-        return held(tuple(self._held.values()), member="static")
+        return lasting(tuple(self._held.values()), member="static")
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         held = self._held.get(partition)

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kgroup.client import Assignment
-from kgroup_pipeline.ownership import OwnedPartition, held
+from kgroup_pipeline.ownership import OwnedPartition, lasting
 
 
 @dataclass
@@ -92,7 +92,7 @@ class ScriptedCoordinator:
                                lock.position)
                 for p, lock in enumerate(self._locks) if lock.holder == member
             )
-            return held(parts, member=member, version=self._version)
+            return lasting(parts, member=member, version=self._version)
 
     def holder(self, partition: int) -> tuple[str | None, int]:
         with self._cv:
