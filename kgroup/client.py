@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from kgroup.core.assignment import PartitionView, View
 from kgroup.core.health import Report
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "Report",
     "SidecarClient",
     "SidecarError",
+    "View",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -109,53 +111,54 @@ class SidecarError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Partition:
-    partition: int
-    token: int
-    state: str  # "active" | "revoking"
-    position: str | None
-    revoke_deadline_seconds: float | None
+Partition = PartitionView
+"""One partition of an answer (:class:`kgroup.core.assignment.PartitionView`)."""
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """One answer of ``GET /v1/assignment``, valid until ``valid_until`` (client clock)."""
+    """One answer of ``GET /v1/assignment`` (``view``, the wire object the sidecar
+    served), valid until ``valid_until`` on the client's clock: the send time of its
+    request plus the answer's ``validForSeconds``."""
 
-    member: str
-    session: str | None
-    version: int
-    epoch: int | None
-    acked_epoch: int | None
-    fenced: bool
+    view: View
     valid_until: float
-    all_partitions: tuple[Partition, ...]
     clock: Callable[[], float] = time.monotonic
 
     @classmethod
     def from_json(cls, body: dict[str, Any], *, sent_at: float,
                   clock: Callable[[], float] = time.monotonic) -> Assignment:
-        parts = tuple(
-            Partition(
-                partition=int(p["partition"]),
-                token=int(p["token"]),
-                state=str(p["state"]),
-                position=p.get("position"),
-                revoke_deadline_seconds=p.get("revokeDeadlineSeconds"),
-            )
-            for p in body.get("partitions") or []
-        )
-        return cls(
-            member=str(body.get("member", "")),
-            session=body.get("session"),
-            version=int(body.get("version", 0)),
-            epoch=body.get("epoch"),
-            acked_epoch=body.get("ackedEpoch"),
-            fenced=bool(body.get("fenced", True)),
-            valid_until=sent_at + float(body.get("validForSeconds", 0.0)),
-            all_partitions=parts,
-            clock=clock,
-        )
+        view = View.from_json(body)
+        return cls(view, sent_at + view.valid_for_seconds, clock)
+
+    @property
+    def member(self) -> str:
+        return self.view.member
+
+    @property
+    def session(self) -> str | None:
+        return self.view.session
+
+    @property
+    def version(self) -> int:
+        return self.view.version
+
+    @property
+    def epoch(self) -> int | None:
+        return self.view.epoch
+
+    @property
+    def acked_epoch(self) -> int | None:
+        return self.view.acked_epoch
+
+    @property
+    def fenced(self) -> bool:
+        return self.view.fenced
+
+    @property
+    def all_partitions(self) -> tuple[Partition, ...]:
+        """Every partition of the answer, whether or not its promise still holds."""
+        return self.view.partitions
 
     @property
     def expired(self) -> bool:
@@ -169,6 +172,10 @@ class Assignment:
     @property
     def active(self) -> tuple[Partition, ...]:
         return tuple(p for p in self.partitions if p.state == "active")
+
+    @property
+    def revoking(self) -> tuple[Partition, ...]:
+        return tuple(p for p in self.partitions if p.state == "revoking")
 
 
 Callback = Callable[[Partition], None]

@@ -131,7 +131,7 @@ def test_a_released_partition_is_not_reported_from_memory(scripted: Scripted) ->
     try:
         wait("acked", lambda: own.client.assignment().acked_epoch == 1)
         scripted.set(target=[0], epoch=2)
-        wait("revoking", lambda: [p.partition for p in own.assignment().revoking()] == [1])
+        wait("revoking", lambda: [p.partition for p in own.assignment().revoking] == [1])
         assert own.release(1, 11, "9-0")
         assert [p.partition for p in own.assignment().partitions] == [0]
     finally:

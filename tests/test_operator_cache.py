@@ -6,8 +6,8 @@ from typing import Any
 
 from kgroup import constants as C
 from kgroup.core.lease_codec import not_older, parse_member_lease
-from kgroup_operator.cache import Cache as World
-from kgroup_operator.cache import pod_observation
+from kgroup.core.operator.lease_cache import Cache as World
+from kgroup.core.operator.lease_cache import pod_observation
 
 
 def member_lease(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kgroup.core.assignment import PartitionView, View
 from kgroup.core.member.readiness import readiness
-from kgroup.core.member.view import PartitionView, Target, View
+from kgroup.core.member.view import Target
 
 
 def view(held: dict[int, str] | None = None, *, acked: int | None = 3, session: str | None = "S",

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kgroup.core.member.view import PartitionView, View
+from kgroup.core.assignment import PartitionView, View
 from kgroup_sidecar.metrics import Metrics
 
 IDENTITY = 'group="g",group_namespace="ns",member="pod-0"'

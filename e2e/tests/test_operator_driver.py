@@ -20,9 +20,9 @@ import pytest
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.operator.lease_cache import Cache
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.cluster import Cluster
-from kgroup_operator.cache import Cache
 from kgroup_operator.controller import GroupController
 from kgroup_operator.kube import Conflict, Kube
 from kgroup_operator.metrics import Metrics

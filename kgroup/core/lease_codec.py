@@ -38,7 +38,7 @@ from kgroup.constants import (
     ROLE_PARTITION,
     partition_lease_name,
 )
-from kgroup.core.member.reconcile import Lock
+from kgroup.core.locks import Lock
 from kgroup.core.tokens import resource_version_number
 
 Obj = dict[str, Any]

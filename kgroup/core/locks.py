@@ -48,6 +48,25 @@ absorbs clock-rate differences and the time between an observer's check and its 
 
 
 @dataclass(frozen=True)
+class Lock:
+    """A partition Lease as read (``kgroup.core.lease_codec.parse_partition_lease``): what
+    the member's state machine and the operator's cache observe of a partition lock."""
+
+    partition: int
+    holder: str | None
+    session: str | None
+    token: int
+    resource_version: str
+    position: str | None = None
+    position_token: int | None = None
+    assigned: str | None = None  # the operator's mark: the only member that may acquire it
+    assigned_uid: str | None = None  # the uid of the pod the mark is for (None: none marked)
+    holder_uid: str | None = None  # the uid of the holder's pod (None: an older sidecar's)
+    # the operator's expiry mark: the session it saw over (takeable when it is ``session``)
+    expired: str | None = None
+
+
+@dataclass(frozen=True)
 class LeaseTiming:
     """Session timing of a group; the constructor refuses an unsafe configuration.
 

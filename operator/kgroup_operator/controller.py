@@ -2,7 +2,7 @@
 :func:`kgroup.core.operator.decide.decide`.
 
 Rules of this module: it decides nothing. It gathers the observation from the
-:class:`~kgroup_operator.cache.Cache`, performs the plan (create partition Leases,
+:class:`~kgroup.core.operator.lease_cache.Cache`, performs the plan (create partition Leases,
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
@@ -44,9 +44,9 @@ from kgroup.core.operator.decide import (
     decide,
     written,
 )
+from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
 
-from .cache import Cache, GroupKey
 from .kube import Conflict, Kube
 from .metrics import Metrics
 from .settings import OperatorSettings

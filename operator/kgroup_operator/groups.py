@@ -9,9 +9,9 @@ import logging
 import time
 from typing import Any
 
+from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.planner import PodObservation
 
-from .cache import Cache, GroupKey
 from .controller import GroupController
 from .kube import Kube
 from .lease_watch import Http, LeaseWatch

@@ -1,5 +1,5 @@
 """Every kopf decorator of the operator, and nothing else: each handler only feeds the
-in-memory :class:`~kgroup_operator.cache.Cache` and pokes the group loops that care.
+in-memory :class:`~kgroup.core.operator.lease_cache.Cache` and pokes the group loops that care.
 
 Watched: ConsumerGroups, pods and StatefulSets (in the operator's namespace scope).
 Leases are not kopf's: each existing group's Leases are watched by their group label

@@ -84,7 +84,7 @@ class Http:
         return self._session
 
     def headers(self) -> dict[str, str]:
-        token = self.configuration.get_api_key_with_prefix("authorization")
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         return {"Accept": "application/json", **({"Authorization": token} if token else {})}
 
     def leases_url(self, namespace: str) -> str:

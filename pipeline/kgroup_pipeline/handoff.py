@@ -44,7 +44,7 @@ class HandoffController:
         except (OSError, SidecarError) as e:
             log.warning("ownership unavailable: %s", e)
             return []
-        todo: list[OwnedPartition] = list(view.partitions) if everything else view.revoking()
+        todo: list[OwnedPartition] = list(view.partitions) if everything else list(view.revoking)
         done: list[int] = []
         for p in todo:
             ident = (p.partition, p.token)

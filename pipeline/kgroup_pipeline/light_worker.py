@@ -52,9 +52,9 @@ class LightWorker:
     def run_once(self) -> int:
         """One batch over every active partition; returns the rows it committed."""
         try:
-            active = self.ownership.assignment().active()
+            active = self.ownership.assignment().active
         except (OSError, SidecarError):
-            active = []  # the sidecar did not answer: own nothing until it does
+            active = ()  # the sidecar did not answer: own nothing until it does
         plans = self.store.plan(active, max_rows=max(1, self.max_rows // max(1, len(active))))
         results = []
         for plan in plans:

@@ -14,43 +14,34 @@ ownership must be re-creatable from a string: :func:`ownership_from_spec` parses
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
-from kgroup.client import Report, SidecarClient, SidecarError
+from kgroup.client import Assignment, Partition, Report, SidecarClient, SidecarError, View
 from kgroup.core.ranges import format_ranges, parse_ranges
 from kgroup.follower import AssignmentFollower
 
-State = Literal["active", "revoking"]
+OwnedPartition = Partition
+"""A partition the worker owns: the client's :class:`kgroup.client.Partition` (the wire
+object of the sidecar's view); ``state`` is "active" or "revoking", ``position`` what the
+previous owner handed over, if anything."""
+
+NEVER = float("inf")
 
 
-@dataclass(frozen=True)
-class OwnedPartition:
-    partition: int
-    token: int
-    state: State = "active"
-    position: str | None = None  # what the previous owner handed over, if anything
-
-
-@dataclass(frozen=True)
-class View:
-    """One answer of the ownership: what this member holds right now."""
-
-    partitions: tuple[OwnedPartition, ...]
-    version: int = 0
-    fenced: bool = False
-
-    def active(self) -> list[OwnedPartition]:
-        if self.fenced:
-            return []
-        return [p for p in self.partitions if p.state == "active"]
-
-    def revoking(self) -> list[OwnedPartition]:
-        return [p for p in self.partitions if p.state == "revoking"]
+def lasting(partitions: tuple[OwnedPartition, ...], *, member: str, version: int = 0
+         ) -> Assignment:
+    """An answer whose promise never runs out: what a static or scripted ownership holds
+    (the same :class:`kgroup.client.Assignment` a sidecar's answer is read into)."""
+    return Assignment(View(member=member, session=member, version=version, epoch=version,
+                           acked_epoch=version, fenced=False, valid_for_seconds=30.0,
+                           partitions=partitions), NEVER)
 
 
 class Ownership(Protocol):
-    def assignment(self) -> View: ...
+    def assignment(self) -> Assignment:
+        """What the member holds now: ``.active`` to process, ``.revoking`` to finish and
+        release, ``.partitions`` both; all empty once the answer's promise ran out."""
+        ...
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         """Hand the partition back at `position`; False if it was not ours (any more)."""
@@ -64,8 +55,8 @@ class StaticOwnership:
         self.token = token
         self._held = {p: OwnedPartition(p, token) for p in sorted(partitions)}
 
-    def assignment(self) -> View:
-        return View(tuple(self._held.values()))
+    def assignment(self) -> Assignment:
+        return lasting(tuple(self._held.values()), member="static")
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         held = self._held.get(partition)
@@ -97,18 +88,13 @@ class SidecarOwnership:
         self.follower = AssignmentFollower(self.url, timeout=timeout).start() if follow \
             else None
 
-    def assignment(self) -> View:
+    def assignment(self) -> Assignment:
         """Raises :class:`kgroup.client.SidecarError` when the sidecar cannot answer."""
         a = self.follower.latest() if self.follower is not None else None
         if a is None:
             a = self.follower.fetch(self.client) if self.follower is not None \
                 else self.client.assignment()
-        parts = tuple(
-            OwnedPartition(p.partition, p.token,
-                           "revoking" if p.state == "revoking" else "active", p.position)
-            for p in a.partitions
-        )
-        return View(parts, a.version, a.expired)
+        return a
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         try:
@@ -129,16 +115,6 @@ class SidecarOwnership:
 
     def spec(self) -> str:
         return f"sidecar:{self.url}"
-
-
-def view_to_wire(view: View, *, member: str) -> dict[str, Any]:
-    return {
-        "member": member, "session": member, "version": view.version, "epoch": view.version,
-        "ackedEpoch": view.version, "fenced": view.fenced, "validForSeconds": 30.0,
-        "partitions": [{"partition": p.partition, "token": p.token, "state": p.state,
-                        "position": p.position, "revokeDeadlineSeconds": None}
-                       for p in view.partitions],
-    }
 
 
 def ownership_from_spec(spec: str, *, follow: bool = False

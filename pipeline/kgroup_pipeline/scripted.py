@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kgroup_pipeline.ownership import OwnedPartition, View, view_to_wire
+from kgroup.client import Assignment
+from kgroup_pipeline.ownership import OwnedPartition, lasting
 
 
 @dataclass
@@ -83,15 +84,15 @@ class ScriptedCoordinator:
             self._cv.notify_all()
             return True
 
-    def view(self, member: str) -> View:
+    def view(self, member: str) -> Assignment:
         with self._cv:
-            held = tuple(
+            parts = tuple(
                 OwnedPartition(p, lock.token,
                                "active" if lock.target == member else "revoking",
                                lock.position)
                 for p, lock in enumerate(self._locks) if lock.holder == member
             )
-            return View(held, self._version)
+            return lasting(parts, member=member, version=self._version)
 
     def holder(self, partition: int) -> tuple[str | None, int]:
         with self._cv:
@@ -107,7 +108,7 @@ class ScriptedOwnership:
         self.coordinator = coordinator
         self.member = member
 
-    def assignment(self) -> View:
+    def assignment(self) -> Assignment:
         return self.coordinator.view(self.member)
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
@@ -132,7 +133,7 @@ def serve_sidecar(coordinator: ScriptedCoordinator, member: str) -> tuple[Thread
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/v1/assignment":
-                self._send(200, view_to_wire(coordinator.view(member), member=member))
+                self._send(200, coordinator.view(member).view.to_json())
             elif path in ("/healthz", "/readyz"):
                 self._send(200, {"ok": True})
             else:

@@ -117,7 +117,7 @@ class KgroupStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         store, ownership = self._planner()
         try:
-            active = ownership.assignment().active()
+            active = ownership.assignment().active
         except (OSError, SidecarError) as e:  # no answer: plan nothing, ask again next time
             log.warning("ownership unavailable: %s", e)
             return start

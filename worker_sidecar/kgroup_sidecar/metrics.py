@@ -33,7 +33,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from kgroup.core.member.view import View
+from kgroup.core.assignment import View
 from kgroup.metrics_http import exposition, serve_registry
 
 IDENTITY = ("group_namespace", "group", "member")

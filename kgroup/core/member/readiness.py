@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgroup.core.member.view import Target, View
+from kgroup.core.assignment import View
+from kgroup.core.member.view import Target
 
 __all__ = ["Readiness", "readiness"]
 

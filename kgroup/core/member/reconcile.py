@@ -59,7 +59,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kgroup.core.locks import LeaseTiming, LockState, fencing_deadline, lock_state
+from kgroup.core.assignment import PartitionView, View
+from kgroup.core.locks import LeaseTiming, Lock, LockState, fencing_deadline, lock_state
 from kgroup.core.member.view import (
     AckEpoch,
     Acquire,
@@ -68,17 +69,14 @@ from kgroup.core.member.view import (
     AppRelease,
     EndSession,
     Fence,
-    Lock,
     Lost,
     PartitionState,
-    PartitionView,
     Release,
     Renew,
     Revoke,
     Snapshot,
     StartSession,
     Target,
-    View,
 )
 from kgroup.core.tokens import acquisition_token, resource_version_number
 

@@ -1,9 +1,9 @@
 """The vocabulary of the member state machine (:mod:`kgroup.core.member.reconcile`).
 
-What it observes (:class:`Snapshot` with :class:`Lock`, :class:`Target`,
-:class:`AppRelease`), what it decides (the actions, executed in order by the adapter), and
-what the app sees (:class:`View`). Plain frozen data: no I/O, no clock, no behaviour
-beyond rendering the app's view as JSON.
+What it observes (:class:`Snapshot` with :class:`~kgroup.core.locks.Lock`, :class:`Target`,
+:class:`AppRelease`) and what it decides (the actions, executed in order by the adapter).
+What the app sees is :class:`kgroup.core.assignment.View`, shared with the client and the
+pipeline. Plain frozen data: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -11,33 +11,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from kgroup.core.locks import LeaseTiming
+from kgroup.core.locks import LeaseTiming, Lock
 
 
 class PartitionState(enum.Enum):
     ACTIVE = "active"  # process it
     REVOKING = "revoking"  # finish in-flight work, take no new work, then acknowledge
     RELEASING = "releasing"  # release write in flight; not shown to the app
-
-
-@dataclass(frozen=True)
-class Lock:
-    """An observed partition Lease."""
-
-    partition: int
-    holder: str | None
-    session: str | None
-    token: int
-    resource_version: str
-    position: str | None = None
-    position_token: int | None = None
-    assigned: str | None = None  # the operator's mark: the only member that may acquire it
-    assigned_uid: str | None = None  # the uid of the pod the mark is for (None: none marked)
-    holder_uid: str | None = None  # the uid of the holder's pod (None: an older sidecar's)
-    # the operator's expiry mark: the session it saw over (takeable when it is ``session``)
-    expired: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,47 +146,3 @@ class EndSession:
 Action = (
     StartSession | Renew | Acquire | Adopted | Revoke | Release | Fence | Lost | EndSession
 )
-
-
-@dataclass(frozen=True)
-class PartitionView:
-    partition: int
-    token: int
-    state: str
-    position: str | None
-    revoke_deadline_seconds: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "token": self.token,
-            "state": self.state,
-            "position": self.position,
-            "revokeDeadlineSeconds": self.revoke_deadline_seconds,
-        }
-
-
-@dataclass(frozen=True)
-class View:
-    """What the app sees (the body of ``GET /v1/assignment``)."""
-
-    member: str
-    session: str | None
-    version: int
-    epoch: int | None
-    acked_epoch: int | None
-    fenced: bool
-    valid_for_seconds: float
-    partitions: tuple[PartitionView, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "member": self.member,
-            "session": self.session,
-            "version": self.version,
-            "epoch": self.epoch,
-            "ackedEpoch": self.acked_epoch,
-            "fenced": self.fenced,
-            "validForSeconds": round(self.valid_for_seconds, 3),
-            "partitions": [p.to_json() for p in self.partitions],
-        }
