@@ -35,7 +35,7 @@ spark-down: setup ## stop exactly the Spark processes spark-up started
 	@$(PY) -m kgroup_pipeline.spark_cluster down
 
 crd: setup ## regenerate crds/ from the pydantic models
-	$(PY) -m kgroup.crdgen --write
+	$(PY) -m kgroup_devtools.crdgen --write
 	cp crds/kgroup.dev_consumergroups.yaml charts/kgroup/files/crds/
 
 lint: setup ## ruff, mypy and the import contracts (pyproject.toml [tool.importlinter])

@@ -61,11 +61,11 @@ from typing import Any
 import redis
 
 from kgroup.core.ranges import parse_ranges
-from kgroup_pipeline.events import read_range
 from kgroup_pipeline.keys import ZERO_ID, StreamKeys, parse_id
 from kgroup_pipeline.light_worker import LightWorker
 from kgroup_pipeline.ownership import StaticOwnership
 from kgroup_pipeline.producer import produce
+from kgroup_pipeline.range_reader import read_range
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import verify
 from kgroup_pipeline.worker import build_session

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kgroup.core.assignment import PartitionView, View
 from kgroup.core.health import Report
+from kgroup.core.ranges import format_ranges, parse_ranges
 
 if TYPE_CHECKING:
     import aiohttp
@@ -41,6 +42,8 @@ __all__ = [
     "SidecarClient",
     "SidecarError",
     "View",
+    "format_ranges",
+    "parse_ranges",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8470"

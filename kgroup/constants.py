@@ -73,7 +73,7 @@ def partition_lease_name(group: str, partition: int) -> str:
     return f"{group}-partition-{partition}"
 
 # The ConsumerGroup spec fields a sidecar reads, as (default, minimum, maximum): the API
-# model (kgroup.api) and the sidecar's own reader (kgroup.core.member.group_spec) share them.
+# model (kgroup.crd_models) and the sidecar's own reader (kgroup.core.member.group_spec) share them.
 LEASE_DURATION_SECONDS = (8, 2, 3600)
 RENEW_INTERVAL_SECONDS = (2, 1, 3600)
 DRAIN_TIMEOUT_SECONDS = (30, 0, 86400)

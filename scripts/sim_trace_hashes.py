@@ -16,7 +16,6 @@ import hashlib
 import sys
 
 from kgroup_sim import FAULT_KINDS, SimConfig, run_seed
-from kgroup_sim.run import HAND_EDIT_KINDS
 from kgroup_sim.variants import (
     EarlyExpiry,
     MarkerCompareExpiry,
@@ -24,6 +23,7 @@ from kgroup_sim.variants import (
     NoMarkMember,
     NoRereadExpiry,
 )
+from kgroup_sim.world import HAND_EDIT_KINDS
 
 PINNED = (0, 1, 2, 3, 4, 7, 11, 12, 14, 15, 179)
 SMALL = SimConfig(members=4, partitions=16, fault_time=30, verbose=True)

@@ -17,9 +17,9 @@ from kgroup.core.member.reconcile import Acquire, Member, Snapshot, Target
 from kgroup.core.operator import decide as operator_logic
 from kgroup.core.operator.decide import Mark
 from kgroup_sim import control
-from kgroup_sim.run import Fault, SimConfig
-from kgroup_sim.run import World as SimWorld
 from kgroup_sim.store import Store, WriteError, unassigned_acquisition
+from kgroup_sim.world import Fault, SimConfig
+from kgroup_sim.world import World as SimWorld
 
 Obj = dict[str, Any]
 GROUP = {"metadata": {"name": "g", "uid": "u"}}

@@ -1,4 +1,4 @@
-"""The CRD in crds/ is generated from kgroup/api.py and agrees with it field by field."""
+"""The CRD in crds/ is generated from kgroup/crd_models.py and agrees with it field by field."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kgroup_devtools import crdgen
 from pydantic import BaseModel, TypeAdapter
 
-from kgroup import api, crdgen
+from kgroup import crd_models as api
 
 CRD_FILE = Path(__file__).resolve().parent.parent / "crds" / "kgroup.dev_consumergroups.yaml"
 
@@ -25,7 +26,7 @@ def schema() -> dict[str, Any]:
 
 
 def test_checked_in_crd_equals_the_generated_one() -> None:
-    assert CRD_FILE.read_text() == crdgen.render(), "run: python -m kgroup.crdgen --write"
+    assert CRD_FILE.read_text() == crdgen.render(), "run: python -m kgroup_devtools.crdgen --write"
 
 
 def test_check_mode_passes_on_the_checked_in_file() -> None:

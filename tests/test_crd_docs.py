@@ -1,13 +1,13 @@
-"""Every field of the CRD explains itself (kgroup/crd_docs.py): a description on each
-node, units and defaults where they apply, timestamps with format date-time."""
+"""Every field of the CRD explains itself (devtools/kgroup_devtools/crd_docs.py): a
+description on each node, units and defaults where they apply, timestamps with format date-time."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from kgroup import crdgen
-from kgroup.crd_docs import DESCRIPTIONS
+from kgroup_devtools import crdgen
+from kgroup_devtools.crd_docs import DESCRIPTIONS
 
 
 def fields(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from kgroup.api import LabelSelector
 from kgroup.core.operator.planner import (
     LockObservation,
     PodObservation,
     current_members,
     live_holders,
 )
+from kgroup.crd_models import LabelSelector
 
 SELECTOR = LabelSelector(match_labels={"app": "w"})
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.core.operator.assignors import Member, lower_bound_moves
 from kgroup.core.operator.planner import Decision, GroupPlanner, correct_hand_edit, rebalance_reason
+from kgroup.crd_models import ConsumerGroupSpec
 
 
 def spec(**kw: Any) -> ConsumerGroupSpec:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.core.operator.planner import GroupPlanner
+from kgroup.crd_models import ConsumerGroupSpec
 
 NAMES = [f"m{i}" for i in range(6)]
 histories = st.lists(

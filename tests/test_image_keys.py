@@ -28,7 +28,7 @@ CONTEXT = [
     "pyproject.toml", "constraints.txt", "README.md", ".dockerignore",
     "docker/operator.Dockerfile", "docker/sidecar.Dockerfile",
     "docker/pyspark-worker.Dockerfile",
-    "kgroup/__init__.py", "kgroup/api.py", "kgroup/core/locks.py",
+    "kgroup/__init__.py", "kgroup/crd_models.py", "kgroup/core/locks.py",
     "kgroup/__pycache__/api.cpython-311.pyc",
     "operator/kgroup_operator/main.py", "worker_sidecar/kgroup_sidecar/main.py",
     "pipeline/kgroup_pipeline/worker.py", "pipeline/README.md",
@@ -136,7 +136,7 @@ ADD e.tar /
     ("kgroup.egg-info/PKG-INFO", True),
     ("kgroup/sub.egg-info/PKG-INFO", False),  # Docker anchors patterns at the root
     ("e2e/kgroup_devcluster/cluster.py", True),
-    ("kgroup/api.py", False),
+    ("kgroup/crd_models.py", False),
     ("docs", True),
 ])
 def test_dockerignore_matches_like_docker(path: str, ignored: bool) -> None:

@@ -1,5 +1,5 @@
 """The sidecar's reader of the group spec (kgroup.core.member.group_spec) agrees with the API
-model (kgroup.api.ConsumerGroupSpec) on every lease timing and drain timeout: the same
+model (kgroup.crd_models.ConsumerGroupSpec) on every lease timing and drain timeout: the same
 defaults, the same bounds, the same refusals."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member.group_spec import member_spec
+from kgroup.crd_models import ConsumerGroupSpec
 
 SELECTOR = {"matchLabels": {"app": "w"}}
 

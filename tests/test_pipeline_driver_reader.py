@@ -15,9 +15,9 @@ import pyarrow as pa
 import redis
 from pipeline_fixtures import rclient, redis_url, stream
 
-from kgroup_pipeline.events import results_from_rows
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.producer import produce
+from kgroup_pipeline.range_reader import results_from_rows
 from kgroup_pipeline.source import KgroupDriverStreamReader, KgroupStreamSource
 from kgroup_pipeline.verify import verify
 

@@ -11,12 +11,12 @@ import pytest
 import redis
 from pipeline_fixtures import rclient, redis_url, stream
 
-from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.light_worker import LightWorker
 from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
 from kgroup_pipeline.producer import produce
+from kgroup_pipeline.range_reader import aggregate, read_range
 from kgroup_pipeline.scripted import ScriptedCoordinator
 from kgroup_pipeline.verify import main as verify_main
 from kgroup_pipeline.verify import verify

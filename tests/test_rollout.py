@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.core.operator.lease_cache import pod_observation
 from kgroup.core.operator.planner import GroupPlanner, PodObservation
 from kgroup.core.operator.rollout import replacements, restart_grace, statefulset_ordinal
+from kgroup.crd_models import ConsumerGroupSpec
 
 
 def spec(**kw: Any) -> ConsumerGroupSpec:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.core.operator.assignors import Member, lower_bound_moves
 from kgroup.core.operator.planner import GroupPlanner, PodObservation
+from kgroup.crd_models import ConsumerGroupSpec
 
 Target = dict[str, list[int]]
 

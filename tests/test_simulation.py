@@ -7,13 +7,12 @@ from itertools import pairwise
 
 import pytest
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import partition_lease_name
 from kgroup.core.member.reconcile import Member
 from kgroup.core.operator.decide import ExpiryRule
+from kgroup.crd_models import ConsumerGroupSpec
 from kgroup_sim import FAULT_KINDS, Fault, SimConfig, run_seed
 from kgroup_sim.__main__ import main, run_many
-from kgroup_sim.run import HAND_EDIT_KINDS, World
 from kgroup_sim.sidecar import GROUP
 from kgroup_sim.store import lease_key
 from kgroup_sim.variants import (
@@ -29,6 +28,7 @@ from kgroup_sim.variants import (
     SameTokenMember,
     TransitionsTokenMember,
 )
+from kgroup_sim.world import HAND_EDIT_KINDS, World
 
 CI_SEEDS = 1000
 """Seeds of the bulk test, every fault kind, run in 2 processes. Measured here (2 cores

@@ -119,7 +119,7 @@ def test_the_job_zip_holds_both_packages_and_imports_where_neither_is_installed(
         tmp_path: Path) -> None:
     zipped = pyfiles_zip(tmp_path)
     names = set(zipfile.ZipFile(zipped).namelist())
-    assert {"kgroup_pipeline/source.py", "kgroup_pipeline/events.py",
+    assert {"kgroup_pipeline/source.py", "kgroup_pipeline/range_reader.py",
             "kgroup_pipeline/fencing.py", "kgroup/client.py",
             "kgroup/core/ranges.py"} <= names
     assert not any("__pycache__" in n for n in names)

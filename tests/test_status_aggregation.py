@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 from kgroup.core.operator.status import (
     MemberLeaseObservation,
     Problem,
     aggregate_status,
     parse_acknowledged_epoch,
 )
+from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TARGET = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}

@@ -35,7 +35,8 @@ HOLDS = {
     "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
-TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup.sim", "pytest"}
+TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup_devtools", "kgroup.sim",
+           "kgroup.crdgen", "pytest"}
 """Test tooling: the simulation (with its broken variants), the harnesses, the dev cluster."""
 LACKS = {
     "operator": TOOLING | {"kgroup_sidecar", "kgroup_pipeline", "pyspark", "redis",
@@ -170,7 +171,7 @@ def test_each_image_holds_its_process_code_and_no_test_tooling(
     packages, files = image_contents(built[name].archive)
     assert packages == PACKAGES[name]
     tooling = [p for p in files if "/sim/kgroup_sim/" in p or "/testing" in p
-               or "/variants" in p]
+               or "/variants" in p or "/crdgen" in p or "/crd_docs" in p]
     assert tooling == []
     assert any("/kgroup/core/" in p for p in files)  # the core is there
 

@@ -27,7 +27,6 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from kgroup.api import LabelSelector
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core.lease_codec import not_older
 from kgroup.core.operator.decide import (
@@ -46,6 +45,7 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
+from kgroup.crd_models import LabelSelector
 
 from .kube import Conflict, Kube
 from .metrics import Metrics

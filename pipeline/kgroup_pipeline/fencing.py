@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import redis
 
-from kgroup_pipeline.events import PartitionResult
 from kgroup_pipeline.keys import ZERO_ID, StreamKeys
 from kgroup_pipeline.ownership import OwnedPartition
+from kgroup_pipeline.range_reader import PartitionResult
 
 PLAN_LUA = """
 local max = tonumber(ARGV[1])

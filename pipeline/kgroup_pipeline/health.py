@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from kgroup.core.health import Report
+from kgroup.client import Report
 from kgroup_pipeline.fencing import FencedStore, Outcome, Plan
 
 Send = Callable[[list[Report]], object]

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import redis
 
 from kgroup.client import SidecarError
-from kgroup_pipeline.events import aggregate, read_range
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
+from kgroup_pipeline.range_reader import aggregate, read_range
 from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
 

@@ -16,8 +16,16 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol
 
-from kgroup.client import Assignment, Partition, Report, SidecarClient, SidecarError, View
-from kgroup.core.ranges import format_ranges, parse_ranges
+from kgroup.client import (
+    Assignment,
+    Partition,
+    Report,
+    SidecarClient,
+    SidecarError,
+    View,
+    format_ranges,
+    parse_ranges,
+)
 from kgroup.follower import AssignmentFollower
 
 OwnedPartition = Partition

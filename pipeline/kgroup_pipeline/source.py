@@ -40,16 +40,16 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from kgroup.client import SidecarError
-from kgroup_pipeline.events import (
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.health import HealthReporter
+from kgroup_pipeline.ownership import Ownership, ownership_from_spec
+from kgroup_pipeline.range_reader import (
     RESULT_DDL,
     SOURCE_DDL,
     aggregate,
     read_range,
     results_to_arrow,
 )
-from kgroup_pipeline.fencing import FencedStore
-from kgroup_pipeline.health import HealthReporter
-from kgroup_pipeline.ownership import Ownership, ownership_from_spec
 
 log = logging.getLogger(__name__)
 UNLIMITED_ROWS = 200_000  # ReadAllAvailable still needs a bound for one range

@@ -27,11 +27,11 @@ from typing import Any
 import redis
 
 from kgroup.client import SidecarError
-from kgroup_pipeline.events import RESULT_DDL, results_from_rows
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.ownership import ownership_from_spec
+from kgroup_pipeline.range_reader import RESULT_DDL, results_from_rows
 from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
 log = logging.getLogger("kgroup_pipeline.worker")

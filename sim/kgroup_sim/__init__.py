@@ -18,6 +18,6 @@ code with one decision broken, to prove the checks fail).
 """
 
 from kgroup_sim.checks import Violation
-from kgroup_sim.run import FAULT_KINDS, Fault, Result, SimConfig, run_seed
+from kgroup_sim.world import FAULT_KINDS, Fault, Result, SimConfig, run_seed
 
 __all__ = ["FAULT_KINDS", "Fault", "Result", "SimConfig", "Violation", "run_seed"]

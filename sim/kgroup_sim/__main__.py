@@ -18,7 +18,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member.reconcile import Member
 from kgroup.core.operator.decide import ExpiryRule
-from kgroup_sim.run import Result, SimConfig, run_seed
 from kgroup_sim.variants import (
     REGRESSIONS,
     EarlyExpiry,
@@ -30,6 +29,7 @@ from kgroup_sim.variants import (
     NoTargetRevokesMember,
     SameTokenMember,
 )
+from kgroup_sim.world import Result, SimConfig, run_seed
 
 VARIANTS = {
     "real": Member,

@@ -40,7 +40,7 @@ from kgroup_sim.kernel import Process
 from kgroup_sim.store import Obj, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup_sim.run import World
+    from kgroup_sim.world import World
 
 __all__ = ["GROUP_KEY", "SimOperator"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kgroup_sim.hand_edits import EDIT_KINDS, inject_edit
 
 if TYPE_CHECKING:
-    from kgroup_sim.run import World
+    from kgroup_sim.world import World
 
 FAULT_KINDS = ("crash", "gc-pause", "net-cut", "operator-restart", "join", "leave")
 """Process faults drawn at random; message faults (lost/duplicated events, lost

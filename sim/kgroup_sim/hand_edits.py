@@ -23,7 +23,7 @@ from kgroup_sim.store import Obj, lease_key
 
 if TYPE_CHECKING:
     from kgroup_sim.faults import Fault
-    from kgroup_sim.run import World
+    from kgroup_sim.world import World
 
 HAND_EDIT_KINDS = ("lock-deleted", "group-reapplied")
 """Hand edits an admin may make, drawn at random only when named in ``SimConfig.kinds``

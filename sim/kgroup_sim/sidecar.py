@@ -39,7 +39,7 @@ from kgroup_sim.kernel import TIMEOUT, Process
 from kgroup_sim.store import Obj, Store, WriteError, lease_key
 
 if TYPE_CHECKING:
-    from kgroup_sim.run import World
+    from kgroup_sim.world import World
 
 __all__ = ["GROUP", "NAMESPACE", "SimSidecar", "answer_of", "perform"]
 

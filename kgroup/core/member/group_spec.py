@@ -1,7 +1,7 @@
 """What a sidecar reads of its ConsumerGroup's spec: the lease timing, the drain timeout and
 the partition count.
 
-The operator validates the whole spec with the pydantic models of :mod:`kgroup.api`; a
+The operator validates the whole spec with the pydantic models of :mod:`kgroup.crd_models`; a
 sidecar needs three integers, so it reads just those, with the same defaults and bounds
 (``kgroup.constants``; ``tests/test_member_spec.py`` checks that both readers agree).
 Importing pydantic and building the models cost a sidecar about 10 MB of its 40 MB

@@ -41,7 +41,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from kgroup import constants as C
-from kgroup.api import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
@@ -57,6 +56,7 @@ from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
 from kgroup.core.ranges import parse_ranges
+from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
 
 __all__ = [
     "API_RETRY_SECONDS",

@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kgroup.api import ConsumerGroupSpec, LabelSelector
 from kgroup.core.operator.assignors import Member, get_assignor, moved_partitions
 from kgroup.core.operator.rollout import replacements, restart_grace
+from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
 __all__ = [
     "Decision",

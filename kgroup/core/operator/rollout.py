@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kgroup.api import ConsumerGroupSpec
+from kgroup.crd_models import ConsumerGroupSpec
 
 __all__ = ["Replacements", "replacements", "restart_grace", "statefulset_ordinal"]
 

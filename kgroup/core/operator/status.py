@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from kgroup.api import (
+from kgroup.core.health import parse_summary
+from kgroup.core.ranges import format_ranges
+from kgroup.crd_models import (
     Condition,
     ConsumerGroupSpec,
     ConsumerGroupStatus,
@@ -36,8 +38,6 @@ from kgroup.api import (
     MemberStatus,
     Phase,
 )
-from kgroup.core.health import parse_summary
-from kgroup.core.ranges import format_ranges
 
 _Verdict = tuple[Literal["True", "False"], str, str]
 

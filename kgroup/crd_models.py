@@ -1,6 +1,6 @@
 """pydantic models of the ConsumerGroup resource (``kgroup.dev/v1alpha1``).
 
-These models are the single source of truth for the CRD: ``python -m kgroup.crdgen``
+These models are the single source of truth for the CRD: ``python -m kgroup_devtools.crdgen``
 renders ``crds/`` from them, and a test fails when the checked-in YAML drifts.
 Python attributes are snake_case; the wire (and the CRD) uses camelCase aliases.
 Field-level validation that the API server must enforce lives in ``json_schema_extra``

@@ -1,5 +1,5 @@
 """What ``kubectl explain consumergroup`` says: one description per CRD field, with units
-and defaults, merged into the generated schema by :mod:`kgroup.crdgen` (after its own
+and defaults, merged into the generated schema by :mod:`kgroup_devtools.crdgen` (after its own
 overlay, so the texts here win). A field without an entry here fails
 ``tests/test_crd_docs.py``; a path here that names no field fails ``make crd``.
 

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kgroup.api import ConsumerGroupSpec
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.ranges import parse_ranges
+from kgroup.crd_models import ConsumerGroupSpec
 from kgroup_sim import faults
 from kgroup_sim.checks import Checker, Violation
 from kgroup_sim.control import GROUP_KEY, SimOperator
