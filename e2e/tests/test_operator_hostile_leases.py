@@ -131,8 +131,12 @@ def test_a_squatted_lock_name_degrades_the_group_until_it_is_gone(
     assert f"Lease {squat} (partition 2's lock) is taken by an object that is not this " \
            "group's lock" in cond["message"]
     assert st["phase"] == "Degraded"
-    events: Any = client.CoreV1Api(kube).list_namespaced_event(namespace)
-    assert any(e.reason == "LeaseNameTaken" and e.type == "Warning" for e in events.items)
+
+    def warned() -> bool:  # the Event is posted after the status write that names it
+        events: Any = client.CoreV1Api(kube).list_namespaced_event(namespace)
+        return any(e.reason == "LeaseNameTaken" and e.type == "Warning" for e in events.items)
+
+    wait_for("a LeaseNameTaken Warning Event", warned, timeout=15)
     coord.delete_namespaced_lease(squat, namespace)
 
     def created() -> bool:
