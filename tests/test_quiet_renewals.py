@@ -1,5 +1,6 @@
 """A renewal that changes nothing costs the operator nothing: which Lease changes are
-material (``GroupLeases.put``) and when a timer wake-up plans (``kgroup.core.operator.wakeup``)."""
+material (``GroupLeases.put``), when a timer wake-up plans and how often the Lease watch
+reads (``kgroup.core.operator.wakeup``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 
 from kgroup import constants as C
 from kgroup.core.operator.lease_cache import GroupLeases, health_key
-from kgroup.core.operator.wakeup import after_pass, on_timer
+from kgroup.core.operator.wakeup import (
+    BUSY_READ_PAUSE,
+    QUIET_AFTER,
+    QUIET_READ_PAUSE,
+    after_pass,
+    on_timer,
+    read_pause,
+)
 
 DURATION = 8
 
@@ -177,3 +185,17 @@ def test_the_idle_recheck_still_plans() -> None:
 
 def test_no_pass_seen_plans() -> None:
     assert on_timer(None, GroupLeases(), 0.0) is None
+
+
+def test_the_lease_watch_reads_fast_while_the_group_moves_and_slowly_once_quiet() -> None:
+    assert BUSY_READ_PAUSE < QUIET_READ_PAUSE <= 0.5  # the failover's extra delay stays small
+    # never poked nor planned yet (a new group, an operator that just started): fast
+    assert read_pause(None, False, 100.0) == BUSY_READ_PAUSE
+    # poked or planned within QUIET_AFTER: fast, up to its very end
+    assert read_pause(100.0, False, 100.0) == BUSY_READ_PAUSE
+    assert read_pause(100.0, False, 100.0 + QUIET_AFTER - 0.01) == BUSY_READ_PAUSE
+    # quiet for QUIET_AFTER: slow
+    assert read_pause(100.0, False, 100.0 + QUIET_AFTER) == QUIET_READ_PAUSE
+    assert read_pause(100.0, False, 10_000.0) == QUIET_READ_PAUSE
+    # a Rebalancing status keeps it fast however long the hand-over's drain takes
+    assert read_pause(100.0, True, 10_000.0) == BUSY_READ_PAUSE

@@ -1,7 +1,8 @@
 """The operator's per-group Lease watch (kgroup_operator.lease_watch: aiohttp on the
 operator's loop) against the real API server: it lists and then sees its own group's
 Leases only; it survives an API server restart whose etcd history was compacted (410
-Gone: it lists again); and, through GroupLoops, a group created while the operator runs
+Gone: it lists again); it pauses between reads as told and a hurry ends the pause; and,
+through GroupLoops, a group created while the operator runs
 gets its Leases into the cache and a deleted one stops its watch and forgets them."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.operator.wakeup import BUSY_READ_PAUSE, QUIET_AFTER, QUIET_READ_PAUSE
 from kgroup_devcluster.cluster import Cluster
 from kgroup_operator.controller import GroupController
 from kgroup_operator.groups import GroupLoops
@@ -115,10 +117,51 @@ def test_the_watch_sees_its_group_only_and_lists_again_after_410_and_a_restart(
     asyncio.run(go())
 
 
+def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
+        kube: client.ApiClient, namespace: str) -> None:
+    """The pace of the reads (``pause``: ``GroupController.read_pause``): after a read the
+    watch leaves the stream alone for that long, and a poke of the group (``hurry``) ends
+    the pause at once."""
+    coord: Any = client.CoordinationV1Api(kube)
+    names = [C.member_lease_name("g", m) for m in ("a", "b", "c")]
+
+    async def go() -> None:
+        http = Http(kube.configuration)
+        seen = Seen()
+        pace = [60.0]  # quiet; then, as a poke makes the group busy, fast
+        w = LeaseWatch(http, namespace, "g", on_list=seen.on_list, on_event=seen.on_event,
+                       pause=lambda: pace[0])
+        try:
+            w.start()
+            await eventually("the first listing", lambda: seen.lists == [[]])
+            await asyncio.sleep(0.5)  # the watch request is open
+            await asyncio.to_thread(coord.create_namespaced_lease, namespace,
+                                    member_lease("g", "a"))
+            await eventually("the first event", lambda: len(seen.events) == 1, timeout=10)
+            reads = w.reads
+            for m in ("b", "c"):  # arrive while the watch pauses
+                await asyncio.to_thread(coord.create_namespaced_lease, namespace,
+                                        member_lease("g", m))
+            await asyncio.sleep(3.0)
+            assert seen.events == [("ADDED", names[0])] and w.reads == reads, \
+                "the watch read during its pause"
+            pace[0] = 0.1
+            w.hurry()
+            await eventually("the paused events", lambda: len(seen.events) == 3, timeout=5)
+            assert seen.events == [("ADDED", n) for n in names]
+        finally:
+            w.stop()
+            await w.wait_stopped()
+            await http.close()
+
+    asyncio.run(go())
+
+
 def test_a_group_created_and_deleted_while_running_starts_and_stops_its_watch(
         kube: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """GroupLoops' own wiring (the group loop's passes left out: only the cache is
-    looked at): a group seen lists its Leases into the cache, its events follow; deleted,
+    looked at): a group seen lists its Leases into the cache, its events follow, its
+    watch reads at the group's pace and a poke hurries it; deleted,
     its watch stops and what it wrote later never reaches the cache."""
     async def no_pass(self: GroupController) -> float | None:
         return None
@@ -141,6 +184,13 @@ def test_a_group_created_and_deleted_while_running_starts_and_stops_its_watch(
                                     member_lease("late", "b"))
             await eventually("b in the cache", lambda: "b" in rt.cache.group(key).members)
             w = rt.watches[key]
+            # the watch's pace is its group's: slow once nothing happened in it for
+            # QUIET_AFTER; a poke (a pod of the group changed) makes it fast and ends the
+            # pause under way
+            c.active_at = c.clock() - QUIET_AFTER - 1
+            assert w.pause() == QUIET_READ_PAUSE and not w.hurried
+            rt.poke_namespace(namespace)
+            assert w.pause() == BUSY_READ_PAUSE and w.hurried
             assert rt.problems() == []
             await rt.group_deleted(key)
             await w.wait_stopped()

@@ -44,7 +44,7 @@ from kgroup.core.operator.decide import (
     written,
 )
 from kgroup.core.operator.lease_cache import Cache, GroupKey
-from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
+from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, read_pause
 from kgroup.crd_models import LabelSelector
 
 from .kube import Conflict, Kube
@@ -84,6 +84,8 @@ class GroupController:
         self.selector: LabelSelector | None = None
         self.rule = ExpiryRule()
         self.leases_listed = False  # set by the group's Lease watch after its listing
+        self.active_at: float | None = None  # the last poke or pass (the watch's pace)
+        self.hurry: Callable[[], None] = lambda: None  # ends the Lease watch's pause
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
@@ -99,7 +101,17 @@ class GroupController:
         self.poke()
 
     def poke(self) -> None:
+        self.active_at = self.clock()
         self.poked.set()
+        self.hurry()
+
+    def read_pause(self) -> float:
+        """The pause of the group's Lease watch between reads (its ``pause``): short while
+        the group moves, longer once it is quiet
+        (:func:`~kgroup.core.operator.wakeup.read_pause`)."""
+        status = (self.body or {}).get("status") or {}
+        rebalancing = isinstance(status, dict) and status.get("phase") == "Rebalancing"
+        return read_pause(self.active_at, rebalancing, self.clock())
 
     def problem(self) -> str | None:
         """Why this group's loop cannot do its job (None: it can): its task ended, or its
@@ -141,6 +153,7 @@ class GroupController:
             self.quiet = None
             try:
                 delay = await self.reconcile()
+                self.active_at = self.clock()
                 self.failures = 0
             except asyncio.CancelledError:
                 raise

@@ -100,7 +100,9 @@ class GroupLoops:
 
         if self.http is None:
             self.http = Http(self.kube.api.configuration)
-        w = LeaseWatch(self.http, namespace, key[1], on_list=listed, on_event=event)
+        w = LeaseWatch(self.http, namespace, key[1], on_list=listed, on_event=event,
+                       pause=c.read_pause)
+        c.hurry = w.hurry  # a poke of the group ends the watch's pause between reads
         w.start()
         return w
 

@@ -33,6 +33,7 @@ read per request: a rotated in-cluster token is used at once (its refresh hook).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -52,7 +53,8 @@ WATCH_SECONDS = 300
 """The server ends each watch after this long (then it is resumed from its version)."""
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5)
 BATCH_SECONDS = 0.1
-"""After each read of the stream, reading pauses this long (:func:`_let_it_gather`)."""
+"""After each read of the stream, reading pauses this long (:func:`_let_it_gather`) unless
+the watch's owner says otherwise (``pause``)."""
 
 
 class Http:
@@ -103,18 +105,32 @@ class LeaseWatch:
 
     def __init__(self, http: Http, namespace: str, group: str, *,
                  on_list: Callable[[list[Obj]], None],
-                 on_event: Callable[[str, Obj], None]) -> None:
+                 on_event: Callable[[str, Obj], None],
+                 pause: Callable[[], float] | None = None) -> None:
         self.http = http
         self.namespace = namespace
         self.group = group
         self.selector = f"{C.LABEL_GROUP}={group}"
         self.on_list = on_list
         self.on_event = on_event
+        self.pause = pause or (lambda: BATCH_SECONDS)
         self.events = 0
+        self.reads = 0
         self.lists = 0
         self.failures = 0
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
+
+    def hurry(self) -> None:
+        """End the current pause between reads now (the group is moving: its next Lease
+        events are wanted at once); the pauses after it are ``pause()``'s again."""
+        self._hurry.set()
+
+    @property
+    def hurried(self) -> bool:
+        """A hurry is pending: the next pause between reads is skipped (or ends now)."""
+        return self._hurry.is_set()
 
     def alive(self) -> bool:
         """False once the watch's task ended without being asked to stop (it only ends so
@@ -183,13 +199,14 @@ class LeaseWatch:
             self.failures = 0
             lines = ws.Lines()
             async for chunk in resp.content.iter_any():
+                self.reads += 1
                 for line in lines.feed(chunk):
                     s = ws.step(orjson.loads(line))
                     rv = s.resource_version or rv
                     if s.deliver:
                         self.events += 1
                         self._deliver(s.kind, s.obj)
-                await _let_it_gather(resp)
+                await _let_it_gather(resp, self.pause(), self._hurry)
         return rv
 
     def _deliver_list(self, items: list[Obj]) -> None:
@@ -207,22 +224,28 @@ class LeaseWatch:
                           self.group, kind)
 
 
-async def _let_it_gather(resp: aiohttp.ClientResponse) -> None:
-    """Stop reading the connection for :data:`BATCH_SECONDS`: the events that arrive
-    meanwhile wait in the socket and are read, decrypted and parsed in one go.
+async def _let_it_gather(resp: aiohttp.ClientResponse, seconds: float,
+                         hurry: asyncio.Event) -> None:
+    """Stop reading the connection for ``seconds`` (or until ``hurry`` is set): the events
+    that arrive meanwhile wait in the socket and are read, decrypted and parsed in one go.
 
     Renewals arrive spread out (1,000 members at 2 s: one every 2 ms), each in a TCP
     segment of its own; read as they come, each cost a wake-up of the loop, a pass of
     asyncio's SSL layer (Python code) and aiohttp's parser: more than the event itself.
     The pause uses aiohttp's own flow control (the protocol's pause/resume), which its
-    stream reader uses when its buffer fills. An event waits at most this long more."""
+    stream reader uses when its buffer fills. An event waits at most this long more (the
+    pace: :func:`kgroup.core.operator.wakeup.read_pause`)."""
     conn = resp.connection
     if conn is None or conn.protocol is None:
         return
     protocol = conn.protocol
     protocol.pause_reading()
     try:
-        await asyncio.sleep(BATCH_SECONDS)
+        if not hurry.is_set() and seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await hurry.wait()
+        hurry.clear()
     finally:
         if protocol.transport is not None:
             protocol.resume_reading()
