@@ -138,6 +138,9 @@ def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
             await asyncio.to_thread(coord.create_namespaced_lease, namespace,
                                     member_lease("g", "a"))
             await eventually("the first event", lambda: len(seen.events) == 1, timeout=10)
+            one_event_bytes = len(json.dumps({"type": "ADDED", "object": await asyncio.to_thread(
+                lambda: kube.sanitize_for_serialization(coord.read_namespaced_lease(
+                    names[0], namespace)))}))
             reads = w.reads
             for m in ("b", "c"):  # arrive while the watch pauses
                 await asyncio.to_thread(coord.create_namespaced_lease, namespace,
@@ -145,6 +148,13 @@ def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
             await asyncio.sleep(3.0)
             assert seen.events == [("ADDED", names[0])] and w.reads == reads, \
                 "the watch read during its pause"
+            # and the TLS layer stopped reading the socket after the first record: the
+            # second event waits in the kernel (without the read-buffer limits both
+            # would be read, one wake-up each, and held undecrypted)
+            held = w.tls_held_bytes()
+            assert held is not None and 0 < held < 1.5 * one_event_bytes, \
+                f"{held} bytes held by the TLS layer during the pause; one event is " \
+                f"about {one_event_bytes}"
             pace[0] = 0.1
             w.hurry()
             await eventually("the paused events", lambda: len(seen.events) == 3, timeout=5)

@@ -121,11 +121,20 @@ class LeaseWatch:
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
+        self._resp: aiohttp.ClientResponse | None = None
 
     def hurry(self) -> None:
         """End the current pause between reads now (the group is moving: its next Lease
         events are wanted at once); the pauses after it are ``pause()``'s again."""
         self._hurry.set()
+
+    def tls_held_bytes(self) -> int | None:
+        """Bytes the TLS layer read from the socket and holds undecrypted (None: no open
+        watch over TLS). During a pause at most one read's worth: the rest waits in the
+        kernel, unread (:func:`_let_it_gather`)."""
+        conn = None if self._resp is None else self._resp.connection
+        size = getattr(conn.transport, "get_read_buffer_size", None) if conn else None
+        return None if size is None else int(size())
 
     @property
     def hurried(self) -> bool:
@@ -197,16 +206,20 @@ class LeaseWatch:
             if resp.status != 200:
                 raise _error(resp.status, await resp.read())
             self.failures = 0
-            lines = ws.Lines()
-            async for chunk in resp.content.iter_any():
-                self.reads += 1
-                for line in lines.feed(chunk):
-                    s = ws.step(orjson.loads(line))
-                    rv = s.resource_version or rv
-                    if s.deliver:
-                        self.events += 1
-                        self._deliver(s.kind, s.obj)
-                await _let_it_gather(resp, self.pause(), self._hurry)
+            self._resp = resp
+            try:
+                lines = ws.Lines()
+                async for chunk in resp.content.iter_any():
+                    self.reads += 1
+                    for line in lines.feed(chunk):
+                        s = ws.step(orjson.loads(line))
+                        rv = s.resource_version or rv
+                        if s.deliver:
+                            self.events += 1
+                            self._deliver(s.kind, s.obj)
+                    await _let_it_gather(resp, self.pause(), self._hurry)
+            finally:
+                self._resp = None
         return rv
 
     def _deliver_list(self, items: list[Obj]) -> None:
@@ -234,12 +247,23 @@ async def _let_it_gather(resp: aiohttp.ClientResponse, seconds: float,
     asyncio's SSL layer (Python code) and aiohttp's parser: more than the event itself.
     The pause uses aiohttp's own flow control (the protocol's pause/resume), which its
     stream reader uses when its buffer fills. An event waits at most this long more (the
-    pace: :func:`kgroup.core.operator.wakeup.read_pause`)."""
+    pace: :func:`kgroup.core.operator.wakeup.read_pause`).
+
+    Over TLS that alone only stops the *decrypted* data: asyncio's TLS layer goes on
+    reading the socket, one wake-up per record, until 256 KiB of records wait (seen with
+    strace at 200 members: one ``recvfrom`` per renewal through every pause). So for the
+    pause its read-buffer limits (the public ``set_read_buffer_limits`` of asyncio's TLS
+    transport) are set so that one waiting byte stops it reading the socket, and put back
+    to the defaults before reading resumes (a partial record would otherwise hold them
+    paused for good)."""
     conn = resp.connection
     if conn is None or conn.protocol is None:
         return
     protocol = conn.protocol
+    limits = getattr(conn.transport, "set_read_buffer_limits", None)  # TLS only
     protocol.pause_reading()
+    if limits is not None:
+        limits(high=1, low=0)
     try:
         if not hurry.is_set() and seconds > 0:
             with contextlib.suppress(TimeoutError):
@@ -248,6 +272,8 @@ async def _let_it_gather(resp: aiohttp.ClientResponse, seconds: float,
         hurry.clear()
     finally:
         if protocol.transport is not None:
+            if limits is not None:
+                limits()
             protocol.resume_reading()
 
 
