@@ -361,3 +361,29 @@ def test_an_empty_groups_locks_are_created_in_slices_each_with_the_target_as_of_
     last = op.decide()
     assert last.create_partitions == list(range(2 * CREATES_PER_PASS, n))
     assert last.wait != 0.0  # nothing more to create: no immediate pass
+
+
+def test_a_group_left_without_members_or_paused_does_not_spin() -> None:
+    """Found on a real node: a group whose worker pods crash-looped (no member: phase
+    Pending) kept its partitions unowned past drain timeout + lease duration, and the
+    deadline that waits for that moment stayed in the past: every pass asked to run again
+    at once (14.5 million passes in 80 minutes, half a core). A deadline this pass already
+    evaluated is not one to wake for; the idle recheck and real changes remain."""
+    for spec_extra in ({}, {"paused": True}):
+        op = Op("a")
+        op.body = body(spec={**body()["spec"], **spec_extra})
+        plan = op.decide()
+        for p in plan.create_partitions:
+            op.memory.lease_created(p, op.now)
+        op.write(plan, "11")
+        for p in range(4):
+            op.leases.put(partition_lease(p, str(40 + p)), op.now)  # nobody takes them
+        op.pods = []  # the member's pod is gone: no member
+        for _ in range(3):
+            op.now += 30.0  # past drain (30 s) + lease (15 s) since the last change
+            plan = op.decide()
+            if plan.status is not None:
+                op.write(plan, str(int(op.body["metadata"]["resourceVersion"]) + 1))
+            assert plan.wait is None or plan.wait > 1.0, (spec_extra, plan.wait)
+        assert op.body["status"]["phase"] == ("Paused" if spec_extra else "Pending")
+        assert op.body["status"]["unowned"] == 4

@@ -507,12 +507,17 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     )
     wire = new_status.to_wire()
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
+    # when unowned partitions become "unowned too long" (the Degraded condition): a moment
+    # to wake for only while it is ahead. Once passed, this pass has reported it, whatever
+    # the phase shows (Pending and Paused outrank Degraded): a past deadline here made
+    # every pass of a group without members ask to run again at once
+    unowned_too_long_at = (last_change + spec.handoff.drain_timeout_seconds
+                           + spec.lease.duration_seconds + 0.01)
     deadlines = [
         next_lock_expiry,
         decision.next_check,
         leases.next_expiry(now),
-        (last_change + spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds + 0.01)
-        if new_status.unowned and new_status.phase != "Degraded" else None,
+        unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
         recheck,
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
