@@ -24,7 +24,7 @@ code, one process — used where 32 processes would not fit on 2 cores).
 
     .venv/bin/python bench/bench_rebalance.py [--partitions 64 --members 4 --rounds 10]
         [--crash-rounds 3] [--burst-rounds 2] [--settings defaults,window0] [--swarm]
-        [--out docs/bench/rebalance_defaults.json]
+        [--quiet-before 12] [--out docs/bench/rebalance_defaults.json]
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def burst_round(st: Stage, m: Members, joiners: list[str], members: int,
 
 
 def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm: bool,
-        settings: str = "window0", burst_rounds: int = 0) -> Obj:
+        settings: str = "window0", burst_rounds: int = 0, quiet_before: float = 0.0) -> Obj:
     st = Stage("bench-rebalance")
     m: Members | None = None
     try:
@@ -294,6 +294,8 @@ def run(*, partitions: int, members: int, rounds: int, crash_rounds: int, swarm:
         extra = pods[members]
         for i in range(rounds):
             joins.append(join_round(st, m, extra, members + 1, partitions))
+            if quiet_before > 0:  # nothing happens in the group for this long first
+                time.sleep(quiet_before)
             if i < crash_rounds:
                 crashes.append(depart_round(st, m, extra, members, crash=True))
             else:
@@ -357,6 +359,9 @@ def main() -> None:
     ap.add_argument("--settings", default="window0",
                     help="comma-separated, each its own group: defaults, window0")
     ap.add_argument("--swarm", action="store_true", help="in-process swarm, not processes")
+    ap.add_argument("--quiet-before", type=float, default=0.0,
+                    help="seconds the group is left alone before each leave or crash (the "
+                         "operator reads a group quiet for 10 s less often)")
     ap.add_argument("--out", type=Path, default=None, help="write every result here (JSON)")
     args = ap.parse_args()
     results: list[Obj] = []
@@ -365,7 +370,7 @@ def main() -> None:
         print(f"[rebalance] settings {settings}", flush=True)
         result = run(partitions=args.partitions, members=args.members, rounds=args.rounds,
                      crash_rounds=args.crash_rounds, swarm=args.swarm, settings=settings,
-                     burst_rounds=args.burst_rounds)
+                     burst_rounds=args.burst_rounds, quiet_before=args.quiet_before)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items()
                           if k not in ("joins", "leaves", "crashes", "bursts")}, indent=1),
