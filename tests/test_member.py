@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member.reconcile import (
+    ACQUISITIONS_IN_FLIGHT,
     AckEpoch,
     Acquire,
     Action,
@@ -99,6 +100,42 @@ def test_free_targeted_locks_are_acquired_with_their_resource_version_as_token()
     acqs = of(m.step(w.snap(0.1)), Acquire)
     assert [(a.partition, a.token, a.expected_rv) for a in acqs] == [
         (0, 100, "100"), (1, 105, "105")]  # the precondition is the token
+
+
+def test_acquisitions_in_flight_are_bounded_and_the_next_follow_as_they_end() -> None:
+    n = 2 * ACQUISITIONS_IN_FLIGHT + 5
+    w = World(partitions=n)
+    w.target = Target(1, frozenset(range(n)))
+    m = joined(w)
+    first = of(m.step(w.snap(0.1)), Acquire)
+    assert [a.partition for a in first] == list(range(ACQUISITIONS_IN_FLIGHT))
+    assert of(m.step(w.snap(0.2)), Acquire) == []  # none ended: none more
+    done = first[:3]  # three end (one taken by another pod: it failed)
+    for a in done[:2]:
+        w.set_lock(a.partition, ME, a.session, a.token)
+        m.acquired(a.partition, a.session, token=a.token,
+                   resource_version=w.locks[a.partition].resource_version)
+    m.acquire_failed(done[2].partition, done[2].session, now=0.3)
+    nxt = of(m.step(w.snap(0.3)), Acquire)
+    assert [a.partition for a in nxt] == list(
+        range(ACQUISITIONS_IN_FLIGHT, ACQUISITIONS_IN_FLIGHT + 3))
+    seen = {a.partition for a in first + nxt}
+    for a in first[3:] + nxt:  # the rest of those in flight end
+        w.set_lock(a.partition, ME, a.session, a.token)
+        m.acquired(a.partition, a.session, token=a.token,
+                   resource_version=w.locks[a.partition].resource_version)
+    now = 0.4
+    while len(m.owned) < n:  # each wave ends before the next step: every one taken once
+        now += 0.5  # the failed one is retried after its pause
+        acts = of(m.step(w.snap(now)), Acquire)
+        assert 0 < len(acts) <= ACQUISITIONS_IN_FLIGHT
+        for a in acts:
+            assert a.partition not in m.owned
+            seen.add(a.partition)
+            w.set_lock(a.partition, ME, a.session, a.token)
+            m.acquired(a.partition, a.session, token=a.token,
+                       resource_version=w.locks[a.partition].resource_version)
+    assert seen == set(range(n))
 
 
 def test_held_lock_waits_for_the_operators_expiry_mark_of_its_session() -> None:

@@ -83,6 +83,13 @@ from kgroup.core.tokens import acquisition_token, resource_version_number
 SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
 
+ACQUISITIONS_IN_FLIGHT = 16
+"""At most this many acquisitions of one member are sent at once; the next are decided as
+these end. A member given 1,000 locks at once (10 members, 10,000 partitions) sent them all
+together: behind its connection pool most waited past the request timeout, each timed-out
+acquisition was re-read, and the group made no progress (docs/benchmarks.md). The
+operator bounds its own lock writes alike (``LOCK_WRITES_IN_FLIGHT``)."""
+
 MAX_SELECTED_PARTITIONS = 500
 """Beyond this many partitions of interest an adapter watches every partition Lease of
 the group (a label selector of 500 five-digit values is about 3 KB of URL)."""
@@ -407,6 +414,8 @@ class Member:
             if epoch != self._epoch or now >= until:
                 del self._relinquished[p]
         for p in sorted(targeted):
+            if len(self._acquiring) >= ACQUISITIONS_IN_FLIGHT:
+                break  # the rest when these end (each end steps the member again)
             if p in self.owned or p in self._acquiring or self._retry_at.get(p, 0.0) > now:
                 continue
             if p in self._relinquished:
