@@ -64,6 +64,31 @@ def test_the_partition_gauge_factory_binds_the_identity() -> None:
     assert f'kgroup_sidecar_partition_lag{{{IDENTITY},partition="0"}}' not in m.render()
 
 
+def test_publishing_touches_only_the_series_that_changed() -> None:
+    """A member publishes after every request chain: 1,000 acquisitions must not cost
+    1,000 x 1,000 series writes. Counted on the gauge's own ``labels`` (every series
+    write goes through it); the values stay right."""
+    m = metrics()
+    gauge = m.partition_token
+    calls = {"n": 0}
+    real = gauge._gauge.labels
+
+    def counting(*labels: str) -> object:
+        calls["n"] += 1
+        return real(*labels)
+
+    gauge._gauge.labels = counting  # type: ignore[method-assign,assignment]
+    held = [(p, p + 100, "active") for p in range(1000)]
+    m.publish(view(*held))
+    assert calls["n"] == 1000
+    m.publish(view(*held[:-1], (999, 5000, "active")))  # one token changed
+    assert calls["n"] == 1001
+    m.publish(view(*held[:10]))  # 990 released: removed, none written
+    assert calls["n"] == 1001 and gauge.partitions() == frozenset(range(10))
+    assert m.value("kgroup_sidecar_partition_token", partition="999") == 0.0
+    assert m.value("kgroup_sidecar_partition_token", partition="9") == 109.0
+
+
 def test_no_label_collides_with_a_prometheus_target_label() -> None:
     m = metrics()
     m.publish(view((1, 7, "active")))

@@ -41,31 +41,36 @@ VERBS = ("create", "update", "delete")
 
 
 class PartitionGauge:
-    """A gauge with one series per partition this member holds (label ``partition``)."""
+    """A gauge with one series per partition this member holds (label ``partition``).
+
+    Written incrementally: the member's state is published after every request chain
+    ends, and a member taking 1,000 locks publishes 1,000 times; setting every series each
+    time made that quadratic (half a sidecar's CPU while 10 members took 10,000 locks, seen
+    with py-spy). Only series whose value changed are touched."""
 
     def __init__(self, gauge: Gauge, identity: tuple[str, str, str]) -> None:
         self._gauge = gauge
         self._identity = identity
-        self._partitions: set[int] = set()
+        self._values: dict[int, float] = {}
 
     def set(self, partition: int, value: float) -> None:
-        self._gauge.labels(*self._identity, str(partition)).set(value)
-        self._partitions.add(partition)
+        if self._values.get(partition) != value:
+            self._gauge.labels(*self._identity, str(partition)).set(value)
+            self._values[partition] = value
 
     def remove(self, partition: int) -> None:
-        if partition in self._partitions:
-            self._partitions.discard(partition)
+        if self._values.pop(partition, None) is not None:
             self._gauge.remove(*self._identity, str(partition))
 
     def replace(self, values: Mapping[int, float]) -> None:
         """Set these partitions' values and drop every other partition's series."""
-        for partition in self._partitions - set(values):
+        for partition in self._values.keys() - values.keys():
             self.remove(partition)
         for partition, value in values.items():
             self.set(partition, value)
 
     def partitions(self) -> frozenset[int]:
-        return frozenset(self._partitions)
+        return frozenset(self._values)
 
 
 class Metrics:
