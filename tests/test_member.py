@@ -76,12 +76,17 @@ def joined(world: World, now: float = 0.0) -> Member:
     return m
 
 
+def taken(m: Member, world: World, a: Acquire) -> None:
+    """The acquisition ``a`` succeeded: the lock is written, the member told."""
+    world.set_lock(a.partition, ME, a.session, a.token)
+    m.acquired(a.partition, a.session, token=a.token,
+               resource_version=world.locks[a.partition].resource_version)
+
+
 def acquire_all(m: Member, world: World, now: float) -> None:
     for a in of(m.step(world.snap(now)), Acquire):
         assert isinstance(a, Acquire)
-        world.set_lock(a.partition, ME, a.session, a.token)
-        m.acquired(a.partition, a.session, token=a.token,
-                   resource_version=world.locks[a.partition].resource_version)
+        taken(m, world, a)
 
 
 def test_no_lock_is_taken_before_the_session_is_confirmed() -> None:
@@ -112,18 +117,14 @@ def test_acquisitions_in_flight_are_bounded_and_the_next_follow_as_they_end() ->
     assert of(m.step(w.snap(0.2)), Acquire) == []  # none ended: none more
     done = first[:3]  # three end (one taken by another pod: it failed)
     for a in done[:2]:
-        w.set_lock(a.partition, ME, a.session, a.token)
-        m.acquired(a.partition, a.session, token=a.token,
-                   resource_version=w.locks[a.partition].resource_version)
+        taken(m, w, a)
     m.acquire_failed(done[2].partition, done[2].session, now=0.3)
     nxt = of(m.step(w.snap(0.3)), Acquire)
     assert [a.partition for a in nxt] == list(
         range(ACQUISITIONS_IN_FLIGHT, ACQUISITIONS_IN_FLIGHT + 3))
     seen = {a.partition for a in first + nxt}
     for a in first[3:] + nxt:  # the rest of those in flight end
-        w.set_lock(a.partition, ME, a.session, a.token)
-        m.acquired(a.partition, a.session, token=a.token,
-                   resource_version=w.locks[a.partition].resource_version)
+        taken(m, w, a)
     now = 0.4
     while len(m.owned) < n:  # each wave ends before the next step: every one taken once
         now += 0.5  # the failed one is retried after its pause
@@ -132,9 +133,7 @@ def test_acquisitions_in_flight_are_bounded_and_the_next_follow_as_they_end() ->
         for a in acts:
             assert a.partition not in m.owned
             seen.add(a.partition)
-            w.set_lock(a.partition, ME, a.session, a.token)
-            m.acquired(a.partition, a.session, token=a.token,
-                       resource_version=w.locks[a.partition].resource_version)
+            taken(m, w, a)
     assert seen == set(range(n))
 
 

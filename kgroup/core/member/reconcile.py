@@ -84,11 +84,8 @@ SESSION_RETRY_SECONDS = 1.0
 """Pause before retrying a failed session start or a failed acquisition/release."""
 
 ACQUISITIONS_IN_FLIGHT = 16
-"""At most this many acquisitions of one member are sent at once; the next are decided as
-these end. A member given 1,000 locks at once (10 members, 10,000 partitions) sent them all
-together: behind its connection pool most waited past the request timeout, each timed-out
-acquisition was re-read, and the group made no progress (docs/benchmarks.md). The
-operator bounds its own lock writes alike (``LOCK_WRITES_IN_FLIGHT``)."""
+"""At most this many acquisitions of one member in flight; the next are decided as these
+end (why: docs/design.md, "A member sends at most 16 acquisitions at once")."""
 
 MAX_SELECTED_PARTITIONS = 500
 """Beyond this many partitions of interest an adapter watches every partition Lease of
