@@ -14,6 +14,7 @@ test (the pods and member Leases it would have watched), so no watch runs.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.cluster import Cluster
 from kgroup_operator.controller import GroupController
 from kgroup_operator.kube import Conflict, Kube
+from kgroup_operator.lock_gate import LockGate, Urgency
 from kgroup_operator.metrics import Metrics
 from kgroup_operator.settings import OperatorSettings
 
@@ -37,28 +39,38 @@ class Recording(Kube):
     """The real Kube, with every call written down as (verb, what)."""
 
     calls: list[tuple[str, str]]
+    completions = False
 
     async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
                                      duration: int, assigned: str | None = None,
                                      assigned_uid: str | None = None) -> Obj | None:
         self.calls.append(("create-lease", str(partition)))
-        return await super().create_partition_lease(namespace=namespace, group=group,
-                                                    partition=partition, duration=duration,
-                                                    assigned=assigned, assigned_uid=assigned_uid)
+        out = await super().create_partition_lease(namespace=namespace, group=group,
+                                                   partition=partition, duration=duration,
+                                                   assigned=assigned, assigned_uid=assigned_uid)
+        if self.completions:  # a create waits for the gate: when it was done, too
+            self.calls.append(("created", str(partition)))
+        return out
 
     async def mark_partition_lease(self, *, namespace: str, group: str, partition: int,
-                                   member: str, uid: str | None, seen_rv: str) -> Obj | None:
-        self.calls.append(("mark", f"{partition}={member}"))
+                                   member: str, uid: str | None, seen_rv: str,
+                                   wanted: Callable[[], bool] | None = None) -> Obj | None:
+        def turn() -> bool:  # written down as its turn comes: sent, or dropped unsent
+            ok = wanted is None or wanted()
+            self.calls.append(("mark" if ok else "superseded", f"{partition}={member}"))
+            return ok
+
         stored = await super().mark_partition_lease(namespace=namespace, group=group,
                                                     partition=partition, member=member,
-                                                    uid=uid, seen_rv=seen_rv)
+                                                    uid=uid, seen_rv=seen_rv, wanted=turn)
         if stored is None:
             self.calls.append(("409", str(partition)))
         return stored
 
-    async def get_lease(self, namespace: str, name: str) -> Obj | None:
+    async def get_lease(self, namespace: str, name: str,
+                        urgency: Urgency = Urgency.EXPIRY) -> Obj | None:
         self.calls.append(("get-lease", name))
-        return await super().get_lease(namespace, name)
+        return await super().get_lease(namespace, name, urgency)
 
     async def replace_status(self, body: Obj, status: Obj) -> Obj:
         self.calls.append(("replace-status", str(status.get("epoch"))))
@@ -119,6 +131,7 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         async def reconcile() -> tuple[list[tuple[str, str]], float | None]:
             rec.calls = []
             wait = await ctl.reconcile()
+            await ctl.drained()  # the marks run behind the pass
             return rec.calls, wait
 
         # first pass: every lock, then the first target, then its Event
@@ -200,5 +213,111 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         notes = coord.read_namespaced_lease(lock_name, namespace).metadata.annotations
         assert (notes[C.ANNOTATION_ASSIGNED], notes[C.ANNOTATION_ASSIGNED_UID]) == (
             owner[victim], f"uid-{owner[victim]}")
+
+    asyncio.run(scenario())
+
+
+def test_queued_marks_give_way_to_a_newer_target_and_to_creates(
+    cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
+) -> None:
+    """The marks run behind the pass, one request at a time here (a gate of one slot) so
+    that a queue forms: a pass that moves a queued mark's lock again drops the queued mark
+    unsent, and the next slice's creates go before the marks still waiting."""
+    custom: Any = client.CustomObjectsApi(kube)
+    coord: Any = client.CoordinationV1Api(kube)
+    spec = {"partitions": 96, "selector": {"matchLabels": {"app": "drv"}},
+            "stabilizationWindowSeconds": 0,
+            "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5}}
+    body = custom.create_namespaced_custom_object(
+        C.API_GROUP, C.API_VERSION, namespace, C.PLURAL,
+        {"apiVersion": f"{C.API_GROUP}/{C.API_VERSION}", "kind": C.KIND,
+         "metadata": {"name": GROUP}, "spec": spec})
+    now = [100.0]
+    cache = Cache(synced=True, known={(namespace, GROUP)})
+
+    def join(name: str) -> None:
+        cache.put_pod(namespace, pod(name))
+        cache.put_lease(namespace, member_lease(name, str(1000 + len(cache.pods[namespace]))),
+                        now[0])
+        now[0] += 2.0
+
+    def owners() -> dict[int, str]:
+        st = custom.get_namespaced_custom_object(C.API_GROUP, C.API_VERSION, namespace,
+                                                 C.PLURAL, GROUP)["status"]
+        return {p: m for m, r in st["assignment"].items() for p in parse_ranges(r)}
+
+    def marks_stored() -> dict[int, str]:
+        items = coord.list_namespaced_lease(
+            namespace, label_selector=f"{C.LABEL_ROLE}={C.ROLE_PARTITION}").items
+        for x in items:  # as the Lease watch would deliver them
+            cache.put_lease(namespace, kube.sanitize_for_serialization(x), now[0])  # type: ignore[no-untyped-call]
+        return {int(x.metadata.labels[C.LABEL_PARTITION]):
+                x.metadata.annotations[C.ANNOTATION_ASSIGNED] for x in items}
+
+    join("a")
+    join("b")
+
+    async def scenario() -> None:
+        rec = Recording(kube, identity="e2e-driver")
+        rec.calls = []
+        rec.gate = LockGate(1)
+        rec.completions = True
+        ctl = GroupController((namespace, GROUP), cache=cache, kube=rec, metrics=Metrics(),
+                              settings=OperatorSettings(), clock=lambda: now[0])
+        ctl.update(body)
+        ctl.leases_listed = True
+
+        async def settle() -> None:  # until a pass sends nothing more
+            for _ in range(4):
+                await ctl.drained()
+                marks_stored()
+                rec.calls = []
+                await ctl.reconcile()
+                await ctl.drained()
+                if not rec.calls:
+                    return
+            raise AssertionError(f"still writing: {rec.calls}")
+
+        await settle()
+        assert marks_stored() == owners()
+        # c joins: its marks queue behind the one slot; d joins before they are all sent,
+        # and takes some of the locks the queued marks were for
+        join("c")
+        rec.calls = []
+        await ctl.reconcile()
+        second = owners()  # a blocking read: the queue stands still meanwhile
+        join("d")
+        await ctl.reconcile()
+        third = owners()
+        await ctl.drained()
+        dropped = [what for verb, what in rec.calls if verb == "superseded"]
+        moved_twice = {p for p, m in second.items() if m == "c" and third[p] != "c"}
+        assert dropped, f"no queued mark was dropped: {rec.calls}"
+        assert {int(w.split("=")[0]) for w in dropped} <= moved_twice
+        assert all(w.endswith("=c") for w in dropped)
+        await settle()
+        assert marks_stored() == third
+        # e joins (its marks queue), then the group grows by four partitions: the next
+        # pass's creates are sent before the marks still waiting
+        join("e")
+        rec.calls = []
+        await ctl.reconcile()
+        while sum(verb == "mark" for verb, _ in rec.calls) < 2:  # the queue has formed
+            await asyncio.sleep(0.001)
+        queued_from = len(rec.calls)
+        grown = custom.patch_namespaced_custom_object(
+            C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP, {"spec": {"partitions": 100}})
+        ctl.update(grown)
+        await ctl.reconcile()
+        await ctl.drained()
+        after = rec.calls[queued_from:]
+        creates = [i for i, (verb, _) in enumerate(after) if verb == "created"]
+        marks_before = [c for c in after[:creates[0]] if c[0] == "mark"]
+        assert len(creates) == 4
+        assert len(marks_before) <= 1, f"creates waited behind queued marks: {after}"
+        assert any(verb == "mark" for verb, _ in after[creates[-1]:]), after
+        await settle()
+        assert marks_stored() == owners()
+        assert set(owners().values()) == {"a", "b", "c", "d", "e"}
 
     asyncio.run(scenario())

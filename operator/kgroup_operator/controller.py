@@ -6,11 +6,17 @@ Rules of this module: it decides nothing. It gathers the observation from the
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
-Assignment marks are written after the status write succeeded (or at once when the pass
+Assignment marks are sent after the status write succeeded (or at once when the pass
 writes none), after the expiry marks (each holder's member Lease re-read first; a mark
 refused because the lock changed re-reads the lock and decides again); each stored Lease
-goes into the cache at once.
-The simulated operator (``kgroup_sim.control``) drives the same decisions.
+goes into the cache at once. A pass awaits its creates (the slice) and its status write,
+not its marks: those run behind it (``writes``) in the lock gate's order, so the next
+slice's creates and a crash's expiry marks pass a rebalance's queued marks, and a mark a
+later pass superseded is dropped when its turn comes. The memory knows what is in flight
+(``marks_sent``, ``expiries_sent``), so no pass sends it twice.
+The simulated operator (``kgroup_sim.control``) drives the same decisions and, like this
+loop, awaits only its status write before the next pass may run (its simulated requests
+have no pool to queue in, so it does not await its creates either).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, read_pause
 from kgroup.crd_models import LabelSelector
 
-from .kube import Conflict, Kube
+from .kube import Conflict, Kube, Superseded
+from .lock_gate import Urgency
 from .metrics import Metrics
 from .settings import OperatorSettings
 
@@ -89,6 +96,7 @@ class GroupController:
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
+        self.writes: set[asyncio.Task[None]] = set()  # marks and expiry marks in flight
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -128,10 +136,41 @@ class GroupController:
         self.task = asyncio.create_task(self.run(), name=f"kgroup:{self.key[0]}/{self.key[1]}")
 
     async def stop(self) -> None:
+        for write in list(self.writes):
+            write.cancel()
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
+        await self.drained()
+
+    async def drained(self) -> None:
+        """Until no mark or expiry mark of this group is in flight."""
+        while self.writes:
+            await asyncio.gather(*list(self.writes), return_exceptions=True)
+
+    def _behind(self, name: str, work: Any) -> None:
+        """``work`` (a coroutine of lock writes) runs behind the pass; its failure is
+        logged and the group decided again :data:`API_RETRY_SECONDS` later (an exception
+        not from the API is counted as a failed pass's would be)."""
+        task: asyncio.Task[None] = asyncio.create_task(
+            work, name=f"kgroup:{self.key[0]}/{self.key[1]}:{name}")
+        self.writes.add(task)
+        task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self.writes.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        if isinstance(exc, (ApiException, HTTPError, OSError)):
+            log.warning("lock writes of %s/%s: API unavailable (%s); deciding again",
+                        *self.key, type(exc).__name__)
+        else:
+            log.error("lock writes of %s/%s failed; deciding again", *self.key, exc_info=exc)
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        asyncio.get_running_loop().call_later(API_RETRY_SECONDS, self.poke)
 
     async def run(self) -> None:
         """Plan when poked (a material change: ``kgroup.core.operator.lease_cache``) or when a
@@ -199,8 +238,7 @@ class GroupController:
                                   stalled=plan.new_status.stalled)
         await self._post(body, plan.events)
         if plan.status is None:
-            await self._expire(plan.expiries)
-            await self._mark(plan.marks)
+            self._send_marks(plan)
             return plan.wait
         try:
             stored = await self.kube.replace_status(body, plan.status)
@@ -223,9 +261,19 @@ class GroupController:
         if any(e.reason == "RebalanceCompleted" for e in events) and done is not None:
             self.metrics.completed(self.key, done.duration_seconds or 0.0)
         await self._post(stored, events)
-        await self._expire(plan.expiries)
-        await self._mark(plan.marks)
+        self._send_marks(plan)
         return plan.wait
+
+    def _send_marks(self, plan: Plan) -> None:
+        """The plan's expiry marks, then its assignment marks, behind the pass."""
+        if plan.expiries:
+            for e in plan.expiries:
+                self.memory.expiry_sent(e)  # in flight from now: no later pass sends it again
+            self._behind("expiries", self._expire(plan.expiries))
+        if plan.marks:
+            for mark in plan.marks:
+                self.memory.mark_sent(mark)
+            self._behind("marks", self._mark(plan.marks))
 
     async def _create(self, body: dict[str, Any], plan: Plan) -> None:
         """The pass's lock creates, concurrently (the Kube's lock pool bounds how many are
@@ -253,18 +301,30 @@ class GroupController:
         namespace, name = self.key
 
         async def one(mark: Mark) -> None:
-            self.memory.mark_sent(mark)
+            sent = (mark.member, mark.uid, mark.seen_rv)
+
+            def wanted() -> bool:  # asked as its turn comes: superseded, or the lock moved on
+                lock = self.cache.group(self.key).partitions.get(mark.partition)
+                return (self.memory.marks_sent.get(mark.partition) == sent
+                        and lock is not None and lock.resource_version == mark.seen_rv)
+
             try:
                 stored = await self.kube.mark_partition_lease(
                     namespace=namespace, group=name, partition=mark.partition,
-                    member=mark.member, uid=mark.uid, seen_rv=mark.seen_rv)
+                    member=mark.member, uid=mark.uid, seen_rv=mark.seen_rv, wanted=wanted)
+            except Superseded:
+                if self.memory.marks_sent.get(mark.partition) == sent:  # the lock moved on
+                    self.memory.mark_failed(mark)
+                    self.poke()  # decide again on the lock as cached
+                return
             except BaseException:
                 self.memory.mark_failed(mark)
                 raise
             if stored is None:  # the lock changed since it was read (or is gone)
                 self.memory.mark_failed(mark)
                 lock = await self.kube.get_lease(namespace,
-                                                 partition_lease_name(name, mark.partition))
+                                                 partition_lease_name(name, mark.partition),
+                                                 Urgency.MARK)
                 if lock is not None:
                     self.cache.put_lease(namespace, lock, self.clock())
                 self.poke()  # decide again on the lock as it is now
@@ -301,8 +361,6 @@ class GroupController:
                 self.cache.put_lease(namespace, stored, self.clock())
 
         async def one(member: str, session: str, locks: list[Expiry]) -> None:
-            for e in locks:
-                self.memory.expiry_sent(e)
             try:
                 leases = self.cache.group(self.key)
                 if self.rule.reread():

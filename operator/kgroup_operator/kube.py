@@ -15,7 +15,10 @@ Lock writes (creates, assignment and expiry marks, the quorum reads before them)
 through a pool of their own, :data:`LOCK_WRITES_IN_FLIGHT` threads over as many
 connections: a pass may hand over thousands at once (10,000 creates for an empty group)
 and they run that many at a time, never one by one, while the status writes and Events
-keep the default pool. Their answers are read as JSON, not built into the client's models
+keep the default pool. Which waiting request goes next is the
+:class:`~kgroup_operator.lock_gate.LockGate`'s: expiry marks, then creates, then
+assignment marks; a mark no longer wanted when its turn comes raises :class:`Superseded`
+without a request. Their answers are read as JSON, not built into the client's models
 and serialised back (most of the operator's CPU per write).
 """
 
@@ -36,6 +39,8 @@ from kubernetes.client.exceptions import ApiException
 from kgroup import constants as C
 from kgroup.core import lease_codec
 
+from .lock_gate import LockGate, Urgency
+
 log = logging.getLogger(__name__)
 
 LOCK_WRITES_IN_FLIGHT = 16
@@ -46,6 +51,10 @@ enough to leave it room for everyone else."""
 
 class Conflict(Exception):
     """The object changed since it was read (HTTP 409)."""
+
+
+class Superseded(Exception):
+    """A lock write no longer wanted when its turn came (its ``wanted`` said no): not sent."""
 
 
 class Kube:
@@ -64,10 +73,17 @@ class Kube:
         self.locks = client.CoordinationV1Api(self.lock_api)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             LOCK_WRITES_IN_FLIGHT, thread_name_prefix="kgroup-locks")
+        self.gate = LockGate(LOCK_WRITES_IN_FLIGHT)
 
-    async def _lock_call(self, call: Callable[[], Any]) -> Any:
-        """``call`` in the lock pool (at most :data:`LOCK_WRITES_IN_FLIGHT` at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+    async def _lock_call(self, call: Callable[[], Any], urgency: Urgency,
+                         wanted: Callable[[], bool] | None = None) -> Any:
+        """``call`` in the lock pool once the gate admits it (at most
+        :data:`LOCK_WRITES_IN_FLIGHT` at a time, the most urgent first); :class:`Superseded`
+        instead when ``wanted`` says no at that moment."""
+        async with self.gate.slot(urgency):
+            if wanted is not None and not wanted():
+                raise Superseded
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -148,16 +164,17 @@ class Kube:
                     return None  # gone again: the next pass creates it
                 raise
 
-        return cast(dict[str, Any] | None, await self._lock_call(call))
+        return cast(dict[str, Any] | None, await self._lock_call(call, Urgency.CREATE))
 
     async def mark_partition_lease(
         self, *, namespace: str, group: str, partition: int, member: str, uid: str | None,
-        seen_rv: str,
+        seen_rv: str, wanted: Callable[[], bool] | None = None,
     ) -> dict[str, Any] | None:
         """PATCH (JSON merge) the lock's assignment mark to `member` and its pod `uid`, only
         if the lock is still at `seen_rv`; the stored Lease, or None when it changed
         meanwhile (409: the caller re-reads it and decides again) or is gone (the next
-        pass creates it)."""
+        pass creates it). Behind the creates and expiry marks; :class:`Superseded` when
+        ``wanted`` says no as its turn comes."""
         name = C.partition_lease_name(group, partition)
         body = lease_codec.assignment_patch(member, uid, seen_rv)
 
@@ -170,9 +187,10 @@ class Kube:
                     return None
                 raise
 
-        return cast(dict[str, Any] | None, await self._lock_call(call))
+        return cast(dict[str, Any] | None, await self._lock_call(call, Urgency.MARK, wanted))
 
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get_lease(self, namespace: str, name: str,
+                        urgency: Urgency = Urgency.EXPIRY) -> dict[str, Any] | None:
         """A quorum read of one Lease (no resourceVersion: served from etcd, never from the
         watch cache); None when it does not exist."""
         def call() -> dict[str, Any] | None:
@@ -184,7 +202,7 @@ class Kube:
                     return None
                 raise
 
-        return cast(dict[str, Any] | None, await self._lock_call(call))
+        return cast(dict[str, Any] | None, await self._lock_call(call, urgency))
 
     async def mark_partition_expired(
         self, *, namespace: str, group: str, partition: int, session: str, seen_rv: str
@@ -203,7 +221,7 @@ class Kube:
                     return None
                 raise
 
-        return cast(dict[str, Any] | None, await self._lock_call(call))
+        return cast(dict[str, Any] | None, await self._lock_call(call, Urgency.EXPIRY))
 
     async def _list(self, namespace: str | None, everywhere: Callable[..., Any],
                     namespaced: Callable[..., Any], **kw: Any) -> list[dict[str, Any]]:

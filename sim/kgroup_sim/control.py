@@ -10,8 +10,9 @@ server applies a merge patch), the expiry marks (per holder session a read of it
 Lease fed to the cache, then each confirmed mark a conditional write on the lock's
 resourceVersion as read; a refused one re-reads the lock and decides again), Events
 counted, outcomes reported back to the memory. One pass at a time, as the controller
-awaits its writes. The operator's memory lives in one incarnation: an operator restart
-builds a new one that knows only what it lists from the store.
+awaits its status write; its marks run behind the pass, as the controller's do. The
+operator's memory lives in one incarnation: an operator restart builds a new one that
+knows only what it lists from the store.
 """
 
 from __future__ import annotations
