@@ -294,7 +294,15 @@ class Timeline:
 
 
 def baseline(st: Stage, seconds: float) -> Obj:
-    """The API server's lease counters per second with nothing of ours running."""
+    """The API server's lease counters per second with nothing of ours running: once no
+    namespace is being deleted (an earlier size's 10,000 Leases going away sent ≈ 200
+    watch events/s into a baseline and made the subtraction negative)."""
+    def quiet() -> str | bool:
+        gone = [n.metadata.name for n in st.core.list_namespace().items
+                if n.status.phase == "Terminating"]
+        return not gone or f"namespaces still terminating: {gone}"
+
+    wait_until("no namespace terminating", quiet, timeout=600, interval=2.0)
     a, t0 = api_lease_counters(st.cluster), time.monotonic()
     time.sleep(seconds)
     b, dt = api_lease_counters(st.cluster), time.monotonic() - t0
