@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
+from kgroup.core.lease_codec import slim
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.tokens import request_token
 from kgroup_sidecar.apiclient import (
@@ -133,6 +134,33 @@ def test_a_stale_conditional_write_is_refused_with_409(
                                   resource_version=written["metadata"]["resourceVersion"])
             assert await c.get(LEASES, namespace, "stale", timeout=5) is None
             assert not await c.delete(LEASES, namespace, "stale", timeout=5)  # 404: gone
+        finally:
+            await c.close()
+
+    run(go())
+
+
+def test_a_write_built_from_a_slim_cached_lock_keeps_the_servers_managed_fields(
+        api: Callable[[], ApiClient], namespace: str) -> None:
+    """The caches keep Leases without ``metadata.managedFields`` (lease_codec.slim: half of
+    a lock's JSON); a sidecar's PUT built from such a copy must neither be refused nor
+    wipe what the server records of who wrote which field."""
+    async def go() -> None:
+        c = api()
+        try:
+            made = await c.create(LEASES, namespace, partition_lease(7), timeout=5)
+            before = made["metadata"].get("managedFields") or []
+            assert before, "the server records no managedFields: nothing to keep"
+            cached = slim(made)
+            assert "managedFields" not in cached["metadata"] and made["metadata"]["managedFields"]
+            taken = await c.replace(LEASES, namespace, dict(
+                cached, spec=dict(cached["spec"], holderIdentity="pod-a")), timeout=5)
+            after = taken["metadata"].get("managedFields") or []
+            assert taken["spec"]["holderIdentity"] == "pod-a"
+            kept = [(e["manager"], e["operation"]) for e in before]
+            assert all(k in [(e["manager"], e["operation"]) for e in after] for k in kept), (
+                before, after)
+            assert any("f:holderIdentity" in json.dumps(e.get("fieldsV1")) for e in after)
         finally:
             await c.close()
 

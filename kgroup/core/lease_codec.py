@@ -71,6 +71,7 @@ __all__ = [
     "released_partition_lease",
     "renewed_member_lease",
     "resource_version_number",
+    "slim",
     "supersedes",
 ]
 
@@ -86,6 +87,19 @@ def micro_time(when: datetime) -> str:
 def meta(obj: Obj) -> Obj:
     result: Obj = obj.get("metadata") or {}
     return result
+
+
+def slim(obj: Obj) -> Obj:
+    """``obj`` as a cache keeps it: without ``metadata.managedFields``, which nothing of
+    kgroup reads and which is half of a lock's JSON and more than half of its parsed size
+    (10.6 KB of Python objects per lock with it, 4.6 KB without: a sidecar watching a
+    group's 10,000 locks whole kept 100 MB of it). A shallow copy: ``obj`` is not changed.
+    A write built from the slim copy (a PUT) leaves the server's managedFields as they are:
+    an update without them keeps the stored ones."""
+    md = obj.get("metadata")
+    if not isinstance(md, dict) or "managedFields" not in md:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in md.items() if k != "managedFields"}}
 
 
 def annotations_of(obj: Obj) -> dict[str, str]:

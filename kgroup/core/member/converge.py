@@ -277,7 +277,7 @@ class SidecarLogic:
                     return  # an old incarnation's deletion, replayed
                 self._forget_lock(lock.partition)
             elif cached is None or self.supersedes(obj, cached):
-                self.partition_leases[lock.partition] = obj
+                self.partition_leases[lock.partition] = codec.slim(obj)
                 self.locks[lock.partition] = lock
             # else: older than what we know (a replayed event, or our own write's answer
             # came first)
@@ -289,7 +289,7 @@ class SidecarLogic:
             return
         cached = self.partition_leases.get(lock.partition)
         if cached is None or self.supersedes(obj, cached):
-            self.partition_leases[lock.partition] = obj
+            self.partition_leases[lock.partition] = codec.slim(obj)
             self.locks[lock.partition] = lock
 
     # ---- app requests and shutdown ------------------------------------------------------

@@ -115,6 +115,7 @@ class GroupLeases:
         old = self.bodies.get(name)
         if old is not None and not codec.not_older(body, old):
             return False
+        body = codec.slim(body)
         renewed = self._renewal(old, body, name) if old is not None else None
         if renewed is not None or codec.is_member(body):
             ml = renewed or codec.parse_member_lease(body).value
