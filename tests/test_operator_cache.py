@@ -180,3 +180,27 @@ def test_leases_of_a_group_that_does_not_exist_are_not_kept() -> None:
     assert world.put_lease("ns", member_lease("w-0"), now=1.0) is None
     assert world.drop_lease("ns", member_lease("w-0")) is None
     assert set(world.groups) == set()
+
+
+def test_the_lock_list_follows_every_change_of_holder_or_session() -> None:
+    """``GroupLeases.locks()`` is kept between passes and built again only when a lock's
+    holder or session changed, was added or deleted: each of those must show."""
+    from kgroup.core.operator.lease_cache import GroupLeases
+
+    g = GroupLeases()
+    g.put(lock(0, "a", "s-a", rv="20"), 0.0)
+    g.put(lock(1, None, None, rv="21"), 0.0)
+    assert {(x.partition, x.holder, x.session) for x in g.locks()} == {
+        (0, "a", "s-a"), (1, None, None)}
+    kept = g.locks()
+    g.put(lock(0, "a", "s-a", rv="22"), 0.0)  # a write that moves neither: the same list
+    assert g.locks() is kept
+    g.put(lock(0, "b", "s-b", rv="23"), 0.0)  # another holder
+    g.put(lock(1, "a", "s-a2", rv="24"), 0.0)  # taken
+    assert {(x.partition, x.holder, x.session) for x in g.locks()} == {
+        (0, "b", "s-b"), (1, "a", "s-a2")}
+    g.put(lock(1, "a", "s-a3", rv="25"), 0.0)  # a new session of the same holder
+    assert (1, "a", "s-a3") in {(x.partition, x.holder, x.session) for x in g.locks()}
+    g.put(lock(2, None, None, rv="26"), 0.0)  # created
+    g.drop(lock(0, "b", "s-b", rv="27"))  # deleted
+    assert sorted(x.partition for x in g.locks()) == [1, 2]
