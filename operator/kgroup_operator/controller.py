@@ -50,7 +50,7 @@ from kgroup.core.operator.decide import (
     written,
 )
 from kgroup.core.operator.lease_cache import Cache, GroupKey
-from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, read_pause
+from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, pass_pause, read_pause
 from kgroup.crd_models import LabelSelector
 
 from .kube import Conflict, Kube, Superseded
@@ -97,6 +97,7 @@ class GroupController:
         self.last_error = ""
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
         self.writes: set[asyncio.Task[None]] = set()  # marks and expiry marks in flight
+        self.decide_seconds = 0.0  # how long the last decision held the loop
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -210,6 +211,10 @@ class GroupController:
             if delay is None:
                 delay = IDLE_RECHECK
             delay = max(0.0, delay)
+            pause = pass_pause(self.decide_seconds)
+            if pause > 0:  # let the writes in flight and the watches run (wakeup.pass_pause)
+                await asyncio.sleep(pause)
+                delay = max(0.0, delay - pause)
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -222,8 +227,10 @@ class GroupController:
             synced=self.cache.synced and self.leases_listed,
             kept_ordinals=self.cache.kept_ordinals(namespace),
         )
+        started = time.perf_counter()
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
                       status_min_interval=self.settings.status_min_interval, rule=self.rule)
+        self.decide_seconds = time.perf_counter() - started
         self.metrics.planned(self.key)
         self.quiet = after_pass(
             obs.leases, plan.deadlines, None if plan.wait is None else plan.now + plan.wait,

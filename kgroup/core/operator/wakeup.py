@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from kgroup.core.operator.lease_cache import GroupLeases
 
-__all__ = ["BUSY_READ_PAUSE", "QUIET_AFTER", "QUIET_READ_PAUSE", "Quiet", "after_pass",
-           "on_timer", "read_pause"]
+__all__ = ["BUSY_READ_PAUSE", "MAX_PASS_PAUSE", "QUIET_AFTER", "QUIET_READ_PAUSE", "Quiet",
+           "after_pass", "on_timer", "pass_pause", "read_pause"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,28 @@ def read_pause(active_at: float | None, rebalancing: bool, now: float) -> float:
     if rebalancing or active_at is None or now - active_at < QUIET_AFTER:
         return BUSY_READ_PAUSE
     return QUIET_READ_PAUSE
+
+
+MAX_PASS_PAUSE = 0.5
+"""The longest breath a group's loop takes between two passes (:func:`pass_pause`)."""
+PASS_PAUSE_FROM = 0.005
+"""A decision shorter than this (any group of a few hundred partitions) takes no pause."""
+
+
+def pass_pause(decide_seconds: float) -> float:
+    """Seconds the loop lets everything else run before the next pass of a group whose
+    last decision took ``decide_seconds``: as long as that decision, at most
+    :data:`MAX_PASS_PAUSE`; none below :data:`PASS_PAUSE_FROM`.
+
+    A decision runs on the operator's one event loop and holds it. At 10,000 partitions
+    one takes tens of milliseconds, and during a rebalance every lock event pokes the
+    group again, so passes ran back to back: the lock writes in flight (16 at a time) only
+    finished between two passes and the next were admitted only then -- 16 marks per pass,
+    ≈ 70 marks/s, while the API server had room for far more (docs/benchmarks.md). With
+    the pause a pass holds the loop at most half the time; the pokes that arrive meanwhile
+    are served by the one pass after it. What it delays is that pass, by at most one
+    decision's time (and only for groups whose decisions are that slow).
+    """
+    if decide_seconds < PASS_PAUSE_FROM:
+        return 0.0
+    return min(decide_seconds, MAX_PASS_PAUSE)
