@@ -1,7 +1,8 @@
 """The operator's lock gate (kgroup_operator.lock_gate): pure asyncio, no I/O.
 
 What must hold: never more holders than slots; a waiting expiry mark goes before a waiting
-create, a create before an assignment mark, and within one urgency the first come first;
+assignment mark, an assignment mark before a create, and within one urgency the first come
+first;
 a waiter cancelled before or as its turn comes loses nothing for the others.
 """
 
@@ -42,7 +43,7 @@ def test_waiters_are_admitted_by_urgency_then_in_order() -> None:
                 ("mark-2", Urgency.MARK), ("expiry-0", Urgency.EXPIRY),
                 ("create-1", Urgency.CREATE)]
     admitted, most = asyncio.run(_run_all(LockGate(1), requests))
-    assert admitted == ["mark-0", "expiry-0", "create-0", "create-1", "mark-1", "mark-2"]
+    assert admitted == ["mark-0", "expiry-0", "mark-1", "mark-2", "create-0", "create-1"]
     assert most == 1
 
 

@@ -3,12 +3,15 @@
 A pass of a large group hands over thousands of lock writes (10,000 creates for an empty
 group; a join's rebalance re-marks every moved lock) and the API server takes
 :data:`~kgroup_operator.kube.LOCK_WRITES_IN_FLIGHT` of them at a time. A first-come queue
-made a new slice of creates wait behind a whole target's marks (and a crashed member's
-expiry marks behind both), so a group of 10,000 partitions whose 200 members joined one
-after another created no lock for 70 s (docs/benchmarks.md). Here a waiting request is
-admitted by its :class:`Urgency`, then in the order it came; a request is asked, once
-admitted, whether it is still wanted (a mark superseded by a newer target's mark of the
-same lock is dropped without a write).
+made a crashed member's expiry marks wait behind a whole slice of creates and a target's
+marks. Here a waiting request is admitted by its :class:`Urgency`, then in the order it
+came: expiry marks (failover waits for them), then assignment marks (each lets its owner
+start at once: the locks of an empty group created before the first target wait for
+theirs; at 10 members x 10,000 partitions marks queued after the creates kept the members
+idle until every lock existed, Stable from empty in 94 s, marks first 78 s), then creates.
+A request
+is asked, once admitted, whether it is still wanted (a mark superseded by a newer
+target's mark of the same lock is dropped without a write).
 
 Written by hand: asyncio's ``Semaphore`` admits in arrival order only, and a
 ``PriorityQueue`` of work items would need workers of its own; this is one heap of
@@ -31,8 +34,8 @@ class Urgency(enum.IntEnum):
     """Lower is admitted first."""
 
     EXPIRY = 0  # a crashed member's locks: their new owners wait for each (failover)
-    CREATE = 1  # a lock that does not exist yet: created with the newest target's mark
-    MARK = 2  # an existing lock's assignment mark (and the re-read after a refused one)
+    MARK = 1  # an existing lock's assignment mark (and the re-read after a refused one)
+    CREATE = 2  # a lock that does not exist yet (created with its owner's mark, if any)
 
 
 class LockGate:
