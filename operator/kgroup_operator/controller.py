@@ -10,8 +10,8 @@ Assignment marks are sent after the status write succeeded (or at once when the 
 writes none), after the expiry marks (each holder's member Lease re-read first; a mark
 refused because the lock changed re-reads the lock and decides again); each stored Lease
 goes into the cache at once. A pass awaits its creates (the slice) and its status write,
-not its marks: those run behind it (``writes``) in the lock gate's order, so the next
-slice's creates and a crash's expiry marks pass a rebalance's queued marks, and a mark a
+not its marks: those run behind it (``writes``) in the lock gate's order (a crash's
+expiry marks first, then assignment marks, then the next slice's creates), and a mark a
 later pass superseded is dropped when its turn comes. The memory knows what is in flight
 (``marks_sent``, ``expiries_sent``), so no pass sends it twice.
 The simulated operator (``kgroup_sim.control``) drives the same decisions and, like this
