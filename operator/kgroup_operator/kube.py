@@ -16,8 +16,8 @@ through a pool of their own, :data:`LOCK_WRITES_IN_FLIGHT` threads over as many
 connections: a pass may hand over thousands at once (10,000 creates for an empty group)
 and they run that many at a time, never one by one, while the status writes and Events
 keep the default pool. Which waiting request goes next is the
-:class:`~kgroup_operator.lock_gate.LockGate`'s: expiry marks, then creates, then
-assignment marks; a mark no longer wanted when its turn comes raises :class:`Superseded`
+:class:`~kgroup_operator.lock_gate.LockGate`'s: expiry marks, then assignment marks,
+then creates; a mark no longer wanted when its turn comes raises :class:`Superseded`
 without a request. Their answers are read as JSON, not built into the client's models
 and serialised back (most of the operator's CPU per write).
 """
