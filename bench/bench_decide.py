@@ -85,8 +85,10 @@ def main() -> None:
     args = ap.parse_args()
     obs, memory, now = setup(args.members, args.partitions)
     settle = decide(obs, memory, now, wall=WALL, status_min_interval=1.0)
-    if settle.status is not None:
-        written(memory, settle, {**obs.body, "status": settle.status}, now)  # type: ignore[dict-item]
+    if settle.status is not None and obs.body is not None:  # the second status, stored
+        stored = {**obs.body, "status": settle.status}
+        written(memory, settle, stored, now)
+        obs = Observation(stored, obs.leases, obs.pods, True)
     prof = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()
     if prof:

@@ -173,8 +173,8 @@ class Kube:
         """PATCH (JSON merge) the lock's assignment mark to `member` and its pod `uid`, only
         if the lock is still at `seen_rv`; the stored Lease, or None when it changed
         meanwhile (409: the caller re-reads it and decides again) or is gone (the next
-        pass creates it). Behind the creates and expiry marks; :class:`Superseded` when
-        ``wanted`` says no as its turn comes."""
+        pass creates it). Behind the expiry marks, before the creates; :class:`Superseded`
+        when ``wanted`` says no as its turn comes."""
         name = C.partition_lease_name(group, partition)
         body = lease_codec.assignment_patch(member, uid, seen_rv)
 
