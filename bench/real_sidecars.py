@@ -1,0 +1,118 @@
+"""N real ``kgroup-sidecar`` processes on the local control plane, each with a tiny app,
+for the cost benchmarks (``bench/bench_cost.py --real N``): what N pods' sidecars cost,
+each with its own watches and connections."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from stage import Stage
+
+Obj = dict[str, Any]
+APP_RELEASES_IN_FLIGHT = 32
+"""The benchmark apps' releases in flight at once (all apps together)."""
+
+
+class RealSidecars:
+    """N ``kgroup-sidecar`` processes and a tiny app for each (one thread drives them all):
+    every second it reads each assignment, releases what is revoking, reports health.
+    Releases are sent concurrently (:data:`APP_RELEASES_IN_FLIGHT`), as N pods' apps
+    would each release theirs: one ``POST .../release`` answers once the lock is written,
+    and sent one after another for every app a join's ≈ 900 releases at 10,000 partitions
+    took most of its 56 s (the old owners' apps, not kgroup, set the pace)."""
+
+    def __init__(self, st: Stage, pods: list[str], base_port: int) -> None:
+        self.st = st
+        self.exe = str(Path(sys.executable).with_name("kgroup-sidecar"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports: dict[str, int] = {}
+        self.base_port = base_port
+        self._stop = threading.Event()
+        self._tick = 0
+        self.errors = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(APP_RELEASES_IN_FLIGHT,
+                                                           thread_name_prefix="app-release")
+        self._thread = threading.Thread(target=self._app, name="apps", daemon=True)
+        self.add(pods)
+        self._thread.start()
+
+    def add(self, pods: list[str]) -> None:
+        for pod in pods:
+            port = self.base_port + len(self.ports)
+            self.ports[pod] = port
+            env = {**os.environ, "KUBECONFIG": str(self.st.cluster.kubeconfig),
+                   "KGROUP_GROUP": self.st.group, "KGROUP_NAMESPACE": self.st.ns,
+                   "KGROUP_POD_NAME": pod, "KGROUP_LISTEN": f"127.0.0.1:{port}",
+                   "KGROUP_LOG_LEVEL": "WARNING", "NO_PROXY": "127.0.0.1,localhost"}
+            with (self.st.workdir / f"sidecar-{pod}.log").open("ab") as out:
+                self.procs[pod] = subprocess.Popen([self.exe], env=env, stdout=out,
+                                                   stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL)
+
+    def leave(self, pod: str) -> None:
+        proc = self.procs.pop(pod)
+        self.ports.pop(pod, None)
+        proc.terminate()
+        proc.wait(60)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values()]
+
+    def _call(self, port: int, method: str, path: str, body: Obj | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read() or b"null")
+
+    def _release(self, port: int, p: Obj) -> None:
+        with contextlib.suppress(OSError):
+            self._call(port, "POST", f"/v1/partitions/{p['partition']}/release",
+                       {"token": p["token"], "position": p.get("position")})
+
+    def _app(self) -> None:
+        while not self._stop.wait(1.0):
+            self._tick += 1
+            releases: list[concurrent.futures.Future[None]] = []
+            for _pod, port in list(self.ports.items()):
+                try:
+                    view = self._call(port, "GET", "/v1/assignment")
+                    report = []
+                    for p in view.get("partitions") or []:
+                        if p["state"] == "revoking":
+                            releases.append(self._pool.submit(self._release, port, p))
+                            continue
+                        n = p["partition"]
+                        report.append({"partition": n, "token": p["token"],
+                                       "position": f"{1000 * self._tick + n}-0",
+                                       "lag": (self._tick * 7 + n) % 50})
+                    if report:
+                        self._call(port, "POST", "/v1/health", {"partitions": report})
+                except (OSError, ValueError, KeyError):
+                    self.errors += 1  # not up yet, or going away
+            concurrent.futures.wait(releases)  # the next look sees them released
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+# ---- one size ---------------------------------------------------------------------------
