@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,7 @@ from kgroup.constants import (
     ROLE_MEMBER,
     ROLE_PARTITION,
 )
+from kgroup.core.backoff import Backoff
 from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -70,8 +72,15 @@ EventHandler = Callable[[str, str, Obj], None]
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 GROUPS = Resource(API_GROUP, API_VERSION, PLURAL)
 WATCH_SECONDS = 240
+"""A watch's server-side timeout, before its spread: each watch asks for a time drawn in
+``[WATCH_SECONDS, 2 * WATCH_SECONDS)`` (as client-go's reflector does), so the watches of
+pods started together do not all end, and re-open, together."""
 LIST_TIMEOUT = 10.0
-BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
+RECONNECT = Backoff(base=0.2, cap=8.0)
+"""Pause before re-listing or re-watching after failures in a row: 0.2, 0.4 ... 6.4, 8 s,
+spread by +-25 % (a stream the server simply ended is watched again at once). An
+overloaded API server answering every pod's watch with 5xx is not asked again by all of
+them together every 2 s (docs/design.md, "Retries back off, spread")."""
 SHARED_CONNECTIONS = 16
 SESSION_CONNECTIONS = 2
 
@@ -94,6 +103,11 @@ def watches(group: str) -> list[WatchSpec]:
         WatchSpec("group", GROUPS, field_selector=f"metadata.name={group}"),
         WatchSpec("partition", LEASES, scoped=True),
     ]
+
+
+def watch_seconds(draw: float) -> int:
+    """The server-side timeout one watch asks for; ``draw`` in [0, 1)."""
+    return int(WATCH_SECONDS * (1.0 + min(max(draw, 0.0), 0.999)))
 
 
 def partition_selector(group: str, scope: Scope) -> str:
@@ -218,7 +232,8 @@ class KubeAdapter:
                     self._on_list(kind, list(body.get("items") or []), scope)
                 async for event in api.watch(spec.resource, self.namespace,
                                              resource_version=resource_version,
-                                             timeout_seconds=WATCH_SECONDS, **selection):
+                                             timeout_seconds=watch_seconds(random.random()),
+                                             **selection):
                     failures = 0
                     obj: Obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
@@ -241,7 +256,7 @@ class KubeAdapter:
                 failures += 1
                 log.warning("watch of %s broke (%s); retrying", kind, type(exc).__name__)
             # Backoff between reconnects only: events are waited for, never polled.
-            await asyncio.sleep(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)])
+            await asyncio.sleep(RECONNECT.delay(failures, random.random()))
 
     # ---- reads and writes -----------------------------------------------------------
 

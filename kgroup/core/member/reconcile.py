@@ -57,9 +57,11 @@ its own share, not with the group; it watches no member Lease but its own writes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgroup.core.assignment import PartitionView, View
+from kgroup.core.backoff import Backoff, draws
 from kgroup.core.locks import LeaseTiming, Lock, LockState, fencing_deadline, lock_state
 from kgroup.core.member.view import (
     AckEpoch,
@@ -81,7 +83,19 @@ from kgroup.core.member.view import (
 from kgroup.core.tokens import acquisition_token, resource_version_number
 
 SESSION_RETRY_SECONDS = 1.0
-"""Pause before retrying a failed session start or a failed acquisition/release."""
+"""Pause before the first retry of a failed session start or a failed acquisition/release
+(before the spread of :data:`SESSION_BACKOFF` / :data:`PARTITION_BACKOFF`)."""
+
+SESSION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=8.0)
+"""Retries of a session start: 1, 2, 4, 8, 8 ... s, each spread by +-25 %. A member without
+a session holds nothing, so a slower retry delays only its joining; a fixed 1 s retry of
+every member at once (a GET and a write each) is what kept an overloaded API server
+overloaded (docs/design.md, "Retries back off, spread")."""
+
+PARTITION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=2.0)
+"""Retries of one partition's acquisition or release: 1, 2, 2 ... s, spread by +-25 %. Kept
+short: a failed takeover's retry is failover time (at most 16 acquisitions are in flight
+anyway, :data:`ACQUISITIONS_IN_FLIGHT`)."""
 
 ACQUISITIONS_IN_FLIGHT = 16
 """At most this many acquisitions of one member in flight; the next are decided as these
@@ -128,6 +142,8 @@ def renew_retry_seconds(timing: LeaseTiming) -> float:
 __all__ = [
     "MIN_REQUEST_TIMEOUT",
     "NO_TARGET_EPOCH",
+    "PARTITION_BACKOFF",
+    "SESSION_BACKOFF",
     "SESSION_RETRY_SECONDS",
     "AckEpoch",
     "Acquire",
@@ -195,12 +211,21 @@ def _older(rv: str, than: str) -> bool:
 class Member:
     """One member's reconciliation state. Single-threaded: call it from one loop."""
 
-    def __init__(self, member: str, *, uid: str | None = None) -> None:
+    def __init__(self, member: str, *, uid: str | None = None,
+                 draw: Callable[[], float] | None = None) -> None:
         self.member = member
         self.uid = uid  # this pod's uid: acquire only a lock whose mark names it (None: any)
+        # the retries' spread, numbers in [0, 1); by default a stream seeded by the pod (its
+        # uid differs from every other pod's, so members that failed together retry apart,
+        # and a simulated run is reproducible)
+        if draw is None:
+            stream = draws(f"{member}/{uid}")
+            draw = stream.__next__
+        self._draw = draw
         self.session: str | None = None
         self._starting = False
         self._retry_session_at = 0.0
+        self._session_failures = 0
         self._confirmed_sent: float | None = None  # send time of last confirmed write
         self._confirmed_timing: LeaseTiming | None = None
         self._session_write_in_flight = False
@@ -217,6 +242,7 @@ class Member:
         # acquisitions reported failed that the server may still apply: partition -> token
         self._unconfirmed: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}  # partition -> failed attempts in a row
         # partitions the app gave back while still targeted (it is stopping: Kafka's
         # "leave group"): not taken again until the target epoch changes or a drain
         # timeout has passed, so a stopping app and its sidecar cannot ping-pong a lock
@@ -463,7 +489,7 @@ class Member:
             if (lock.holder, lock.session, lock.token) == (
                     self.member, session, self._unconfirmed[p]):
                 self._unconfirmed.pop(p, None)
-                self._retry_at.pop(p, None)
+                self._partition_done(p)
                 self.owned[p] = _Owned(lock.token, PartitionState.ACTIVE, lock.resource_version,
                                        lock.position)
                 self._bump()
@@ -500,6 +526,7 @@ class Member:
         self._attempted.clear()
         self._unconfirmed.clear()
         self._retry_at.clear()
+        self._failures.clear()
         self.session = None
         self._confirmed_sent = None
         self._session_write_in_flight = False
@@ -526,6 +553,7 @@ class Member:
             self._retry_session_at = now  # confirmed too late to be of use: start again
             return
         self.session = session
+        self._session_failures = 0
         self._unconfirmed.clear()  # an older session's writes: FREE to this one
         self._confirmed_sent = sent_at
         self._confirmed_timing = timing
@@ -537,7 +565,18 @@ class Member:
 
     def session_start_failed(self, *, now: float) -> None:
         self._starting = False
-        self._retry_session_at = now + SESSION_RETRY_SECONDS
+        self._session_failures += 1
+        self._retry_session_at = now + SESSION_BACKOFF.delay(self._session_failures,
+                                                             self._draw())
+
+    def _retry_partition(self, partition: int, now: float) -> None:
+        failures = self._failures.get(partition, 0) + 1
+        self._failures[partition] = failures
+        self._retry_at[partition] = now + PARTITION_BACKOFF.delay(failures, self._draw())
+
+    def _partition_done(self, partition: int) -> None:
+        self._retry_at.pop(partition, None)
+        self._failures.pop(partition, None)
 
     def renewed(
         self, session: str, *, sent_at: float, timing: LeaseTiming, epoch: int | None, now: float
@@ -572,7 +611,7 @@ class Member:
         position = self._acquiring.pop(partition, None)
         self._attempted.pop(partition, None)
         self._unconfirmed.pop(partition, None)
-        self._retry_at.pop(partition, None)
+        self._partition_done(partition)
         if session != self.session:
             return  # an old session's write; the new session sees the lock as FREE
         self.owned[partition] = _Owned(token, PartitionState.ACTIVE, resource_version, position)
@@ -582,7 +621,7 @@ class Member:
         self._acquiring.pop(partition, None)
         token = self._attempted.pop(partition, None)
         if session == self.session:
-            self._retry_at[partition] = now + SESSION_RETRY_SECONDS
+            self._retry_partition(partition, now)
             if token is not None:
                 self._unconfirmed[partition] = token
 
@@ -590,7 +629,7 @@ class Member:
         o = self.owned.get(partition)
         if session == self.session and o is not None and o.state is PartitionState.RELEASING:
             del self.owned[partition]
-            self._retry_at.pop(partition, None)
+            self._partition_done(partition)
             self._bump()
 
     def release_failed(self, partition: int, session: str, *, now: float, still_ours: bool) -> None:
@@ -599,8 +638,9 @@ class Member:
             return
         o.release_in_flight = False
         if still_ours:
-            self._retry_at[partition] = now + SESSION_RETRY_SECONDS  # retried by step
+            self._retry_partition(partition, now)  # retried by step
         else:
+            self._partition_done(partition)
             del self.owned[partition]
             self._bump()
 
