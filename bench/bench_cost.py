@@ -388,6 +388,7 @@ def many(groups: int, members: int, partitions: int, *, window: float, timeout: 
                 "kgroup.dev", "v1alpha1", st.ns, "consumergroups")
             stable = sum(1 for o in listing["items"]
                          if st.stable_with(members, dict(o.get("status") or {})))
+            result["groups_stable_last_seen"] = stable
             return stable == groups
 
         wait_until("every group Stable", all_stable, timeout=timeout, interval=2.0)
