@@ -329,3 +329,37 @@ def test_a_watch_line_longer_than_aiohttps_line_cap_arrives_whole(
 def test_resources_have_the_api_servers_paths() -> None:
     assert Resource("", "v1", "events").path("ns", "e.1") == "/api/v1/namespaces/ns/events/e.1"
     assert LEASES.path("ns") == "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
+
+def test_a_scope_of_the_largest_selected_size_lists_and_watches_only_its_partitions(
+        cluster: Cluster, namespace: str, api: Callable[[], ApiClient]) -> None:
+    """A member interested in MAX_SELECTED_PARTITIONS partitions still selects them by
+    label (a selector of about 9 KB): the real API server lists and watches exactly those."""
+    from kgroup.core.member.reconcile import MAX_SELECTED_PARTITIONS as MAX
+
+    async def go() -> None:
+        c = api()
+        w = Watcher(cluster, namespace)
+        kube = w.adapter()
+        names = {p: f"{GROUP}-partition-{p}" for p in (0, MAX - 1, MAX, MAX + 7)}
+        try:
+            for p in names:
+                await c.create(LEASES, namespace, partition_lease(p), timeout=5)
+            scope = frozenset(range(MAX))
+            kube.set_partition_scope(scope)
+            kube.start()
+            await eventually("the scoped list", lambda: w.listed("partition") >= 1)
+            assert ("partition", sorted([names[0], names[MAX - 1]])) in w.lists
+            for p in (MAX + 7, MAX - 1):  # out of scope first: its event must not come
+                got = await c.get(LEASES, namespace, names[p], timeout=5)
+                assert got is not None
+                await c.replace(LEASES, namespace, dict(
+                    got, spec=dict(got["spec"], holderIdentity="pod-z")), timeout=5)
+            await eventually("the in-scope event",
+                             lambda: w.saw("partition", "MODIFIED", names[MAX - 1]))
+            assert not w.saw("partition", "MODIFIED", names[MAX + 7])
+        finally:
+            await kube.aclose()
+            await c.close()
+
+    run(go())

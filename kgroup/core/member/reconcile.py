@@ -101,9 +101,12 @@ ACQUISITIONS_IN_FLIGHT = 16
 """At most this many acquisitions of one member in flight; the next are decided as these
 end (why: docs/design.md, "A member sends at most 16 acquisitions at once")."""
 
-MAX_SELECTED_PARTITIONS = 500
+MAX_SELECTED_PARTITIONS = 2000
 """Beyond this many partitions of interest an adapter watches every partition Lease of
-the group (a label selector of 500 five-digit values is about 3 KB of URL)."""
+the group. A label selector of 2,000 five-digit values is about 9 KB (a 10 KB URL):
+kube-apiserver takes up to 1 MiB of request line and headers, and answers it like a
+short one (docs/design.md, "Each sidecar watches only the partition
+Leases it decides on")."""
 SCOPE_NARROW_SLACK = 8
 """How much larger than twice the interest a scope may be before it is narrowed."""
 
