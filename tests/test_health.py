@@ -10,6 +10,7 @@ import pytest
 
 from kgroup.core.health import (
     MAX_SUMMARY_BYTES,
+    MAX_SUMMARY_ROWS,
     HealthBook,
     Report,
     encode_summary,
@@ -92,6 +93,33 @@ def test_the_summary_is_compact_deterministic_and_bounded() -> None:
     small = json.loads(text)
     assert small["stalledCount"] == 2500 and "partitions" not in small
     assert encode_summary([]) is None
+
+
+def test_the_summary_lists_the_stalled_then_the_most_behind_and_no_more_rows() -> None:
+    """A renewal's size must not follow the partitions a member holds (issue 25): the
+    figures of at most MAX_SUMMARY_ROWS partitions, the stalled first, then the most
+    behind."""
+    held = {p: 1 for p in range(1000)}
+    book = HealthBook()
+    for p in range(1000):
+        book.report(Report(p, 1, f"{p}-0", lag=p // 10, stalled=(p == 7)), held, 0)
+    text = encode_summary(book.judge(held, 1.0))
+    back = parse_summary(text, partitions=1000)
+    assert back is not None and back.lag == sum(p // 10 for p in range(1000))
+    assert back.stalled == (7,) and back.stalled_count == 1
+    # stalled (though its lag is 0), then lag 99 (990-999), then of lag 98 the lowest
+    assert sorted(back.partitions) == [7, *range(980, 985), *range(990, 1000)]
+    assert len(back.partitions) == MAX_SUMMARY_ROWS and back.partitions[995] == (99, "995-0")
+    few = {p: 1 for p in range(MAX_SUMMARY_ROWS * 62)}  # many partitions, the same size
+    sizes = set()
+    for n in (MAX_SUMMARY_ROWS, MAX_SUMMARY_ROWS * 8, MAX_SUMMARY_ROWS * 62):
+        b = HealthBook()
+        for p in range(n):
+            b.report(Report(p, 1, "1700000000000-0", lag=1000 + p % 9), few, 0)
+        sizes.add(len(encode_summary(b.judge(few, 1.0)) or ""))
+    # only the digits of the partition numbers and of the total lag vary (without the
+    # bound: 0.5 KiB, 3.2 KiB, then the 4 KiB fallback without rows)
+    assert max(sizes) - min(sizes) <= 64, sizes
 
 
 @pytest.mark.parametrize(("raw", "stalled"), [

@@ -6,7 +6,8 @@ end it is, in the stream's own unit: entries for Redis Streams) and whether it i
 *stalled* (it cannot make progress: its sink refused its token, ...). The sidecar keeps the
 reports in memory (:class:`HealthBook`) and adds a compact summary to the member Lease's
 renewal writes it makes anyway (annotation ``kgroup.dev/health``, at most
-:data:`MAX_SUMMARY_BYTES`), so reporting adds no API write: writes still follow members,
+:data:`MAX_SUMMARY_BYTES`, per-partition figures for at most :data:`MAX_SUMMARY_ROWS`
+partitions), so reporting adds no API write: writes still follow members,
 not traffic. The operator reads the summaries back (:func:`parse_summary`) and marks a
 partition stalled only while the member that reports it still holds it.
 
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_STALL_AFTER_SECONDS",
     "MAX_REASON_CHARS",
     "MAX_SUMMARY_BYTES",
+    "MAX_SUMMARY_ROWS",
     "HealthBook",
     "HealthSummary",
     "PartitionHealth",
@@ -49,6 +51,15 @@ MAX_SUMMARY_BYTES = 4096
 """Upper bound of the ``kgroup.dev/health`` annotation's value (a Lease's annotations may
 hold 256 KiB in all): beyond it, the per-partition figures are left out, then the
 stalled list (the count and the total lag stay)."""
+MAX_SUMMARY_ROWS = 16
+"""The annotation lists per-partition figures (lag, position) for at most this many of the
+member's partitions: the stalled ones first, then the most behind (highest lag), then the
+lowest numbers. A fixed number, so a renewal's size (which the API server sends to the
+operator's watch) does not grow or shrink with the partitions a member holds: whether a
+group has 10 members of 1,000 partitions or 200 of 50, each renewal carries the same
+shape (issue 25: bytes sent grew as members^1.22 from 10 to 200 members of a 10,000-
+partition group while every row fitted in 4 KiB). The figures of every partition stay in
+the sidecar's gauges, and each lock carries its committed position."""
 MAX_REASON_CHARS = 120
 DEFAULT_STALL_AFTER_SECONDS = 120.0
 """No progress for this long, with a lag above zero, counts as a stall."""
@@ -174,12 +185,13 @@ class HealthSummary:
     reason: str = ""  # the first stalled partition's reason
     lag: int | None = None  # total over the partitions that reported one
     partitions: Mapping[int, tuple[int | None, str | None]] = field(default_factory=dict)
-    # partition -> (lag, position); absent when it did not fit
+    # partition -> (lag, position), for at most MAX_SUMMARY_ROWS of them (the stalled and
+    # the most behind); absent when they did not fit
 
 
 def encode_summary(health: list[PartitionHealth]) -> str | None:
-    """The annotation's value (compact JSON, at most :data:`MAX_SUMMARY_BYTES`), or None
-    when there is nothing to say. Deterministic: the same health gives the same text, so
+    """The annotation's value (compact JSON, at most :data:`MAX_SUMMARY_BYTES`, figures
+    for at most :data:`MAX_SUMMARY_ROWS` partitions), or None when there is nothing to say. Deterministic: the same health gives the same text, so
     a renewal carries no change when nothing changed."""
     if not health:
         return None
@@ -190,8 +202,10 @@ def encode_summary(health: list[PartitionHealth]) -> str | None:
         base["lag"] = sum(lags)
     if stalled:
         base["reason"] = stalled[0].reason[:MAX_REASON_CHARS]
+    shown = sorted(health, key=lambda h: (not h.stalled, -(h.lag or 0), h.partition))
     full = dict(base, stalled=format_ranges(h.partition for h in stalled),
-                partitions={str(h.partition): [h.lag, h.position] for h in health})
+                partitions={str(h.partition): [h.lag, h.position]
+                            for h in shown[:MAX_SUMMARY_ROWS]})
     for candidate in (full, dict(base, stalled=full["stalled"]), base):
         text = json.dumps(candidate, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) <= MAX_SUMMARY_BYTES:
