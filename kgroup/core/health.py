@@ -191,8 +191,9 @@ class HealthSummary:
 
 def encode_summary(health: list[PartitionHealth]) -> str | None:
     """The annotation's value (compact JSON, at most :data:`MAX_SUMMARY_BYTES`, figures
-    for at most :data:`MAX_SUMMARY_ROWS` partitions), or None when there is nothing to say. Deterministic: the same health gives the same text, so
-    a renewal carries no change when nothing changed."""
+    for at most :data:`MAX_SUMMARY_ROWS` partitions), or None when there is nothing to
+    say. Deterministic: the same health gives the same text, so a renewal carries no
+    change when nothing changed."""
     if not health:
         return None
     stalled = [h for h in health if h.stalled]
