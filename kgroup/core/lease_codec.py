@@ -11,7 +11,9 @@ conditional. Pure: no clock is read; writers that stamp a time take it as ``now`
 from __future__ import annotations
 
 import copy
+import json
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,6 +50,7 @@ DEFAULT_DURATION = 15
 __all__ = [
     "MemberLease",
     "Obj",
+    "PackedLeases",
     "Parsed",
     "acquired_partition_lease",
     "annotations_of",
@@ -100,6 +103,46 @@ def slim(obj: Obj) -> Obj:
     if not isinstance(md, dict) or "managedFields" not in md:
         return obj
     return {**obj, "metadata": {k: v for k, v in md.items() if k != "managedFields"}}
+
+
+class PackedLeases(Mapping[int, Obj]):
+    """Lease bodies by partition, kept as compact JSON text (:func:`slim` first) and
+    decoded when read: a member keeps its locks whole only for the PUTs it builds from
+    them (acquisition, release: rare), and a decoded lock is ≈ 4.2 KB of Python objects
+    where its text is ≈ 0.9 KB (at 1,000 partitions per member, 4 MB of the sidecar's
+    RSS; issue 25). Each read decodes a fresh copy: a caller may change it."""
+
+    __slots__ = ("_texts",)
+
+    def __init__(self) -> None:
+        self._texts: dict[int, str] = {}
+
+    def __getitem__(self, partition: int) -> Obj:
+        return _decoded(self._texts[partition])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __contains__(self, partition: object) -> bool:
+        return partition in self._texts
+
+    def __setitem__(self, partition: int, obj: Obj) -> None:
+        self._texts[partition] = json.dumps(slim(obj), separators=(",", ":"))
+
+    def pop(self, partition: int, default: Obj | None = None) -> Obj | None:
+        text = self._texts.pop(partition, None)
+        return default if text is None else _decoded(text)
+
+    def clear(self) -> None:
+        self._texts.clear()
+
+
+def _decoded(text: str) -> Obj:
+    obj: Obj = json.loads(text)
+    return obj
 
 
 def annotations_of(obj: Obj) -> dict[str, str]:

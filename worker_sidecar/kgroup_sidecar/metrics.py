@@ -3,23 +3,24 @@
 Every family is named ``kgroup_sidecar_*`` and carries the member's identity as labels
 ``group_namespace``, ``group`` and ``member`` (never ``namespace``/``pod``/``job``/
 ``instance``: those are the scraper's target labels, and a clash would be renamed
-``exported_*`` or overwrite them). Per-partition families add ``partition``; their series
-exist only while the member holds the partition (:class:`PartitionGauge.replace`), so a
-released partition disappears from the next scrape instead of lingering with its old
-value. The registry also holds the default process, platform and GC collectors.
+``exported_*`` or overwrite them). Per-partition families add ``partition``; they are
+read from the member's state at scrape time (:class:`HeldPartitions`, and the health
+collector), so a series exists only while the member holds the partition and a released
+one disappears from the next scrape instead of lingering with its old value. The
+registry also holds the default process, platform and GC collectors.
 
 One registry per :class:`Metrics`, not the library's global one: a test process or the
 scale swarm runs many sidecars side by side, each with its own counts.
 
 Served twice: on the local API (``GET /metrics``, for the app and the probes) and, when
 ``KGROUP_METRICS_LISTEN`` is set, on its own TCP address for a scraper outside the pod
-(:func:`serve`). Other modules add families through :meth:`Metrics.partition_gauge`,
-:meth:`Metrics.gauge` or :meth:`Metrics.counter` (the identity labels are bound for them).
+(:func:`serve`). Other modules add families through :meth:`Metrics.gauge` or
+:meth:`Metrics.counter` (the identity labels are bound for them), or register a collector.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from aiohttp import web
 from prometheus_client import (
@@ -32,6 +33,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kgroup.core.assignment import View
 from kgroup.metrics_http import exposition, serve_registry
@@ -40,37 +43,40 @@ IDENTITY = ("group_namespace", "group", "member")
 VERBS = ("create", "update", "delete")
 
 
-class PartitionGauge:
-    """A gauge with one series per partition this member holds (label ``partition``).
+class HeldPartitions(Collector):
+    """The per-partition families of what the member holds (``partition_token``,
+    ``partition_revoking``), read from the last published view at scrape time.
 
-    Written incrementally: the member's state is published after every request chain
-    ends, and a member taking 1,000 locks publishes 1,000 times; setting every series each
-    time made that quadratic (half a sidecar's CPU while 10 members took 10,000 locks, seen
-    with py-spy). Only series whose value changed are touched."""
+    Not prometheus-client gauges with a child per partition: a child costs ≈ 750 bytes
+    and a write per change, so 1,000 held partitions kept 1.5 MB of children and every
+    publish (after each request chain) compared 2,000 values (issue 25: a sidecar's memory
+    and CPU at 1,000 partitions). A scrape costs what it shows; publishing costs nothing
+    per partition. A released partition is absent from the next scrape."""
 
-    def __init__(self, gauge: Gauge, identity: tuple[str, str, str]) -> None:
-        self._gauge = gauge
-        self._identity = identity
-        self._values: dict[int, float] = {}
+    def __init__(self, identity: tuple[str, str, str]) -> None:
+        self.identity = identity
+        self.view: View | None = None
 
-    def set(self, partition: int, value: float) -> None:
-        if self._values.get(partition) != value:
-            self._gauge.labels(*self._identity, str(partition)).set(value)
-            self._values[partition] = value
+    def collect(self) -> Iterable[Metric]:
+        token = GaugeMetricFamily(
+            "kgroup_sidecar_partition_token",
+            "Fencing token of each partition this member holds (a series per held "
+            "partition; none once released).", labels=[*IDENTITY, "partition"])
+        revoking = GaugeMetricFamily(
+            "kgroup_sidecar_partition_revoking",
+            "1 while a held partition is being revoked (the app is finishing its work), "
+            "0 while active.", labels=[*IDENTITY, "partition"])
+        for p in self.view.partitions if self.view is not None else ():
+            labels = [*self.identity, str(p.partition)]
+            token.add_metric(labels, float(p.token))
+            revoking.add_metric(labels, 1.0 if p.state == "revoking" else 0.0)
+        yield token
+        yield revoking
 
-    def remove(self, partition: int) -> None:
-        if self._values.pop(partition, None) is not None:
-            self._gauge.remove(*self._identity, str(partition))
-
-    def replace(self, values: Mapping[int, float]) -> None:
-        """Set these partitions' values and drop every other partition's series."""
-        for partition in self._values.keys() - values.keys():
-            self.remove(partition)
-        for partition, value in values.items():
-            self.set(partition, value)
-
-    def partitions(self) -> frozenset[int]:
-        return frozenset(self._values)
+    def describe(self) -> Iterable[Metric]:
+        """The families without samples (registering reads no view)."""
+        for name in ("kgroup_sidecar_partition_token", "kgroup_sidecar_partition_revoking"):
+            yield GaugeMetricFamily(name, "", labels=[*IDENTITY, "partition"])
 
 
 class Metrics:
@@ -112,14 +118,8 @@ class Metrics:
         self._epoch = self.gauge(
             "kgroup_sidecar_acknowledged_epoch",
             "The group epoch this member last acknowledged in its member Lease.")
-        self.partition_token = self.partition_gauge(
-            "kgroup_sidecar_partition_token",
-            "Fencing token of each partition this member holds (a series per held "
-            "partition; none once released).")
-        self.partition_revoking = self.partition_gauge(
-            "kgroup_sidecar_partition_revoking",
-            "1 while a held partition is being revoked (the app is finishing its work), "
-            "0 while active.")
+        self.held_partitions = HeldPartitions(self.identity)
+        self.registry.register(self.held_partitions)
         self._fenced.set(1)
 
     # ---- families for other modules ---------------------------------------------------
@@ -133,11 +133,6 @@ class Metrics:
         """A gauge of this member."""
         family = Gauge(name, documentation, IDENTITY, registry=self.registry)
         return family.labels(*self.identity)
-
-    def partition_gauge(self, name: str, documentation: str) -> PartitionGauge:
-        """A gauge with a series per partition (e.g. ``kgroup_sidecar_partition_lag``)."""
-        family = Gauge(name, documentation, [*IDENTITY, "partition"], registry=self.registry)
-        return PartitionGauge(family, self.identity)
 
     # ---- what happened ----------------------------------------------------------------
 
@@ -168,9 +163,7 @@ class Metrics:
         self._fenced.set(1 if view.fenced else 0)
         if view.acked_epoch is not None:
             self._epoch.set(view.acked_epoch)
-        self.partition_token.replace({p.partition: p.token for p in view.partitions})
-        self.partition_revoking.replace(
-            {p.partition: 1 if p.state == "revoking" else 0 for p in view.partitions})
+        self.held_partitions.view = view  # read at scrape time, not copied
 
     # ---- reading ----------------------------------------------------------------------
 

@@ -143,7 +143,7 @@ class SidecarLogic:
         self.target: Target | None = None
         self.in_target = False  # this pod is a key of the target assignment (a member)
         self.group_deleted = False
-        self.partition_leases: dict[int, Obj] = {}
+        self.partition_leases = codec.PackedLeases()
         self.locks: dict[int, Lock] = {}
         self.my_lease: Obj | None = None
         self.app_releases: dict[int, AppRelease] = {}
@@ -277,7 +277,7 @@ class SidecarLogic:
                     return  # an old incarnation's deletion, replayed
                 self._forget_lock(lock.partition)
             elif cached is None or self.supersedes(obj, cached):
-                self.partition_leases[lock.partition] = codec.slim(obj)
+                self.partition_leases[lock.partition] = obj
                 self.locks[lock.partition] = lock
             # else: older than what we know (a replayed event, or our own write's answer
             # came first)
@@ -289,7 +289,7 @@ class SidecarLogic:
             return
         cached = self.partition_leases.get(lock.partition)
         if cached is None or self.supersedes(obj, cached):
-            self.partition_leases[lock.partition] = codec.slim(obj)
+            self.partition_leases[lock.partition] = obj
             self.locks[lock.partition] = lock
 
     # ---- app requests and shutdown ------------------------------------------------------
