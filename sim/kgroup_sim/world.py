@@ -444,6 +444,9 @@ class World:
             self._claim_sig[sc.key] = sig
             view = m.view(proc.clock())
             tokens = {p.partition: p.token for p in view.partitions}
+            # the health book's shortcut must list what the view lists, in every state
+            held = m.held_tokens(proc.clock())
+            assert held == tokens, f"{sc.pod}: held_tokens {held} != view {tokens}"
             deadline = m.deadline
             until = proc.to_true(deadline) if deadline is not None else now
             if self.cfg.verbose:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kgroup.core.assignment import View
 from kgroup.core.member import journal as ev
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.readiness import Readiness, readiness
@@ -89,7 +90,7 @@ class Sidecar:
 
     def held(self) -> dict[int, int]:
         """partition -> token of what the member holds now (active or revoking)."""
-        return {p.partition: p.token for p in self.member.view(self.clock()).partitions}
+        return self.member.held_tokens(self.clock())
 
     # ---- observations ---------------------------------------------------------------
 
@@ -177,18 +178,19 @@ class Sidecar:
     # ---- the loop -------------------------------------------------------------------
 
     def publish(self) -> None:
-        self.metrics.publish(self.member.view(self.clock()))
+        view = self.member.view(self.clock())
+        self.metrics.publish(view)
         if self.probe_files is not None:
-            self.probe_files.set_ready(self.readiness().ready)
+            self.probe_files.set_ready(self.readiness(view).ready)
         if self.member.version != self._published:
             self._published = self.member.version
             self.changed.set()
             self.changed = asyncio.Event()
 
-    def readiness(self) -> Readiness:
+    def readiness(self, view: View | None = None) -> Readiness:
         """``GET /readyz``: Ready once the whole target is held and its epoch acknowledged
-        (``kgroup.core.member.readiness``)."""
-        return readiness(self.member.view(self.clock()), self.logic.target,
+        (``kgroup.core.member.readiness``); ``view``: the member's view now, if at hand."""
+        return readiness(view or self.member.view(self.clock()), self.logic.target,
                          member=self.logic.in_target, stopping=self.member.shutting_down,
                          acked_partitions=self.member.acked_partitions)
 
