@@ -438,6 +438,10 @@ class World:
             if sc is None or not proc.alive:
                 continue
             m = sc.member
+            # the view kept while the version stands must be the one built afresh
+            kept = m.view(proc.clock())
+            m._view_parts = None
+            assert kept == m.view(proc.clock()), f"{sc.pod}: a kept view is stale"
             sig = (m.version, m.deadline, m.fenced, m.session)
             if self._claim_sig.get(sc.key) == sig:
                 continue
