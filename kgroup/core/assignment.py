@@ -64,8 +64,10 @@ class View:
     valid_for_seconds: float
     partitions: tuple[PartitionView, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, *, partitions: bool = True) -> dict[str, Any]:
+        """The API's JSON form (``partitions=False``: without the ``partitions`` key, for
+        a writer that encodes them apart)."""
+        head: dict[str, Any] = {
             "member": self.member,
             "session": self.session,
             "version": self.version,
@@ -73,8 +75,10 @@ class View:
             "ackedEpoch": self.acked_epoch,
             "fenced": self.fenced,
             "validForSeconds": round(self.valid_for_seconds, 3),
-            "partitions": [p.to_json() for p in self.partitions],
         }
+        if partitions:
+            head["partitions"] = [p.to_json() for p in self.partitions]
+        return head
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> View:
