@@ -435,8 +435,11 @@ class Member:
             targeted = snap.target.partitions
         actions.extend(self._adopt(snap, session))
         # 3. revoke before assign; release on the app's word or at the drain timeout.
+        active, app_releases = PartitionState.ACTIVE, snap.app_releases
         for p in sorted(self.owned):
             o = self.owned[p]
+            if o.state is active and (holding or p in targeted) and p not in app_releases:
+                continue  # the steady state: kept, and nothing asked of it (no version bump)
             if o.state is PartitionState.ACTIVE and p not in targeted and not holding:
                 o.state, o.revoking_since = PartitionState.REVOKING, now
                 self._bump()
@@ -465,10 +468,10 @@ class Member:
         for p, (epoch, until) in list(self._relinquished.items()):
             if epoch != self._epoch or now >= until:
                 del self._relinquished[p]
-        for p in sorted(targeted):
+        for p in sorted(targeted.difference(self.owned)):  # a held one needs nothing here
             if len(self._acquiring) >= ACQUISITIONS_IN_FLIGHT:
                 break  # the rest when these end (each end steps the member again)
-            if p in self.owned or p in self._acquiring or self._retry_at.get(p, 0.0) > now:
+            if p in self._acquiring or self._retry_at.get(p, 0.0) > now:
                 continue
             if p in self._relinquished:
                 continue
