@@ -395,3 +395,50 @@ def test_a_watch_keeps_no_reference_to_what_it_listed(
             await c.close()
 
     run(go())
+
+
+def test_a_list_in_pages_arrives_whole_and_slim_and_the_watch_follows_it(
+        cluster: Cluster, namespace: str, api: Callable[[], ApiClient],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The partition list is read in pages (``LIST_PAGE``) and handed over once, whole,
+    each object without ``managedFields``; the watch starts from the list's version, so
+    a lock created after it arrives as an event and none listed arrives again."""
+    from kgroup_sidecar import kube as kube_module
+    monkeypatch.setattr(kube_module, "LIST_PAGE", 2)
+
+    async def go() -> None:
+        c = api()
+        lists: list[list[Obj]] = []
+        events: list[tuple[str, str]] = []
+
+        def on_list(kind: str, items: list[Obj], scope: object) -> None:
+            if kind == "partition":
+                lists.append(items)
+
+        def on_event(kind: str, type_: str, obj: Obj) -> None:
+            if kind == "partition":
+                events.append((type_, obj["metadata"]["name"]))
+
+        kube = KubeAdapter(Settings(group=GROUP, namespace=namespace, pod_name="pod-a",
+                                    kubeconfig=str(cluster.kubeconfig)),
+                           loop=asyncio.get_running_loop(), watch_all_partitions=True,
+                           on_list=on_list, on_event=on_event, metrics=Metrics(process=False))
+        try:
+            for p in range(5):
+                created = await c.create(LEASES, namespace, partition_lease(p), timeout=5)
+            assert created["metadata"].get("managedFields")  # the server sends them
+            kube.start()
+            await eventually("the partitions listed", lambda: len(lists) == 1)
+            listed = lists[0]
+            assert sorted(o["metadata"]["name"] for o in listed) == [
+                f"{GROUP}-partition-{p}" for p in range(5)]
+            assert not any("managedFields" in o["metadata"] for o in listed)
+            await c.create(LEASES, namespace, partition_lease(5), timeout=5)
+            await eventually("the new lock's event",
+                             lambda: ("ADDED", f"{GROUP}-partition-5") in events)
+            assert events == [("ADDED", f"{GROUP}-partition-5")]
+        finally:
+            await kube.aclose()
+            await c.close()
+
+    run(go())

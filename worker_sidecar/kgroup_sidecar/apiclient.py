@@ -243,10 +243,14 @@ class ApiClient:
             raise
 
     async def list(self, res: Resource, namespace: str, *, timeout: float,
-                   label_selector: str | None = None, field_selector: str | None = None
-                   ) -> Obj:
+                   label_selector: str | None = None, field_selector: str | None = None,
+                   limit: int | None = None, continue_token: str | None = None) -> Obj:
+        """One list answer; with ``limit`` one page of at most that many objects, the next
+        asked for with its ``metadata.continue`` (the same snapshot: every page carries the
+        first one's resourceVersion; a token too old is answered 410 Gone)."""
         return await self.request("GET", res.path(namespace), timeout=timeout, params={
-            "labelSelector": label_selector, "fieldSelector": field_selector})
+            "labelSelector": label_selector, "fieldSelector": field_selector,
+            "limit": None if limit is None else str(limit), "continue": continue_token})
 
     async def create(self, res: Resource, namespace: str, body: Obj, *, timeout: float) -> Obj:
         return await self.request("POST", res.path(namespace), timeout=timeout, body=body)

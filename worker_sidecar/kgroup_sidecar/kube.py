@@ -57,6 +57,7 @@ from kgroup.constants import (
     ROLE_PARTITION,
 )
 from kgroup.core.backoff import Backoff
+from kgroup.core.lease_codec import slim
 from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
@@ -76,6 +77,9 @@ WATCH_SECONDS = 240
 ``[WATCH_SECONDS, 2 * WATCH_SECONDS)`` (as client-go's reflector does), so the watches of
 pods started together do not all end, and re-open, together."""
 LIST_TIMEOUT = 10.0
+LIST_PAGE = 250
+"""Objects per list page: the peak of a list is one page decoded whole (≈ 2.6 MB of
+Python objects for 250 locks) besides the slim objects kept so far."""
 RECONNECT = Backoff(base=0.2, cap=8.0)
 """Pause before re-listing or re-watching after failures in a row: 0.2, 0.4 ... 6.4, 8 s,
 spread by +-25 % (a stream the server simply ended is watched again at once). An
@@ -257,12 +261,23 @@ class KubeAdapter:
 
     async def _list(self, api: ApiClient, spec: WatchSpec, selection: dict[str, str | None],
                     scope: Scope) -> str:
-        """One list handed to ``on_list``; -> its resourceVersion. A function of its own so
-        that the answer is dropped when it returns: kept in the watch's frame, a member's
-        1,000 listed locks (about 5 MB of decoded JSON) lived as long as the watch."""
-        body = await api.list(spec.resource, self.namespace, timeout=LIST_TIMEOUT, **selection)
-        self._on_list(spec.kind, list(body.get("items") or []), scope)
-        return str(body["metadata"]["resourceVersion"])
+        """One list, in pages of :data:`LIST_PAGE` objects, each object without its
+        ``managedFields`` (:func:`~kgroup.core.lease_codec.slim`), handed whole to
+        ``on_list``; -> its resourceVersion. A member's 1,000 locks decoded in one answer
+        were ≈ 10 MB of Python objects at once, and kept in the watch's frame they lived
+        as long as the watch: a function of its own drops every page when it returns."""
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            page = await api.list(spec.resource, self.namespace, timeout=LIST_TIMEOUT,
+                                  limit=LIST_PAGE, continue_token=token, **selection)
+            items.extend(slim(o) for o in page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                break
+        self._on_list(spec.kind, items, scope)
+        return str(meta["resourceVersion"])
 
     # ---- reads and writes -----------------------------------------------------------
 
