@@ -189,3 +189,33 @@ def test_a_stall_reported_by_a_member_that_does_not_hold_the_partition_is_ignore
     assert st.stalled == 0 and problems == [] and st.phase == "Stable"
     assert cond(st, "Stalled") == ("False", "Progressing")
     assert cond(st, "Ready") == ("True", "AllPartitionsOwned")
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_a_renewals_summary_is_what_judging_every_partition_gives(seed: int) -> None:
+    """``HealthBook.summarize`` (what each renewal asks: the stalled judged, the annotation)
+    equals ``judge`` then ``encode_summary``, for books of every shape: stalls reported and
+    timed out, lags missing, zero or tied, partitions dropped from ``held``, rows cut."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 5, 16, 17, 40, 300])
+    book = HealthBook(stall_after=rng.choice([10.0, 120.0]))
+    held = {p: rng.randrange(1, 4) for p in rng.sample(range(2_000), n)}
+    now = 0.0
+    for _ in range(rng.choice([1, 3])):
+        now += rng.choice([1.0, 50.0, 200.0])
+        for p, token in held.items():
+            if rng.random() < 0.8:
+                book.report(Report(
+                    p, token, rng.choice([None, "1-0", f"{int(now)}-0"]),
+                    rng.choice([None, 0, 0, 5, 5, rng.randrange(10**6)]),
+                    rng.random() < 0.05, rng.choice(["", "sink refused"])), held, now)
+    held = {p: (t if rng.random() < 0.9 else t + 1) for p, t in held.items()
+            if rng.random() < 0.95}
+    now += rng.choice([0.0, 15.0, 130.0])
+    slow = copy.deepcopy(book)
+    judged = slow.judge(held, now)
+    assert book.summarize(held, now) == ([h for h in judged if h.stalled],
+                                         encode_summary(judged))

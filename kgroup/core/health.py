@@ -166,18 +166,50 @@ class HealthBook:
     def judge(self, held: Mapping[int, int], now: float) -> list[PartitionHealth]:
         """Every held partition's health (those with a report), sorted by partition."""
         self.prune(held)
-        out = []
-        for p in sorted(self.entries):
-            e = self.entries[p]
+        return [self._judged(p, now) for p in sorted(self.entries)]
+
+    def _stuck(self, e: _Entry, now: float) -> bool:
+        r = e.report
+        return (not r.stalled and r.lag is not None and r.lag > 0
+                and now - e.progress_at >= self.stall_after)
+
+    def _judged(self, p: int, now: float) -> PartitionHealth:
+        e = self.entries[p]
+        r = e.report
+        stuck = self._stuck(e, now)
+        reason = r.reason
+        if stuck:  # a stable text: the status's message (and its Event) must not churn
+            reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
+        return PartitionHealth(p, r.token, r.position, r.lag, r.stalled or stuck, reason,
+                               e.reported_at, e.progress_at)
+
+    def summarize(self, held: Mapping[int, int], now: float
+                  ) -> tuple[list[PartitionHealth], str | None]:
+        """What a renewal needs, as ``judge`` then :func:`encode_summary` give it: the
+        stalled partitions judged (sorted by partition) and the annotation's text, in one
+        pass that judges only the stalled and the rows shown. At 1,000 partitions judging
+        every one for each renewal was 1.5 ms of the sidecar's CPU every 2 s (issue 25)."""
+        self.prune(held)
+        entries = self.entries
+        if not entries:
+            return [], None
+        stalled_keys: list[tuple[int, int]] = []  # (-lag, partition), as the rows are ranked
+        others: list[tuple[int, int]] = []
+        lag_total, any_lag = 0, False
+        for p, e in entries.items():
             r = e.report
-            stuck = (not r.stalled and r.lag is not None and r.lag > 0
-                     and now - e.progress_at >= self.stall_after)
-            reason = r.reason
-            if stuck:  # a stable text: the status's message (and its Event) must not churn
-                reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
-            out.append(PartitionHealth(p, r.token, r.position, r.lag, r.stalled or stuck,
-                                       reason, e.reported_at, e.progress_at))
-        return out
+            lag = r.lag
+            if lag is not None:
+                lag_total += lag
+                any_lag = True
+            (stalled_keys if r.stalled or self._stuck(e, now) else others).append(
+                (-(lag or 0), p))
+        stalled = [self._judged(p, now) for _, p in sorted(stalled_keys, key=_second)]
+        shown = heapq.nsmallest(MAX_SUMMARY_ROWS, stalled_keys)
+        if len(shown) < MAX_SUMMARY_ROWS:
+            shown += heapq.nsmallest(MAX_SUMMARY_ROWS - len(shown), others)
+        rows = {p: (entries[p].report.lag, entries[p].report.position) for _, p in shown}
+        return stalled, _summary_text(stalled, lag_total if any_lag else None, rows)
 
 
 @dataclass(frozen=True)
@@ -202,16 +234,27 @@ def encode_summary(health: list[PartitionHealth]) -> str | None:
         return None
     stalled = [h for h in health if h.stalled]
     lags = [h.lag for h in health if h.lag is not None]
-    base: dict[str, Any] = {"stalledCount": len(stalled)}
-    if lags:
-        base["lag"] = sum(lags)
-    if stalled:
-        base["reason"] = stalled[0].reason[:MAX_REASON_CHARS]
     shown = heapq.nsmallest(MAX_SUMMARY_ROWS, health,
                             key=lambda h: (not h.stalled, -(h.lag or 0), h.partition))
+    return _summary_text(stalled, sum(lags) if lags else None,
+                         {h.partition: (h.lag, h.position) for h in shown})
+
+
+def _second(pair: tuple[int, int]) -> int:
+    return pair[1]
+
+
+def _summary_text(stalled: list[PartitionHealth], lag: int | None,
+                  rows: Mapping[int, tuple[int | None, str | None]]) -> str | None:
+    """The annotation from what it says: the stalled partitions (sorted by partition), the
+    total lag (None: nobody reported one) and the rows shown (partition -> lag, position)."""
+    base: dict[str, Any] = {"stalledCount": len(stalled)}
+    if lag is not None:
+        base["lag"] = lag
+    if stalled:
+        base["reason"] = stalled[0].reason[:MAX_REASON_CHARS]
     full = dict(base, stalled=format_ranges(h.partition for h in stalled),
-                partitions={str(h.partition): [h.lag, h.position]
-                            for h in shown})
+                partitions={str(p): [lag_, position] for p, (lag_, position) in rows.items()})
     for candidate in (full, dict(base, stalled=full["stalled"]), base):
         text = json.dumps(candidate, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) <= MAX_SUMMARY_BYTES:

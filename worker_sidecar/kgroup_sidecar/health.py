@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kgroup.core.health import HealthBook, PartitionHealth, encode_summary, parse_report
+from kgroup.core.health import HealthBook, PartitionHealth, parse_report
 from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
@@ -66,13 +66,13 @@ class SidecarHealth(Collector):
     def summary(self) -> str | None:
         """The ``kgroup.dev/health`` annotation for the next renewal; a partition that
         turned stalled since the last one is passed to ``on_stalled`` (once per stall)."""
-        judged = self.judge()
-        stalled = {h.partition: h for h in judged if h.stalled}
+        judged, text = self.book.summarize(self.held(), self.clock())
+        stalled = {h.partition: h for h in judged}
         if self.on_stalled is not None:
             for p in sorted(set(stalled) - self._stalled):
                 self.on_stalled(stalled[p])
         self._stalled = set(stalled)
-        return encode_summary(judged)
+        return text
 
     def collect(self) -> Iterable[Metric]:
         lag = GaugeMetricFamily(
