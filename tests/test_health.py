@@ -15,6 +15,7 @@ from kgroup.core.health import (
     Report,
     encode_summary,
     parse_report,
+    parse_reports,
     parse_summary,
 )
 from kgroup.core.member.requests import Answer, Ok, ReplaceLease, Request
@@ -219,3 +220,48 @@ def test_a_renewals_summary_is_what_judging_every_partition_gives(seed: int) -> 
     judged = slow.judge(held, now)
     assert book.summarize(held, now) == ([h for h in judged if h.stalled],
                                          encode_summary(judged))
+
+
+def _random_item(rng: Any, held: dict[int, int]) -> Any:
+    """A report item as an app (or a hostile caller) might send it."""
+    p = rng.choice(sorted(held) or [0]) if rng.random() < 0.9 else rng.randrange(50)
+    item: dict[str, Any] = {"partition": p, "token": held.get(p, 1) + rng.choice([0] * 9 + [1])}
+    for key, values in (("position", [None, "7-0", "", 7]), ("lag", [None, 0, 3, -1, True]),
+                        ("stalled", [False, True, None, 1]),
+                        ("reason", ["", "x", None, "r" * 200, 5])):
+        if rng.random() < 0.5:
+            item[key] = rng.choice(values)
+    if rng.random() < 0.02:
+        return rng.choice([None, [], "x", {"partition": True, "token": 1}, {"token": 1}])
+    return item
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_a_batch_of_reports_is_parsed_and_booked_as_one_by_one(seed: int) -> None:
+    """``parse_reports`` and ``HealthBook.report_all`` (the POST /v1/health path) give what
+    ``parse_report`` and ``report`` give item by item: the same reports or the first
+    item's error, the same refusals in order, the same book afterwards."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    held = {p: rng.randrange(1, 4) for p in rng.sample(range(40), rng.randrange(0, 30))}
+    fast, slow = HealthBook(stall_after=10.0), HealthBook(stall_after=10.0)
+    now = 0.0
+    for _ in range(4):
+        now += rng.choice([0.5, 5.0, 20.0])
+        clean = rng.random() < 0.7
+        items = [_random_item(rng, held) for _ in range(rng.randrange(0, 40))]
+        if clean:  # mostly well-formed batches, so the booking is exercised too
+            items = [i for i in items if isinstance(parse_report(i), Report)]
+        one_by_one = [parse_report(i) for i in items]
+        first_error = next((r for r in one_by_one if isinstance(r, str)), None)
+        batch = parse_reports(items)
+        if first_error is not None:
+            assert batch == first_error
+            continue
+        assert batch == one_by_one
+        expected = [(r.partition, why) for r in one_by_one if isinstance(r, Report)
+                    for why in [slow.report(r, held, now)] if why is not None]
+        assert fast.report_all(copy.copy(batch), held, now) == expected
+        assert fast.entries == slow.entries

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kgroup.core.health import HealthBook, PartitionHealth, parse_report
+from kgroup.core.health import HealthBook, PartitionHealth, parse_reports
 from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
@@ -47,18 +47,12 @@ class SidecarHealth(Collector):
             return 400, {"error": 'body must be {"partitions": [{"partition": int, '
                                   '"token": int, "position": str|null, "lag": int|null, '
                                   '"stalled": bool, "reason": str}, ...]}'}
-        reports = [parse_report(item) for item in items]
-        bad = next((r for r in reports if isinstance(r, str)), None)
-        if bad is not None:
-            return 400, {"error": bad}
-        held, now = self.held(), self.clock()
-        refused = []
-        for report in reports:
-            assert not isinstance(report, str)
-            why = self.book.report(report, held, now)
-            if why is not None:
-                refused.append({"partition": report.partition, "error": why})
-        return 200, {"accepted": len(reports) - len(refused), "refused": refused}
+        reports = parse_reports(items)
+        if isinstance(reports, str):
+            return 400, {"error": reports}
+        refused = self.book.report_all(reports, self.held(), self.clock())
+        return 200, {"accepted": len(reports) - len(refused),
+                     "refused": [{"partition": p, "error": why} for p, why in refused]}
 
     def judge(self) -> list[PartitionHealth]:
         return self.book.judge(self.held(), self.clock())
