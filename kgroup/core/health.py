@@ -173,6 +173,11 @@ class HealthBook:
         if token != report.token:
             return (f"partition {report.partition}: token {report.token} is not the "
                     f"current one ({token})")
+        self._record(report, now)
+        return None
+
+    def _record(self, report: Report, now: float) -> None:
+        """Book a report of a partition held under its token."""
         old = self.entries.get(report.partition)
         progress_at = now
         # The stall clock runs only while the lag stays above zero with the position
@@ -183,30 +188,21 @@ class HealthBook:
                 and old.report.lag is not None and old.report.lag > 0:
             progress_at = old.progress_at
         self.entries[report.partition] = _Entry(report, now, progress_at)
-        return None
 
     def report_all(self, reports: list[Report], held: Mapping[int, int], now: float
                    ) -> list[tuple[int, str]]:
         """:meth:`report` of each, in order, in one loop; -> (partition, why) of each
         refused."""
         refused: list[tuple[int, str]] = []
-        entries, held_token, entry = self.entries, held.get, _Entry
+        held_token, record = held.get, self._record
         for report in reports:
-            p = report.partition
-            token = held_token(p)
-            if token is None or token != report.token:
-                why = self.report(report, held, now)
-                assert why is not None  # refused for the same reason
-                refused.append((p, why))
+            token = held_token(report.partition)
+            if token is not None and token == report.token:
+                record(report, now)
                 continue
-            old = entries.get(p)
-            progress_at = now  # the stall clock as in report()
-            if old is not None:
-                last = old.report
-                if last.token == token and last.position == report.position \
-                        and last.lag is not None and last.lag > 0:
-                    progress_at = old.progress_at
-            entries[p] = entry(report, now, progress_at)
+            why = self.report(report, held, now)
+            assert why is not None  # refused, and report() says why
+            refused.append((report.partition, why))
         return refused
 
     def prune(self, held: Mapping[int, int]) -> None:
