@@ -304,7 +304,8 @@ class Swarm:
                       if audit and self.audit_dir is not None else None)
         return Settings(group=group or self.group, namespace=self.namespace, pod_name=pod,
                         listen_port=0, kubeconfig=self.kubeconfig, log_level="WARNING",
-                        audit_file=audit_file, termination_grace_seconds=self.grace)
+                        audit_file=audit_file, termination_grace_seconds=self.grace,
+                        app_timeout_seconds=0)  # no app asks: the sidecar joins at start
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -66,7 +66,7 @@ class Drive:
         self.namespace = namespace
         self.now = 1000.0
         settings = Settings(group=GROUP, namespace=namespace, pod_name=POD,
-                            kubeconfig=kubeconfig)
+                            kubeconfig=kubeconfig, app_timeout_seconds=0)
         self.sidecar = Sidecar(settings, clock=lambda: self.now)
         self.settings = settings
 

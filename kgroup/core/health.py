@@ -196,35 +196,52 @@ class HealthBook:
         for p in [p for p, e in self.entries.items() if held.get(p) != e.report.token]:
             del self.entries[p]
 
-    def judge(self, held: Mapping[int, int], now: float) -> list[PartitionHealth]:
-        """Every held partition's health (those with a report), sorted by partition."""
+    def judge(self, held: Mapping[int, int], now: float,
+              observed: Mapping[int, str] | None = None) -> list[PartitionHealth]:
+        """Every held partition's health (those with a report, and those ``observed``
+        stalled), sorted by partition."""
         self.prune(held)
-        return [self._judged(p, now) for p in sorted(self.entries)]
+        observed = _held_only(observed, held)
+        return [self._judged(p, now, observed, held)
+                for p in sorted(set(self.entries).union(observed))]
 
     def _stuck(self, e: _Entry, now: float) -> bool:
         r = e.report
         return (not r.stalled and r.lag is not None and r.lag > 0
                 and now - e.progress_at >= self.stall_after)
 
-    def _judged(self, p: int, now: float) -> PartitionHealth:
-        e = self.entries[p]
+    def _judged(self, p: int, now: float, observed: Mapping[int, str] | None = None,
+                held: Mapping[int, int] | None = None) -> PartitionHealth:
+        why = observed.get(p) if observed else None
+        e = self.entries.get(p)
+        if e is None:  # stalled as the sidecar sees it, with no report of the app's
+            assert why is not None and held is not None
+            return PartitionHealth(p, held[p], None, None, True, why, now, now)
         r = e.report
         stuck = self._stuck(e, now)
         reason = r.reason
         if stuck:  # a stable text: the status's message (and its Event) must not churn
             reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
-        return PartitionHealth(p, r.token, r.position, r.lag, r.stalled or stuck, reason,
+        if why is not None:
+            reason = why
+        return PartitionHealth(p, r.token, r.position, r.lag,
+                               r.stalled or stuck or why is not None, reason,
                                e.reported_at, e.progress_at)
 
-    def summarize(self, held: Mapping[int, int], now: float
+    def summarize(self, held: Mapping[int, int], now: float,
+                  observed: Mapping[int, str] | None = None
                   ) -> tuple[list[PartitionHealth], str | None]:
         """What a renewal needs, as ``judge`` then :func:`encode_summary` give it: the
         stalled partitions judged (sorted by partition) and the annotation's text, in one
         pass that judges only the stalled and the rows shown. At 1,000 partitions judging
-        every one for each renewal was 1.5 ms of the sidecar's CPU every 2 s (issue 25)."""
+        every one for each renewal was 1.5 ms of the sidecar's CPU every 2 s.
+        ``observed``: partitions the sidecar itself sees stalled (its app does not take
+        part, or has not taken them up: :mod:`kgroup.core.member.app_presence`), with why;
+        stalled whatever the app reports, and listed even without a report."""
         self.prune(held)
         entries = self.entries
-        if not entries:
+        observed = _held_only(observed, held)
+        if not entries and not observed:
             return [], None
         stalled_keys: list[tuple[int, int]] = []  # (-lag, partition), as the rows are ranked
         others: list[tuple[int, int]] = []
@@ -235,14 +252,24 @@ class HealthBook:
             if lag is not None:
                 lag_total += lag
                 any_lag = True
-            (stalled_keys if r.stalled or self._stuck(e, now) else others).append(
-                (-(lag or 0), p))
-        stalled = [self._judged(p, now) for _, p in sorted(stalled_keys, key=_second)]
+            (stalled_keys if r.stalled or p in observed or self._stuck(e, now)
+             else others).append((-(lag or 0), p))
+        stalled_keys.extend((0, p) for p in observed if p not in entries)
+        stalled = [self._judged(p, now, observed, held)
+                   for _, p in sorted(stalled_keys, key=_second)]
         shown = heapq.nsmallest(MAX_SUMMARY_ROWS, stalled_keys)
         if len(shown) < MAX_SUMMARY_ROWS:
             shown += heapq.nsmallest(MAX_SUMMARY_ROWS - len(shown), others)
-        rows = {p: (entries[p].report.lag, entries[p].report.position) for _, p in shown}
+        rows = {p: (entries[p].report.lag, entries[p].report.position) if p in entries
+                else (None, None) for _, p in shown}
         return stalled, _summary_text(stalled, lag_total if any_lag else None, rows)
+
+
+def _held_only(observed: Mapping[int, str] | None, held: Mapping[int, int]
+               ) -> Mapping[int, str]:
+    if not observed:
+        return {}
+    return {p: why for p, why in observed.items() if p in held}
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ class SidecarProcess:
             "KGROUP_AUDIT_FILE": str(self.audit_file),
             "KGROUP_LOG_LEVEL": "DEBUG",
             "KGROUP_TERMINATION_GRACE_SECONDS": str(self.grace),
+            # no app gate unless a test sets one: the harness's scripted app may never ask
+            "KGROUP_APP_TIMEOUT_SECONDS": "0",
             "NO_PROXY": "127.0.0.1,localhost",
             **self.env,
         }

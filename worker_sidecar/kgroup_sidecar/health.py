@@ -20,6 +20,8 @@ from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
 """-> partition: token of every partition the member holds now."""
+Observed = Callable[[Mapping[int, int], float], Mapping[int, str]]
+"""(held, now) -> partition: why, for each held partition the sidecar sees stalled."""
 
 
 class SidecarHealth(Collector):
@@ -29,10 +31,13 @@ class SidecarHealth(Collector):
 
     def __init__(self, *, identity: tuple[str, str, str], held: Held,
                  clock: Callable[[], float], stall_after: float,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None,
+                 observed: Observed | None = None) -> None:
         self.identity = identity  # (group_namespace, group, member): metrics.IDENTITY
         self.held = held
         self.clock = clock
+        # partitions the sidecar itself sees stalled (its app's part), with why
+        self.observed: Observed = observed or (lambda held, now: {})
         self.book = HealthBook(stall_after=stall_after)
         # called once per partition when it turns stalled (the runtime posts an Event)
         self.on_stalled: Callable[[PartitionHealth], None] | None = None
@@ -55,12 +60,14 @@ class SidecarHealth(Collector):
                      "refused": [{"partition": p, "error": why} for p, why in refused]}
 
     def judge(self) -> list[PartitionHealth]:
-        return self.book.judge(self.held(), self.clock())
+        held, now = self.held(), self.clock()
+        return self.book.judge(held, now, self.observed(held, now))
 
     def summary(self) -> str | None:
         """The ``kgroup.dev/health`` annotation for the next renewal; a partition that
         turned stalled since the last one is passed to ``on_stalled`` (once per stall)."""
-        judged, text = self.book.summarize(self.held(), self.clock())
+        held, now = self.held(), self.clock()
+        judged, text = self.book.summarize(held, now, self.observed(held, now))
         stalled = {h.partition: h for h in judged}
         if self.on_stalled is not None:
             for p in sorted(set(stalled) - self._stalled):

@@ -32,7 +32,7 @@ class AssignmentText:
     keeps (:meth:`kgroup.core.member.reconcile.Member.view` returns the same tuple while
     its version stands): the follower asks about every 2 s while partitions are held.
     Building and encoding a 1,000-partition view for each ask was a third of a
-    sidecar's CPU at 1,000 partitions (issue 25); keeping the view removed most of it,
+    sidecar's CPU at 1,000 partitions; keeping the view removed most of it,
     this the encoding. The tuple is immutable and held here, so the same object means
     the same partitions; a fresh tuple (a change, or a revoking deadline counting down)
     is encoded again."""
@@ -67,18 +67,26 @@ async def assignment(request: web.Request) -> web.Response:
         return _error(400, "since must be an integer and wait a number of seconds")
     if wait < 0 or wait > MAX_WAIT:
         return _error(400, f"wait must be between 0 and {MAX_WAIT:g} seconds")
+    # Asking is the app's word that it is ready to take partitions (it joins); an open
+    # long-poll is the app taking part (kgroup.core.member.app_presence).
+    sidecar.app_called(asked=True, poll=since is not None)
     if since is not None:
         loop = asyncio.get_running_loop()
         until = loop.time() + wait
-        while sidecar.member.version <= since:
-            remaining = until - loop.time()
-            if remaining <= 0:
-                break
-            try:
-                await asyncio.wait_for(sidecar.changed.wait(), remaining)
-            except TimeoutError:
-                break
-    text = request.app[ASSIGNMENT_TEXT_KEY].render(sidecar.member.view(sidecar.clock()))
+        try:
+            while sidecar.member.version <= since:
+                remaining = until - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(sidecar.changed.wait(), remaining)
+                except TimeoutError:
+                    break
+        finally:
+            sidecar.app_poll_closed()
+    view = sidecar.member.view(sidecar.clock())
+    text = request.app[ASSIGNMENT_TEXT_KEY].render(view)
+    sidecar.app_served(view)
     return web.Response(text=text, content_type="application/json")
 
 
@@ -100,6 +108,7 @@ async def release(request: web.Request) -> web.Response:
         return _error(400, "token must be an integer")
     if position is not None and not isinstance(position, str):
         return _error(400, "position must be a string or null")
+    sidecar.app_called()
     refused = sidecar.member.check_release(partition, token, sidecar.clock())
     if refused is not None:
         return _error(*refused)
@@ -119,6 +128,7 @@ async def health(request: web.Request) -> web.Response:
         body: Any = json.loads(await request.text())
     except json.JSONDecodeError:
         return _error(400, "body must be JSON")
+    sidecar.app_called()
     status, answer = sidecar.health.report(body)
     return web.json_response(answer, status=status)
 

@@ -64,10 +64,12 @@ class Sidecar:
             clock=clock, wall=lambda: datetime.now(UTC),
             new_session=lambda: secrets.token_hex(8), journal=self,
             termination_grace=settings.termination_grace_seconds, uid=settings.pod_uid,
+            app_timeout=settings.app_timeout_seconds,
         )
         self.health = SidecarHealth(identity=self.metrics.identity, held=self.held,
                                     clock=clock, stall_after=settings.stall_after_seconds,
-                                    registry=self.metrics.registry)
+                                    registry=self.metrics.registry,
+                                    observed=self.logic.app.stalls)
         self.health.on_stalled = lambda h: self.post_event(
             "Warning", "PartitionStalled",
             f"partition {h.partition} (token {h.token}) makes no progress: "
@@ -188,11 +190,38 @@ class Sidecar:
             self.changed = asyncio.Event()
 
     def readiness(self, view: View | None = None) -> Readiness:
-        """``GET /readyz``: Ready once the whole target is held and its epoch acknowledged
-        (``kgroup.core.member.readiness``); ``view``: the member's view now, if at hand."""
-        return readiness(view or self.member.view(self.clock()), self.logic.target,
+        """``GET /readyz``: Ready once the app has taken up the whole target, held and its
+        epoch acknowledged (``kgroup.core.member.readiness``); ``view``: the member's view
+        now, if at hand."""
+        now = self.clock()
+        return readiness(view or self.member.view(now), self.logic.target,
                          member=self.logic.in_target, stopping=self.member.shutting_down,
-                         acked_partitions=self.member.acked_partitions)
+                         acked_partitions=self.member.acked_partitions,
+                         app=self.logic.app, now=now)
+
+    # ---- the app's part (kgroup.core.member.app_presence) -----------------------------
+
+    def app_called(self, *, asked: bool = False, poll: bool = False) -> None:
+        """A call of the app arrived (``asked``: GET /v1/assignment; ``poll``: a long-poll
+        of it, open until :meth:`app_poll_closed`). A call that lets the app join again or
+        takes a partition up steps the loop at once (a session start, the readiness)."""
+        app, now = self.logic.app, self.clock()
+        if poll:
+            changes = app.poll_opened(now)
+        elif asked:
+            changes = app.asked(now)
+        else:
+            changes = app.called(now)
+        if changes:
+            self.dirty.set()
+
+    def app_poll_closed(self) -> None:
+        self.logic.app.poll_closed(self.clock())
+
+    def app_served(self, view: View) -> None:
+        """An answer served ``view`` to the app: its partitions are seen."""
+        self.logic.app.served(((p.partition, p.token) for p in view.partitions),
+                              key=view.partitions)
 
     def begin_shutdown(self) -> None:
         if self.logic.begin_shutdown():

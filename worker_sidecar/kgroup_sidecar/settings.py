@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kgroup.core.health import DEFAULT_STALL_AFTER_SECONDS
+from kgroup.core.member.app_presence import DEFAULT_APP_TIMEOUT_SECONDS
 
 UNIX_SCHEME = "unix://"
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -71,13 +72,17 @@ def _port(name: str, value: object) -> int:
     return port
 
 
-def _seconds(name: str, value: object) -> float:
+def _seconds(name: str, value: object, *, zero: bool = False) -> float:
+    """A positive number of seconds (``zero``: or 0, which turns the setting off)."""
     try:
         seconds = float(str(value))
     except ValueError:
         raise ValueError(f"{name} {value!r} is not a number of seconds") from None
+    if zero and seconds == 0:
+        return 0.0
     if not seconds > 0 or not math.isfinite(seconds):
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        raise ValueError(f"{name} must be a positive number of seconds"
+                         f"{' or 0' if zero else ''}, not {value!r}")
     return seconds
 
 
@@ -108,6 +113,10 @@ class Settings:
     termination_grace_seconds: float = 30.0  # KGROUP_TERMINATION_GRACE_SECONDS
     # KGROUP_STALL_AFTER_SECONDS: no progress with lag this long = stalled
     stall_after_seconds: float = field(default=DEFAULT_STALL_AFTER_SECONDS)
+    # KGROUP_APP_TIMEOUT_SECONDS: the app's part (kgroup.core.member.app_presence): the
+    # sidecar joins at its app's first ask and leaves when it is silent this long; 0: no
+    # app gate (joins at start, never leaves for silence: a sidecar with no app)
+    app_timeout_seconds: float = field(default=DEFAULT_APP_TIMEOUT_SECONDS)
 
     def __post_init__(self) -> None:
         for name in ("group", "namespace", "pod_name"):
@@ -134,6 +143,8 @@ class Settings:
                                                   self.termination_grace_seconds),
             "stall_after_seconds": _seconds("KGROUP_STALL_AFTER_SECONDS",
                                             self.stall_after_seconds),
+            "app_timeout_seconds": _seconds("KGROUP_APP_TIMEOUT_SECONDS",
+                                            self.app_timeout_seconds, zero=True),
         }
         for name, value in fixed.items():
             object.__setattr__(self, name, value)
@@ -191,6 +202,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raw["probe_dir"] = env["KGROUP_PROBE_DIR"]
     if env.get("KGROUP_STALL_AFTER_SECONDS"):
         raw["stall_after_seconds"] = env["KGROUP_STALL_AFTER_SECONDS"]
+    if env.get("KGROUP_APP_TIMEOUT_SECONDS"):
+        raw["app_timeout_seconds"] = env["KGROUP_APP_TIMEOUT_SECONDS"]
     if env.get("KGROUP_TERMINATION_GRACE_SECONDS"):
         raw["termination_grace_seconds"] = env["KGROUP_TERMINATION_GRACE_SECONDS"]
     try:

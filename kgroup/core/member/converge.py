@@ -41,6 +41,7 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
+from kgroup.core.member.app_presence import AppPresence
 from kgroup.core.member.group_spec import member_spec, spec_partitions
 from kgroup.core.member.journal import Journal
 from kgroup.core.member.reconcile import (
@@ -124,6 +125,7 @@ class SidecarLogic:
         termination_grace: float = 30.0,
         member: Member | None = None,
         uid: str | None = None,
+        app_timeout: float = 0.0,
     ) -> None:
         self.pod = pod
         self.group_name = group
@@ -136,6 +138,9 @@ class SidecarLogic:
         # uid: this pod's (KGROUP_POD_UID); a lock marked for another pod of our name is
         # not ours to acquire (the admission policy would refuse it)
         self.member = member if member is not None else Member(pod, uid=uid)
+        # the app's part: its calls and what it was served (the local API reports them);
+        # app_timeout 0: no app gate (the sidecar joins at start, never leaves for silence)
+        self.app = AppPresence(timeout=app_timeout)
         self.group: Obj | None = None
         self.timing: LeaseTiming | None = None
         self.drain_timeout = 30.0
@@ -320,6 +325,7 @@ class SidecarLogic:
             locks=dict(self.locks),
             app_releases=dict(self.app_releases),
             group_deleted=self.group_deleted,
+            app=self.app.state(self.clock()) if self.app.gated else None,
         )
 
     def tick(self) -> Tick:
@@ -335,6 +341,9 @@ class SidecarLogic:
         if self.shutdown_deadline is not None and now >= self.shutdown_deadline:
             return Tick(chains, self.scope, None, exit="grace period over")
         wake = self.member.next_wakeup(snap) if snap.timing is not None else None
+        silent_at = self.app.silent_at()
+        if silent_at is not None and snap.timing is not None and silent_at > now:
+            wake = silent_at if wake is None else min(wake, silent_at)
         if self.shutdown_deadline is not None:
             wake = self.shutdown_deadline if wake is None else min(wake, self.shutdown_deadline)
         return Tick(chains, self.scope, None if wake is None else max(MIN_WAIT, wake - now))

@@ -45,6 +45,14 @@ Rules, in the order ``step`` applies them:
    again). A lock held by our own *older* session is FREE to us.
 5. Acknowledge epoch E on the member Lease only when held == target(E) exactly.
 6. Renew the session every renew interval (one member-Lease write in flight at a time).
+7. The app's part (:mod:`kgroup.core.member.app_presence`, ``Snapshot.app``; None: no
+   app gate). A session is started only while the app takes part (it has asked for its
+   assignment and is not silent): before, the pod is no member. When the app stops
+   taking part the member **withdraws**: it revokes everything as at shutdown, ends its
+   session once nothing is held, and starts a new one when the app calls again. A
+   revoked partition the app has not seen under its token is released at once, with the
+   position it was handed (the app cannot be working on it); the drain timeout applies
+   only to partitions the app has seen.
    A renewal request must give up early enough to be retried before the fencing
    deadline: :func:`request_timeout` and :func:`renew_retry_seconds` derive both from the
    timing, and the adapter uses them for every API request.
@@ -278,7 +286,7 @@ class Member:
     def held_tokens(self, now: float) -> dict[int, int]:
         """partition -> token of what :meth:`view` at ``now`` lists (active or revoking),
         without building it: the health book asks at every report and renewal, and a
-        view of 1,000 partitions is 1,000 objects (issue 25: the sidecar's CPU)."""
+        view of 1,000 partitions is 1,000 objects (the sidecar's CPU)."""
         deadline = self.deadline
         if deadline is None or now >= deadline or self.fenced:
             return {}
@@ -306,7 +314,7 @@ class Member:
             # Kept while the version stands (every change of what the view shows bumps
             # it: the long-poll's contract), unless a revoking partition's deadline counts
             # down with ``now``. An app polling 1,000 partitions every second rebuilt
-            # 1,000 objects each time (issue 25: the sidecar's CPU).
+            # 1,000 objects each time (the sidecar's CPU).
             shown = tuple(parts)
             revoking = any(v.revoke_deadline_seconds is not None for v in shown)
             self._view_parts = None if revoking else (self.version, shown)
@@ -352,8 +360,9 @@ class Member:
         deadline = self.deadline
         if deadline is not None:
             times.append(deadline)
-        if self.session is None and not self._starting:
-            times.append(self._retry_session_at)
+        if self.session is None and not self._starting and (
+                snap.app is None or snap.app.taking_part):
+            times.append(self._retry_session_at)  # (an app's first call wakes the loop)
         if self.session is not None and not self._session_write_in_flight:
             times.append(self._next_renew_at)
         for o in self.owned.values():
@@ -400,7 +409,8 @@ class Member:
             # No session for a group that is gone: its member Lease would name the deleted
             # group as owner and be garbage-collected under it (a group applied again
             # is waited for; shutdown and the app's view are not affected).
-            if not self._starting and now >= self._retry_session_at and not snap.group_deleted:
+            if not self._starting and now >= self._retry_session_at and not snap.group_deleted \
+                    and (snap.app is None or snap.app.taking_part):
                 self._starting = True
                 actions.append(StartSession(timing=snap.timing))
             return actions
@@ -426,12 +436,14 @@ class Member:
             del self.owned[p]
             self._bump()
             actions.append(Lost(partition=p, session=session, token=o.token))
-        # No target (a status without epoch) holds what we have; deletion and shutdown
-        # revoke everything (rule 3).
+        # No target (a status without epoch) holds what we have; deletion, shutdown and
+        # an app that stopped taking part revoke everything (rules 3 and 7).
+        withdrawing = snap.app is not None and not snap.app.taking_part
+        leaving = self.shutting_down or withdrawing
         holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
-            self.shutting_down or snap.group_deleted)
+            leaving or snap.group_deleted)
         targeted: frozenset[int] = frozenset()
-        if not self.shutting_down and snap.target is not None:
+        if not leaving and snap.target is not None:
             targeted = snap.target.partitions
         actions.extend(self._adopt(snap, session))
         # 3. revoke before assign; release on the app's word or at the drain timeout.
@@ -464,6 +476,9 @@ class Member:
                 and now >= o.revoking_since + snap.drain_timeout
             ):
                 actions.append(self._release(p, o, None, "drain-timeout"))
+            elif o.state is PartitionState.REVOKING and snap.app is not None \
+                    and not snap.app.seen(p, o.token):
+                actions.append(self._release(p, o, None, "unseen"))
         # 4. acquire what is targeted, free or takeable (and not given back by the app).
         for p, (epoch, until) in list(self._relinquished.items()):
             if epoch != self._epoch or now >= until:
@@ -493,7 +508,7 @@ class Member:
                 partition=p, session=session, token=token, expected_rv=lock.resource_version,
                 takeover=bool(lock.holder) and lock.holder != self.member))
         # 5. acknowledge the epoch once held == target exactly; 6. renew.
-        if not self._session_write_in_flight:
+        if not self._session_write_in_flight and not withdrawing:
             epoch = self._ackable_epoch(snap)
             if epoch is not None and epoch != self._written_epoch:
                 assert snap.target is not None  # an ackable epoch is the target's
@@ -503,7 +518,7 @@ class Member:
             elif now >= self._next_renew_at:
                 self._session_write_in_flight = True
                 actions.append(Renew(session, snap.timing, self._written_epoch))
-        if self.shutting_down and not self.owned and not self._acquiring and not self._ending:
+        if leaving and not self.owned and not self._acquiring and not self._ending:
             self._ending = True
             actions.append(EndSession(session))
         return actions
@@ -677,6 +692,13 @@ class Member:
             self._bump()
 
     def session_ended(self) -> None:
-        self.done = True
+        """The member Lease is deleted: done when shutting down; after a withdrawal the
+        member starts a new session once its app takes part again."""
+        self.done = self.shutting_down
         self.session = None
+        self._ending = False
+        self._confirmed_sent = None
+        self._session_write_in_flight = False
+        self._written_epoch = None
+        self._written_partitions = None
         self._bump()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kgroup.core.locks import LeaseTiming, Lock
+from kgroup.core.member.app_presence import AppState
 
 
 class PartitionState(enum.Enum):
@@ -44,6 +45,8 @@ class Snapshot:
     locks: Mapping[int, Lock]
     app_releases: Mapping[int, AppRelease] = field(default_factory=dict)
     group_deleted: bool = False  # the ConsumerGroup is gone: revoke everything
+    # the app's part (kgroup.core.member.app_presence); None: the sidecar has no app gate
+    app: AppState | None = None
 
 
 # ---- actions ---------------------------------------------------------------------------
