@@ -238,3 +238,17 @@ def test_the_health_summary_shows_what_the_sidecar_sees_stalled_without_reports(
     judged = {h.partition: h for h in book.judge(held, 10.0, {2: "silent"})}
     assert judged[2].stalled and judged[2].reason == "silent" and judged[2].lag == 3
     assert not book.summarize(held, 10.0)[0]  # without observations: no stall
+
+
+def test_a_partition_the_app_stopped_reporting_on_is_stalled() -> None:
+    """The old client's bug: an app that believes it lost its partitions keeps polling but
+    never reports on them again; the sidecar sees the silence of its reports."""
+    book = HealthBook(stall_after=600, silent_after=60)
+    held = {0: 100}
+    book.report(Report(0, 100, position="1-0", lag=0), held, 0.0)
+    assert book.summarize(held, 59.0)[0] == []
+    [h] = book.summarize(held, 60.0)[0]
+    assert h.reason == "the app has not reported on it for 60s or more"
+    book.report(Report(0, 100, position="2-0", lag=0), held, 61.0)
+    assert book.summarize(held, 62.0)[0] == []
+    assert HealthBook(stall_after=600).summarize(held, 1e6)[0] == []  # off: never

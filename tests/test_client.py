@@ -48,8 +48,11 @@ class Scripted:
         self.port = free_port()
         self.socket_path = socket_path
         self.loop = asyncio.new_event_loop()
+        # no app gate: these tests script the sidecar's core around the client; the app's
+        # part is tested in tests/test_app_presence.py and on a real API server
         settings = Settings(group="g", namespace="ns", pod_name=POD, listen_port=self.port,
-                            listen_socket=str(socket_path) if socket_path else None)
+                            listen_socket=str(socket_path) if socket_path else None,
+                            app_timeout_seconds=0)
         self.sc = Sidecar(settings)
         self.released: dict[int, str | None] = {}
         self.renewals_fail = False

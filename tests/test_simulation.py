@@ -567,3 +567,35 @@ def test_cli_names_the_broken_failure_detector_in_the_reproducing_command(
     out = capsys.readouterr().out
     assert code == 1
     assert "--variant real --detector early --verbose" in out
+
+
+# ---- owned means consumed: the app's part ---------------------------------------------
+
+APPS = SimConfig(members=4, partitions=8, fault_time=40, app_timeout=8.0,
+                 app_start=(0.0, 20.0), app_silence=0.3, app_blind=0.3)
+"""Apps that start slowly (up to 20 s, as a Spark session), fall silent for longer than
+their timeout, or go blind (they keep polling but believe they lost everything, as the old
+client's listen did), among the usual faults."""
+APP_SEEDS = 24
+
+
+def test_owned_means_consumed_on_every_seed_with_slow_silent_and_blind_apps() -> None:
+    """No partition is held before its app asked, a silent app's member leaves within its
+    timeout plus the drain timeout, and every partition not processed for the timeout is
+    shown stalled; with every other invariant."""
+    results = list(run_many(range(APP_SEEDS), APPS, jobs=CI_JOBS))
+    failed = [(r.seed, r.violations[0]) for r in results if not r.ok]
+    assert failed == []
+
+
+@pytest.mark.parametrize(("variant", "overrides", "kind"), [
+    ("no app gate", {"regressions": frozenset({"no-app-gate"})}, "app-join"),
+    ("deaf to silence", {"regressions": frozenset({"deaf-to-silence"}), "app_silence": 1.0},
+     "silent-owner"),
+    ("reports not judged", {"report_silence": False, "app_blind": 1.0}, "silent-stall"),
+])
+def test_each_broken_part_of_the_apps_rules_is_caught(
+        variant: str, overrides: dict[str, object], kind: str) -> None:
+    cfg = SimConfig(**{**APPS.__dict__, **overrides})
+    kinds = {v.kind for seed in range(8) for v in run_seed(seed, cfg).violations[:1]}
+    assert kind in kinds, f"{variant}: caught as {kinds or 'nothing'}"

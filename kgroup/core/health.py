@@ -149,6 +149,15 @@ class HealthBook:
 
     stall_after: float = DEFAULT_STALL_AFTER_SECONDS
     entries: dict[int, _Entry] = field(default_factory=dict)
+    # An app that reported on a partition and has not for this long has stopped working on
+    # it (hung, or it believes it lost the partition): stalled. None: not judged.
+    silent_after: float | None = None
+    ever_reported: bool = False  # the app reports health at all
+
+    def reported(self) -> Mapping[int, object] | None:
+        """The partitions with a report (under the token held when it was booked), or None
+        when the app never reported: what ``AppPresence.stalls`` judges an app that reports by."""
+        return self.entries if self.ever_reported else None
 
     def report(self, report: Report, held: Mapping[int, int], now: float) -> str | None:
         """Record ``report``; ``held`` maps each partition held now to its token.
@@ -174,6 +183,7 @@ class HealthBook:
                 and old.report.lag is not None and old.report.lag > 0:
             progress_at = old.progress_at
         self.entries[report.partition] = _Entry(report, now, progress_at)
+        self.ever_reported = True
 
     def report_all(self, reports: list[Report], held: Mapping[int, int], now: float
                    ) -> list[tuple[int, str]]:
@@ -208,7 +218,10 @@ class HealthBook:
     def _stuck(self, e: _Entry, now: float) -> bool:
         r = e.report
         return (not r.stalled and r.lag is not None and r.lag > 0
-                and now - e.progress_at >= self.stall_after)
+                and now - e.progress_at >= self.stall_after) or self._silent(e, now)
+
+    def _silent(self, e: _Entry, now: float) -> bool:
+        return self.silent_after is not None and now - e.reported_at >= self.silent_after
 
     def _judged(self, p: int, now: float, observed: Mapping[int, str] | None = None,
                 held: Mapping[int, int] | None = None) -> PartitionHealth:
@@ -222,6 +235,8 @@ class HealthBook:
         reason = r.reason
         if stuck:  # a stable text: the status's message (and its Event) must not churn
             reason = f"no progress for {self.stall_after:g}s or more with a lag above 0"
+            if self._silent(e, now):
+                reason = f"the app has not reported on it for {self.silent_after:g}s or more"
         if why is not None:
             reason = why
         return PartitionHealth(p, r.token, r.position, r.lag,

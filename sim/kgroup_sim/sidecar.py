@@ -11,14 +11,24 @@ The simulated app polls the view (``Member.view`` on this process's clock, as th
 does), opens the fenced sink with every token it is handed, writes under it while the
 partition is in its view, and acknowledges a revocation after a random delay, or never
 (the drain timeout then releases it).
+
+With the app's part on (``SimConfig.app_timeout`` > 0) the app is a follower as
+``kgroup.follower`` is: it starts after a delay (a slow start-up, as a Spark session's),
+keeps a long-poll open, is served every view it reads and calls again at once (takes it
+up), and reports each partition's health at every tick into the sidecar's health book.
+Faults of the app: it falls **silent** for a while (no call, no poll: hung), or goes
+**blind** (it keeps polling but believes it lost its partitions, as the old ``listen``
+did: it processes and reports nothing any more).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from kgroup.core.health import HealthBook, Report
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.journal import Event
 from kgroup.core.member.reconcile import Member
@@ -89,6 +99,7 @@ class SimSidecar:
             wall=lambda: WALL_EPOCH + timedelta(seconds=proc.clock()),
             new_session=lambda: f"{self.pod}.{world.new_id()}", journal=self,
             termination_grace=world.cfg.termination_grace, member=factory(self.pod),
+            app_timeout=world.cfg.app_timeout,
         )
         self.key = 0  # the world's incarnation number
         self.uid: str | None = None  # its pod's uid (the world sets it once the pod exists)
@@ -99,6 +110,14 @@ class SimSidecar:
         self.ack_planned: set[tuple[int, int]] = set()
         self.writes = 0
         self._observed_version = -1
+        # the app's part (SimConfig.app_timeout > 0)
+        self.app_up = False  # started (asked for its assignment)
+        self.app_silent = False  # hung: no call at all
+        self.app_blind = False  # polls on, but processes and reports nothing
+        self.health = HealthBook(silent_after=(world.cfg.app_timeout or None)
+                                 if world.cfg.report_silence else None)
+        # (partition, token) -> when the app last processed it (on this process's clock)
+        self.processed: dict[tuple[int, int], float] = {}
 
     @property
     def member(self) -> Member:
@@ -172,10 +191,59 @@ class SimSidecar:
 
     # ---- the app ---------------------------------------------------------------------
 
+    @property
+    def gated(self) -> bool:
+        return self.logic.app.gated
+
+    def app_start(self) -> None:
+        """The app is up (its session, its imports): its follower's first long-poll."""
+        self.app_up = True
+        self.logic.app.poll_opened(self.proc.clock())
+        self._observed_version = -1
+        self.poke()
+
+    def app_fall_silent(self, seconds: float) -> None:
+        if not self.app_up or self.app_silent:
+            return
+        self.app_silent = True
+        self.logic.app.poll_closed(self.proc.clock())
+        self.proc.schedule(seconds, self.app_wake)
+
+    def app_wake(self) -> None:
+        self.app_silent = False
+        self.app_start()
+
+    def app_go_blind(self) -> None:
+        """The old ``listen``'s failure: an app that reported health, then believes it lost
+        everything and keeps polling. (An app that never reports and stops working while it
+        polls is not told apart from a working one: docs/design.md, "Owned means consumed".)"""
+        if not self.health.ever_reported:
+            self.proc.schedule(1.0, self.app_go_blind)
+            return
+        self.app_blind = True
+
+    def _app_serves(self) -> bool:
+        """The app's follower got an answer: it is served the view and polls again at once
+        (the new poll is a call: what it was served is taken up). False: no app to serve."""
+        if not self.gated:
+            return True
+        if not self.app_up or self.app_silent:
+            return False
+        now = self.proc.clock()
+        view = self.member.view(now)
+        self.logic.app.served(((p.partition, p.token) for p in view.partitions),
+                              key=view.partitions)
+        self.logic.app.poll_closed(now)
+        if self.logic.app.poll_opened(now):
+            self.poke()
+        return not self.app_blind
+
     def app_observe(self) -> None:
         """The app reads the view: open the sink for new tokens, plan acknowledgements."""
         if self.member.version == self._observed_version:
             return  # the view can only have shrunk (deadline) since the last look
+        if not self._app_serves():
+            return  # not up, silent (it reads nothing), or blind (reads, does nothing)
         self._observed_version = self.member.version
         view = self.member.view(self.proc.clock())
         for pv in view.partitions:
@@ -198,6 +266,8 @@ class SimSidecar:
 
     def app_write_all(self) -> None:
         """Start a write under the token of every partition in the view."""
+        if self.gated and (not self.app_up or self.app_silent or self.app_blind):
+            return  # an app that reads no view writes under none of its tokens
         view = self.member.view(self.proc.clock())
         for pv in view.partitions:
             self.writes += 1
@@ -205,8 +275,19 @@ class SimSidecar:
                                f"{self.pod}/{view.session}", pv.partition, pv.token)
 
     def app_tick(self) -> None:
-        """Periodic work: write under the token of one partition in the view."""
+        """Periodic work: write under the token of one partition in the view (and, with the
+        app's part on, report every partition's health)."""
         view = self.member.view(self.proc.clock())
+        if self.gated and (not self.app_up or self.app_silent or self.app_blind):
+            view = dataclasses.replace(view, partitions=())
+        elif self.gated and view.partitions:
+            now = self.proc.clock()
+            held = self.member.held_tokens(now)
+            self.health.report_all([Report(p.partition, p.token, position=str(self.writes),
+                                           lag=0) for p in view.partitions], held, now)
+            self.logic.app.called(now)
+            for p in view.partitions:
+                self.processed[(p.partition, p.token)] = now
         if view.partitions:
             pv = view.partitions[self.world.kernel.rng.randrange(len(view.partitions))]
             self.writes += 1

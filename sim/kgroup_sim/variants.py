@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming, LockState
+from kgroup.core.member.app_presence import AppState
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.reconcile import Acquire, Action, Lock, Member, Release, Snapshot
 from kgroup.core.member.requests import Scope
@@ -38,11 +39,13 @@ from kgroup.core.operator.pod_identity import PodIdentities
 __all__ = [
     "REGRESSIONS",
     "AcquireTimeoutFails",
+    "DeafToSilence",
     "EarlyExpiry",
     "FixedRequestTimeout",
     "MarkerCompareExpiry",
     "NameOnlyIdentities",
     "NoAdoptionMember",
+    "NoAppGate",
     "NoFencingMember",
     "NoMarkMember",
     "NoRereadExpiry",
@@ -246,8 +249,30 @@ class FixedRequestTimeout(SidecarLogic):
         return min(1.0, timing.renew_interval / 2)
 
 
+class NoAppGate(SidecarLogic):
+    """Joins without its app and never leaves for its silence: the sidecar before owned
+    meant consumed (``app_state`` says nothing of the app). Caught by the app-join check
+    (a slow app's partitions are held before it asked) and the silent-owner check."""
+
+    def app_state(self) -> AppState | None:
+        return None
+
+
+class DeafToSilence(SidecarLogic):
+    """Never takes its app for gone once it joined: a hung app's partitions stay with it.
+    Caught by the silent-owner check."""
+
+    def app_state(self) -> AppState | None:
+        state = super().app_state()
+        if state is None or not self.app.joined:
+            return state
+        return AppState(taking_part=True, seen=state.seen)
+
+
 REGRESSIONS: dict[str, type[SidecarLogic]] = {
     "acquire-timeout-fails": AcquireTimeoutFails,
+    "no-app-gate": NoAppGate,
+    "deaf-to-silence": DeafToSilence,
     "fixed-request-timeout": FixedRequestTimeout,
     "stale-relist": StaleRelist,
     "token-only-cache": TokenOnlyCache,

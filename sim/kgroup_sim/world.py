@@ -43,6 +43,10 @@ __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "
            "run_seed"]
 
 
+APP_CHECK_EVERY = 0.5
+"""Seconds between two checks of the apps' part (World._check_apps)."""
+
+
 @dataclass(frozen=True)
 class SimConfig:
     members: int = 5
@@ -88,6 +92,17 @@ class SimConfig:
     # the store refuses a holder's write (release, position) from a pod whose uid is not the
     # lock's kgroup.dev/holder-uid, as the chart's admission policy does; False: not checked
     holder_admission: bool = True
+    # The app's part (kgroup.core.member.app_presence): the sidecars' app timeout (0: no
+    # app gate, as when the pinned seeds were found), each app's start-up delay drawn from
+    # ``app_start``, and the chance per incarnation that its app falls silent (hung) for a
+    # while or goes blind (keeps polling, processes and reports nothing: the old listen).
+    app_timeout: float = 0.0
+    app_start: tuple[float, float] = (0.0, 0.0)
+    app_silence: float = 0.0
+    app_blind: float = 0.0
+    # the sidecar judges an app that reports by its reports (a partition it stopped
+    # reporting on is stalled); False: the broken variant a blind app is caught with
+    report_silence: bool = True
     verbose: bool = False
 
 
@@ -170,6 +185,8 @@ class World:
         self.faults: dict[str, int] = {}
         self.lines: list[str] = []
         self._claim_sig: dict[int, tuple[Any, ...]] = {}
+        # incarnation -> (partition, token) -> when the app check first saw it held
+        self._held_first: dict[int, dict[tuple[int, int], float]] = {}
         self._by_proc: dict[int, SimSidecar] = {}
         self._scoped_watch: dict[int, _Watch] = {}
         self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
@@ -372,7 +389,21 @@ class World:
         sc.uid = sc.member.uid = pod["metadata"]["uid"]  # the downward API's KGROUP_POD_UID
         self.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
+        if self.cfg.app_timeout > 0:
+            self._app_faults(sc)
         return sc
+
+    def _app_faults(self, sc: SimSidecar) -> None:
+        """The app of a new incarnation: its start-up delay, and whether (and when) it
+        falls silent or goes blind during the fault phase."""
+        cfg, proc = self.cfg, sc.proc
+        proc.schedule(self.rng.uniform(*cfg.app_start), sc.app_start)
+        horizon = max(0.0, cfg.fault_time - self.kernel.now)
+        if self.rng.random() < cfg.app_silence and horizon > 0:
+            silence = self.rng.uniform(cfg.app_timeout, 2 * cfg.app_timeout + 10)
+            proc.schedule(self.rng.uniform(0, horizon), sc.app_fall_silent, silence)
+        if self.rng.random() < cfg.app_blind and horizon > 0:
+            proc.schedule(self.rng.uniform(0, horizon), sc.app_go_blind)
 
     def put_pod(self, name: str, *, ready: bool, terminating: bool = False) -> None:
         key = f"pods/{name}"
@@ -458,6 +489,53 @@ class World:
             self.checker.update_claim(str(sc.key), f"{sc.pod}/{view.session}", tokens, until,
                                       now)
 
+    def _check_apps(self) -> None:
+        """Owned means consumed (:mod:`kgroup.core.member.app_presence`), checked every
+        :data:`APP_CHECK_EVERY` seconds on each live sidecar, on its own clock:
+
+        * **app-join**: no partition is held before the app asked for its assignment;
+        * **silent-owner**: an app silent for its timeout plus the drain timeout (and two
+          renew intervals of slack) holds nothing any more: its member left;
+        * **silent-stall**: a held partition the app has not processed for its timeout
+          plus a renew interval (and slack) is shown stalled in the health summary the
+          sidecar's next renewal carries (its reports, and what it sees itself)."""
+        cfg, s = self.cfg, self.spec
+        slack = 2 * s.lease.renew_interval_seconds + 1.0
+        for sc in list(self.sidecars.values()):
+            if not sc.proc.alive or sc.logic.shutdown_deadline is not None:
+                continue
+            now = sc.proc.clock()
+            held = sc.member.held_tokens(now)
+            if not held:
+                continue
+            app = sc.logic.app
+            if not sc.app_up:
+                self.checker.fail("app-join", self.kernel.now,
+                                  f"{sc.pod} holds {sorted(held)} before its app asked")
+                continue
+            silent_for = now - app.last_call if app.last_call is not None \
+                and app.open_polls == 0 else 0.0
+            if silent_for > cfg.app_timeout + s.handoff.drain_timeout_seconds + slack:
+                self.checker.fail("silent-owner", self.kernel.now,
+                                  f"{sc.pod}: its app silent for {silent_for:.1f}s, it still "
+                                  f"holds {sorted(held)}")
+                continue
+            sc.health.prune(held)
+            reported = sc.health.reported() if cfg.report_silence else None
+            stalled, _ = sc.health.summarize(held, now, app.stalls(held, now, reported))
+            shown = {h.partition for h in stalled}
+            first = self._held_first.setdefault(sc.key, {})
+            for key in [k for k in first if k not in held.items()]:
+                del first[key]
+            for p, token in held.items():
+                since = first.setdefault((p, token), now)
+                idle = now - max(since, sc.processed.get((p, token), since))
+                if idle > cfg.app_timeout + slack and p not in shown:
+                    self.checker.fail("silent-stall", self.kernel.now,
+                                      f"{sc.pod}: partition {p} (token {token}) not processed "
+                                      f"for {idle:.1f}s and not shown stalled")
+        self.kernel.after(APP_CHECK_EVERY, self._check_apps)
+
     def gone(self, sc: SimSidecar) -> None:
         """A sidecar process ended (crash or exit): its app claims nothing any more."""
         sc.proc.crash()
@@ -530,6 +608,8 @@ class World:
         self.start_operator()
         for _ in range(cfg.members):
             self.start_member()
+        if cfg.app_timeout > 0:
+            self.kernel.after(APP_CHECK_EVERY, self._check_apps)
         for fault in cfg.script:
             self.kernel.at(fault.at, self.inject, fault)
         if cfg.kinds and cfg.fault_rate > 0:

@@ -8,7 +8,7 @@ whether it is stalled (judged at scrape time, so a partition no longer held disa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -20,8 +20,9 @@ from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
 """-> partition: token of every partition the member holds now."""
-Observed = Callable[[Mapping[int, int], float], Mapping[int, str]]
-"""(held, now) -> partition: why, for each held partition the sidecar sees stalled."""
+Observed = Callable[[Mapping[int, int], float, Container[int] | None], Mapping[int, str]]
+"""(held, now, reported) -> partition: why, for each held partition the sidecar sees
+stalled (``kgroup.core.member.app_presence.AppPresence.stalls``)."""
 
 
 class SidecarHealth(Collector):
@@ -32,13 +33,14 @@ class SidecarHealth(Collector):
     def __init__(self, *, identity: tuple[str, str, str], held: Held,
                  clock: Callable[[], float], stall_after: float,
                  registry: CollectorRegistry | None = None,
-                 observed: Observed | None = None) -> None:
+                 observed: Observed | None = None,
+                 silent_after: float | None = None) -> None:
         self.identity = identity  # (group_namespace, group, member): metrics.IDENTITY
         self.held = held
         self.clock = clock
         # partitions the sidecar itself sees stalled (its app's part), with why
-        self.observed: Observed = observed or (lambda held, now: {})
-        self.book = HealthBook(stall_after=stall_after)
+        self.observed: Observed = observed or (lambda held, now, reported: {})
+        self.book = HealthBook(stall_after=stall_after, silent_after=silent_after)
         # called once per partition when it turns stalled (the runtime posts an Event)
         self.on_stalled: Callable[[PartitionHealth], None] | None = None
         self._stalled: set[int] = set()
@@ -59,15 +61,19 @@ class SidecarHealth(Collector):
         return 200, {"accepted": len(reports) - len(refused),
                      "refused": [{"partition": p, "error": why} for p, why in refused]}
 
+    def _observed(self, held: Mapping[int, int], now: float) -> Mapping[int, str]:
+        self.book.prune(held)  # a report under another token is no report of this one
+        return self.observed(held, now, self.book.reported())
+
     def judge(self) -> list[PartitionHealth]:
         held, now = self.held(), self.clock()
-        return self.book.judge(held, now, self.observed(held, now))
+        return self.book.judge(held, now, self._observed(held, now))
 
     def summary(self) -> str | None:
         """The ``kgroup.dev/health`` annotation for the next renewal; a partition that
         turned stalled since the last one is passed to ``on_stalled`` (once per stall)."""
         held, now = self.held(), self.clock()
-        judged, text = self.book.summarize(held, now, self.observed(held, now))
+        judged, text = self.book.summarize(held, now, self._observed(held, now))
         stalled = {h.partition: h for h in judged}
         if self.on_stalled is not None:
             for p in sorted(set(stalled) - self._stalled):

@@ -69,7 +69,8 @@ class Sidecar:
         self.health = SidecarHealth(identity=self.metrics.identity, held=self.held,
                                     clock=clock, stall_after=settings.stall_after_seconds,
                                     registry=self.metrics.registry,
-                                    observed=self.logic.app.stalls)
+                                    observed=self.logic.app.stalls,
+                                    silent_after=settings.app_timeout_seconds or None)
         self.health.on_stalled = lambda h: self.post_event(
             "Warning", "PartitionStalled",
             f"partition {h.partition} (token {h.token}) makes no progress: "

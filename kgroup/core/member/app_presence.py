@@ -32,7 +32,7 @@ nothing here writes to the API server. Leaving and joining are the session's own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["DEFAULT_APP_TIMEOUT_SECONDS", "AppPresence", "AppState"]
@@ -163,12 +163,17 @@ class AppPresence:
             return []
         return sorted(p for p, t in held.items() if not self.taken_up(p, t))
 
-    def stalls(self, held: Mapping[int, int], now: float) -> dict[int, str]:
+    def stalls(self, held: Mapping[int, int], now: float,
+               reported: Container[int] | None = None) -> dict[int, str]:
         """Held partitions the sidecar itself sees stalled, with why: every one while the
         app does not take part; else each one the app has not taken up within ``timeout``
-        of its acquisition. Stall detection does not rest on the app's own reports: an app
-        that says nothing is seen too. Keeps when each was first held (call it with what
-        is held at every renewal)."""
+        of its acquisition, and — when the app reports health at all (``reported``: the
+        partitions it has reported on under their current token; None: it never reports)
+        — each one it has not reported on within ``timeout``: an app that reports is
+        judged by its reports, so one that believes it lost a partition it still holds
+        (and keeps polling) is seen. Stall detection does not rest on the app's own
+        reports alone: an app that says nothing is seen too. Keeps when each was first
+        held (call it with what is held at every renewal)."""
         if not self.gated:
             return {}
         since = {key: self._held_since.get(key, now) for key in held.items()}
@@ -177,6 +182,12 @@ class AppPresence:
             why = ("the app has not asked for its assignment yet" if not self.joined else
                    f"the app has not called its sidecar for {self.timeout:g}s or more")
             return dict.fromkeys(sorted(held), why)
-        return {p: f"the app has not taken it up within {self.timeout:g}s"
-                for p, t in sorted(held.items())
-                if not self.taken_up(p, t) and now - since[(p, t)] >= self.timeout}
+        out: dict[int, str] = {}
+        for p, t in sorted(held.items()):
+            if now - since[(p, t)] < self.timeout:
+                continue
+            if not self.taken_up(p, t):
+                out[p] = f"the app has not taken it up within {self.timeout:g}s"
+            elif reported is not None and p not in reported:
+                out[p] = f"the app has not reported on it within {self.timeout:g}s"
+        return out

@@ -41,7 +41,7 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
-from kgroup.core.member.app_presence import AppPresence
+from kgroup.core.member.app_presence import AppPresence, AppState
 from kgroup.core.member.group_spec import member_spec, spec_partitions
 from kgroup.core.member.journal import Journal
 from kgroup.core.member.reconcile import (
@@ -180,6 +180,10 @@ class SidecarLogic:
         report it failed (False: then adoption alone must catch up; the simulation's
         ``acquire-timeout-fails`` variant)."""
         return True
+
+    def app_state(self) -> AppState | None:
+        """What the member's step knows of the app's part (None: no app gate)."""
+        return self.app.state(self.clock()) if self.app.gated else None
 
     def cache_behind(self, lock: Lock | None, action: Release) -> bool:
         """Whether the cached lock may be older than our own acquisition (a list read
@@ -325,7 +329,7 @@ class SidecarLogic:
             locks=dict(self.locks),
             app_releases=dict(self.app_releases),
             group_deleted=self.group_deleted,
-            app=self.app.state(self.clock()) if self.app.gated else None,
+            app=self.app_state(),
         )
 
     def tick(self) -> Tick:
