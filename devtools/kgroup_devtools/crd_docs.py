@@ -80,8 +80,9 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "gets none; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
-    "spec.source": {"description": "Opaque to kgroup: passed to the workers as is (stream "
-                                   "name, Redis URL, ...). Default: {}."},
+    "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
+                                   "from its sidecar (GET /v1/group): stream name, Redis "
+                                   "URL, ... Default: {}."},
     # ---- status -----------------------------------------------------------------------
     "status": {"description": "Written by the operator only, through the status "
                               "subresource."},

@@ -6,6 +6,7 @@ response of the document is produced by the sidecar and checked."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def test_a_real_sidecar_answers_as_its_openapi_document_says(
     assert call("POST", "/v1/health", report)[0] == 200
     assert call("POST", "/v1/health", '{"partitions": 1}')[0] == 400
     assert call("POST", "/v1/health", "not json")[0] == 400
+    status, text = call("GET", "/v1/group")
+    assert status == 200 and json.loads(text)["partitions"] == 3, text
     assert call("GET", "/metrics")[0] == 200
     assert call("GET", "/openapi.yaml")[0] == 200
     assert call("POST", "/v1/partitions/x/release", '{"token": 1}')[0] == 400

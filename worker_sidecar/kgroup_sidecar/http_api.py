@@ -90,6 +90,20 @@ async def assignment(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
+async def group(request: web.Request) -> web.Response:
+    """The group as the sidecar last saw it: name, namespace, partitions, spec.source."""
+    sidecar = request.app[SIDECAR_KEY]
+    obj = sidecar.logic.group
+    if obj is None or sidecar.logic.group_deleted:
+        return _error(503, "the ConsumerGroup has not been seen yet")
+    spec = obj.get("spec") or {}
+    source = spec.get("source")
+    return web.json_response({
+        "name": sidecar.settings.group, "namespace": sidecar.settings.namespace,
+        "partitions": sidecar.logic.partitions,
+        "source": source if isinstance(source, dict) else {}})
+
+
 async def release(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
     try:
@@ -165,6 +179,7 @@ def build_app(sidecar: Sidecar) -> web.Application:
     app[SIDECAR_KEY] = sidecar
     app[ASSIGNMENT_TEXT_KEY] = AssignmentText()
     app.router.add_get("/v1/assignment", assignment)
+    app.router.add_get("/v1/group", group)
     app.router.add_post("/v1/partitions/{n}/release", release)
     app.router.add_post("/v1/health", health)
     app.router.add_get("/healthz", healthz)

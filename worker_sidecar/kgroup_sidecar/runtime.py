@@ -85,6 +85,7 @@ class Sidecar:
         self.dirty = asyncio.Event()
         self.changed = asyncio.Event()
         self._published = -1
+        self._ready: bool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -183,8 +184,14 @@ class Sidecar:
     def publish(self) -> None:
         view = self.member.view(self.clock())
         self.metrics.publish(view)
+        verdict = self.readiness(view)
+        if verdict.ready != self._ready:
+            # The exec probe can only say the ``ready`` file is missing ("find: ... No such
+            # file" in the pod's Events): the log says why, once per change.
+            self._ready = verdict.ready
+            log.info("%s: %s", "ready" if verdict.ready else "not ready", verdict.reason)
         if self.probe_files is not None:
-            self.probe_files.set_ready(self.readiness(view).ready)
+            self.probe_files.set_ready(verdict.ready)
         if self.member.version != self._published:
             self._published = self.member.version
             self.changed.set()

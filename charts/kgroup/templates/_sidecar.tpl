@@ -41,7 +41,7 @@ the group's epoch (docs/protocol.md), so a rollout is paced by it.
 
 Settings per docs/protocol.md: KGROUP_GROUP, KGROUP_NAMESPACE, KGROUP_POD_NAME and
 KGROUP_POD_UID (the downward API; the uid ties the sidecar's Events to its pod),
-KGROUP_LISTEN, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_PROBE_LISTEN (http probes) or
+KGROUP_LISTEN, KGROUP_APP_TIMEOUT_SECONDS, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_PROBE_LISTEN (http probes) or
 KGROUP_PROBE_DIR (exec probes); KGROUP_METRICS_LISTEN and a port named kgroup-metrics when
 sidecar.metrics.enabled (docs/operations.md);
 KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
@@ -182,6 +182,8 @@ as the worker (issue 26).
           fieldPath: metadata.uid
     - name: KGROUP_LISTEN
       value: {{ $listen | quote }}
+    - name: KGROUP_APP_TIMEOUT_SECONDS
+      value: {{ $v.sidecar.appTimeoutSeconds | quote }}
     - name: KGROUP_LOG_LEVEL
       value: {{ $v.sidecar.logLevel | quote }}
     - name: KGROUP_LOG_FORMAT
