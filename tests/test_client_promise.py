@@ -141,6 +141,17 @@ def test_partitions_given_up_with_release_all_are_not_reported_lost(
     assert lost(calls) == []
 
 
+def drain_within(scripted: Scripted, seconds: float) -> None:
+    """The sidecar gives a revoked partition up ``seconds`` after revoking it (the
+    scripted core's ``set`` makes it 30 s)."""
+
+    async def apply() -> None:
+        scripted.sc.logic.drain_timeout = seconds
+        scripted.sc.dirty.set()
+
+    scripted.call(apply())
+
+
 def test_a_revoked_partition_the_app_never_released_is_lost(scripted: Scripted) -> None:
     """The sidecar gives a revoked partition up at its drain timeout: gone without the
     app's release, so lost (the app must not commit under its token any more)."""
@@ -150,12 +161,7 @@ def test_a_revoked_partition_the_app_never_released_is_lost(scripted: Scripted) 
     t, stop = listening(c, calls.append)
     wait("assigned", lambda: calls)
     scripted.set(target=[0], epoch=2)
-
-    async def short_drain() -> None:
-        scripted.sc.logic.drain_timeout = 0.3
-        scripted.sc.dirty.set()
-
-    scripted.call(short_drain())
+    drain_within(scripted, 0.3)
     wait("lost", lambda: lost(calls))
     stop.set()
     assert [p.partition for ch in calls for p in ch.revoked] == [1]
