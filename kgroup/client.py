@@ -4,7 +4,10 @@ The one rule: a partition is reported as owned only while the sidecar's promise 
 Every answer carries ``validForSeconds``; the client adds it to the time the request was
 *sent*, on its own monotonic clock, and stops reporting the partitions after that even
 when the sidecar cannot be reached (the sidecar may be paused, or its session fenced).
-Measuring from the send time is conservative: the sidecar computed the figure later.
+Measuring from the send time is conservative: the sidecar computed the figure later. So a
+long-poll that waited ``w`` gets an answer with ``w`` less of it left: every long-poll
+waits as :func:`follow_wait` says (half of what is left of the promise while partitions
+are held), so that its answer arrives still valid.
 
 No kubernetes import here: the app knows only its sidecar's URL (``KGROUP_SIDECAR_URL``):
 ``unix:///var/run/kgroup/sidecar.sock`` (a Unix socket in a volume the pod's containers
@@ -42,6 +45,7 @@ __all__ = [
     "SidecarClient",
     "SidecarError",
     "View",
+    "follow_wait",
     "format_ranges",
     "parse_ranges",
 ]
@@ -189,7 +193,9 @@ class Rebalance:
     """One change of what the member holds, as Kafka's ConsumerRebalanceListener sees it:
     ``assigned`` are new to the app (process them, from ``position``), ``revoked`` are
     to be finished and released with their position (``release``), ``lost`` are gone
-    without a release (another owner may already have them: stop, do not commit)."""
+    without a release (another owner may already have them: stop, do not commit). A
+    partition the app released through the client (``release``, ``release_all``) leaves
+    without being reported: the app already stopped on it."""
 
     assigned: tuple[Partition, ...]
     revoked: tuple[Partition, ...]
@@ -233,22 +239,123 @@ def _per_partition(assigned: Callback, revoked: Callback, lost: Callback
     return listener
 
 
-def _diff(old: dict[int, Partition], new: dict[int, Partition]
+class _Releases:
+    """The partitions the app released through this client, each under its token: one
+    that leaves the view under that token went *with* a release, so it is not lost (the
+    app stopped on it and committed before it released it). Noted when the release is
+    sent (the view drops the partition while the release is being written, before the
+    request returns); forgotten when the sidecar refuses it (404, 409: not released, so
+    its leaving is a loss). Thread-safe: a listener's thread and the app's threads share
+    it."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def sent(self, partition: int, token: int) -> None:
+        with self._lock:
+            self._tokens[partition] = token  # tokens only grow: an older entry is spent
+
+    def refused(self, partition: int, token: int) -> None:
+        with self._lock:
+            if self._tokens.get(partition) == token:
+                del self._tokens[partition]
+
+    def consume(self, partition: int, token: int) -> bool:
+        """Whether the app released ``partition`` under ``token`` (the entry is dropped)."""
+        with self._lock:
+            if self._tokens.get(partition) != token:
+                return False
+            del self._tokens[partition]
+            return True
+
+
+def _diff(old: dict[int, Partition], new: dict[int, Partition], released: _Releases
           ) -> tuple[list[Partition], list[Partition], list[Partition]]:
-    """-> (assigned, revoked, lost) between two views keyed by partition."""
-    assigned, revoked, lost = [], [], []
+    """-> (assigned, revoked, lost) between two views keyed by partition. A partition that
+    left ``old`` (gone, or held again under another token) is lost unless the app released
+    it under that token."""
+    assigned, revoked, gone = [], [], []
     for n, p in sorted(new.items()):
         before = old.get(n)
         if before is None or before.token != p.token:
             if before is not None:
-                lost.append(before)
+                gone.append(before)
             assigned.append(p)
             if p.state == "revoking":
                 revoked.append(p)
         elif before.state != "revoking" and p.state == "revoking":
             revoked.append(p)
-    lost.extend(p for n, p in sorted(old.items()) if n not in new)
+    gone.extend(p for n, p in sorted(old.items()) if n not in new)
+    lost = [p for p in gone if not released.consume(p.partition, p.token)]
     return assigned, revoked, lost
+
+
+FOLLOW_MAX_WAIT = 30.0
+FOLLOW_MIN_WAIT = 0.1
+LISTEN_RETRY_SECONDS = 0.5
+
+
+def follow_wait(current: Assignment | None, now: float, *, max_wait: float = FOLLOW_MAX_WAIT,
+                min_wait: float = FOLLOW_MIN_WAIT) -> float:
+    """How long the next long-poll may wait at ``now``, holding the answer ``current``:
+    the one rule of every long-poll of this module's clients (``listen``) and of
+    :class:`kgroup.follower.AssignmentFollower`.
+
+    A change answers at once; otherwise the answer's promise (``validForSeconds``) is
+    counted from the poll's *send* time, so an answer that waited ``w`` leaves ``v - w``:
+    a poll that waits all that is left of the current promise gets an answer already
+    spent. Waiting half of what is left keeps the promises overlapping: with ``x`` left
+    at an answer, the next one leaves ``v - x/2`` (a fixed point of ``2v/3``), above zero
+    whenever the sidecar's ``v`` never drops below half its top (renewals every 2 s of an
+    8 s lease: ``v`` moves between about 5 and 7 s). An answer that ran out while it still
+    lists partitions (the sidecar or the app was paused) is asked again after
+    ``min_wait``, so the app gets them back at once. With nothing listed, or fenced, there
+    is no promise to keep: wait for a change as long as allowed."""
+    if current is None or current.fenced or not current.all_partitions:
+        return max_wait
+    return min(max_wait, max(min_wait, (current.valid_until - now) / 2))
+
+
+class _Listening:
+    """What ``listen`` (sync and async alike) keeps between two answers, without I/O:
+    the partitions the app was told it holds, the answer it holds them under, and the
+    client's record of the app's own releases."""
+
+    def __init__(self, released: _Releases, max_wait: float) -> None:
+        self.held: dict[int, Partition] = {}
+        self.current: Assignment | None = None
+        self.released = released
+        self.max_wait = max_wait
+
+    def wait(self, now: float) -> float:
+        return follow_wait(self.current, now, max_wait=self.max_wait)
+
+    def give_up_after(self, now: float, wait: float, timeout: float) -> float:
+        """How long the poll's request may take: while partitions are held under a
+        promise, no longer than the promise (an answer later than that is spent anyway,
+        and the app must hear at the deadline that it lost them, even from a sidecar
+        paused mid-answer); else the wait plus the client's ``timeout``."""
+        if self.held and self.current is not None and not self.current.expired:
+            return max(wait + FOLLOW_MIN_WAIT, self.current.valid_until - now)
+        return wait + timeout
+
+    def answered(self, answer: Assignment) -> Rebalance | None:
+        self.current = answer
+        return self._move({p.partition: p for p in answer.partitions}, answer)
+
+    def unreachable(self) -> Rebalance | None:
+        """No answer: what is held is lost once its promise ran out."""
+        if self.current is None or self.current.expired:
+            return self._move({}, None)
+        return None
+
+    def _move(self, new: dict[int, Partition], answer: Assignment | None) -> Rebalance | None:
+        assigned, revoked, lost = _diff(self.held, new, self.released)
+        self.held = new
+        if assigned or revoked or lost:
+            return Rebalance(tuple(assigned), tuple(revoked), tuple(lost), answer)
+        return None
 
 
 class SidecarClient:
@@ -266,6 +373,7 @@ class SidecarClient:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: set[http.client.HTTPConnection] = set()
+        self._released = _Releases()
         self.connections_opened = 0
 
     def close(self) -> None:
@@ -333,17 +441,27 @@ class SidecarClient:
         return Assignment.from_json(self._request("GET", "/v1/assignment"), sent_at=sent,
                                     clock=self.clock)
 
-    def wait_for_change(self, since: int, timeout: float = 30.0) -> Assignment:
-        """Long-poll: the view once its version is above ``since``, or after ``timeout``."""
+    def wait_for_change(self, since: int, timeout: float = 30.0, *,
+                        give_up_after: float | None = None) -> Assignment:
+        """Long-poll: the view once its version is above ``since``, or after ``timeout``.
+        The request is abandoned (``SidecarError``, status 0) after ``give_up_after``
+        seconds (default: ``timeout`` plus the client's timeout)."""
         sent = self.clock()
         body = self._request("GET", f"/v1/assignment?since={since}&wait={timeout:g}",
-                             timeout=timeout + self.timeout)
+                             timeout=give_up_after or timeout + self.timeout)
         return Assignment.from_json(body, sent_at=sent, clock=self.clock)
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
-        """Acknowledge a revocation (or give a partition up) with its last position."""
-        body = self._request("POST", f"/v1/partitions/{partition}/release",
-                             {"token": token, "position": position}, timeout=65.0)
+        """Acknowledge a revocation (or give a partition up) with its last position. The
+        partition then leaves :meth:`listen`'s view without being reported lost."""
+        self._released.sent(partition, token)
+        try:
+            body = self._request("POST", f"/v1/partitions/{partition}/release",
+                                 {"token": token, "position": position}, timeout=65.0)
+        except SidecarError as exc:
+            if exc.status in (404, 409):
+                self._released.refused(partition, token)
+            raise
         return bool(body.get("released"))
 
     def report_health(self, reports: Iterable[Report]) -> dict[str, Any]:
@@ -378,36 +496,40 @@ class SidecarClient:
         return out
 
     def listen(self, on_rebalance: RebalanceListener, *,
-               stop: threading.Event | None = None, wait: float = 30.0) -> None:
+               stop: threading.Event | None = None, wait: float = FOLLOW_MAX_WAIT) -> None:
         """Call ``on_rebalance`` once per change of what the member holds, until ``stop``
-        is set. Partitions whose promise runs out (sidecar unreachable, fenced) are
-        reported lost at their deadline."""
+        is set (checked between polls: at most ``wait`` seconds apart).
+
+        Each long-poll waits as :func:`follow_wait` says: at most ``wait`` with nothing
+        held, half of what is left of the promise while partitions are held, so an answer
+        arrives still valid. Partitions whose promise runs out (sidecar unreachable,
+        paused, fenced) are reported lost by their deadline; a partition the app released
+        through this client (:meth:`release`, :meth:`release_all`) leaves without being
+        reported (the release's own answer says how it went)."""
         stop = stop or threading.Event()
-        held: dict[int, Partition] = {}
-        current: Assignment | None = None
+        state = _Listening(self._released, wait)
         while not stop.is_set():
-            budget = wait
-            if current is not None and held:
-                budget = max(0.05, min(wait, current.valid_until - self.clock()))
+            now = self.clock()
+            budget = state.wait(now)
             try:
-                if current is None:
-                    current = self.assignment()
+                if state.current is None:
+                    answer = self.assignment()
                 else:
-                    current = self.wait_for_change(current.version, budget)
+                    answer = self.wait_for_change(
+                        state.current.version, budget,
+                        give_up_after=state.give_up_after(now, budget, self.timeout))
             except SidecarError:
-                if held and (current is None or current.expired):
-                    on_rebalance(Rebalance((), (), tuple(_diff(held, {})[2]), None))
-                    held = {}
-                stop.wait(min(0.5, budget))
+                change = state.unreachable()
+                if change is not None:
+                    on_rebalance(change)
+                stop.wait(min(LISTEN_RETRY_SECONDS, budget))
                 continue
-            new = {p.partition: p for p in current.partitions}
-            assigned, revoked, lost = _diff(held, new)
-            if assigned or revoked or lost:
-                on_rebalance(Rebalance(tuple(assigned), tuple(revoked), tuple(lost), current))
-            held = new
+            change = state.answered(answer)
+            if change is not None:
+                on_rebalance(change)
 
     def watch(self, on_assigned: Callback, on_revoked: Callback, on_lost: Callback, *,
-              stop: threading.Event | None = None, wait: float = 30.0) -> None:
+              stop: threading.Event | None = None, wait: float = FOLLOW_MAX_WAIT) -> None:
         """:meth:`listen` with one callback per partition (lost, then assigned, then
         revoked)."""
         self.listen(_per_partition(on_assigned, on_revoked, on_lost), stop=stop, wait=wait)
@@ -428,6 +550,7 @@ class AsyncSidecarClient:
         self.timeout = timeout
         self.clock = clock
         self._session: aiohttp.ClientSession | None = None
+        self._released = _Releases()
         self.sessions_opened = 0
 
     async def __aenter__(self) -> AsyncSidecarClient:
@@ -475,15 +598,24 @@ class AsyncSidecarClient:
         body = await self._request("GET", "/v1/assignment")
         return Assignment.from_json(body, sent_at=sent, clock=self.clock)
 
-    async def wait_for_change(self, since: int, timeout: float = 30.0) -> Assignment:
+    async def wait_for_change(self, since: int, timeout: float = 30.0, *,
+                              give_up_after: float | None = None) -> Assignment:
+        """See :meth:`SidecarClient.wait_for_change`."""
         sent = self.clock()
         body = await self._request("GET", f"/v1/assignment?since={since}&wait={timeout:g}",
-                                   timeout=timeout + self.timeout)
+                                   timeout=give_up_after or timeout + self.timeout)
         return Assignment.from_json(body, sent_at=sent, clock=self.clock)
 
     async def release(self, partition: int, token: int, position: str | None) -> bool:
-        body = await self._request("POST", f"/v1/partitions/{partition}/release",
-                                   {"token": token, "position": position}, timeout=65.0)
+        """See :meth:`SidecarClient.release`."""
+        self._released.sent(partition, token)
+        try:
+            body = await self._request("POST", f"/v1/partitions/{partition}/release",
+                                       {"token": token, "position": position}, timeout=65.0)
+        except SidecarError as exc:
+            if exc.status in (404, 409):
+                self._released.refused(partition, token)
+            raise
         return bool(body.get("released"))
 
     async def report_health(self, reports: Iterable[Report]) -> dict[str, Any]:
@@ -513,42 +645,36 @@ class AsyncSidecarClient:
         return out
 
     async def listen(self, on_rebalance: AsyncRebalanceListener, *,
-                     stop: asyncio.Event | None = None, wait: float = 30.0) -> None:
+                     stop: asyncio.Event | None = None, wait: float = FOLLOW_MAX_WAIT) -> None:
         """See :meth:`SidecarClient.listen`."""
         stop = stop or asyncio.Event()
-        held: dict[int, Partition] = {}
-        current: Assignment | None = None
+        state = _Listening(self._released, wait)
 
-        async def call(change: Rebalance) -> None:
-            result = on_rebalance(change)
+        async def call(change: Rebalance | None) -> None:
+            result = on_rebalance(change) if change is not None else None
             if result is not None:
                 await result
 
         while not stop.is_set():
-            budget = wait
-            if current is not None and held:
-                budget = max(0.05, min(wait, current.valid_until - self.clock()))
+            now = self.clock()
+            budget = state.wait(now)
             try:
-                if current is None:
-                    current = await self.assignment()
+                if state.current is None:
+                    answer = await self.assignment()
                 else:
-                    current = await self.wait_for_change(current.version, budget)
+                    answer = await self.wait_for_change(
+                        state.current.version, budget,
+                        give_up_after=state.give_up_after(now, budget, self.timeout))
             except SidecarError:
-                if held and (current is None or current.expired):
-                    await call(Rebalance((), (), tuple(_diff(held, {})[2]), None))
-                    held = {}
+                await call(state.unreachable())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), min(0.5, budget))
+                    await asyncio.wait_for(stop.wait(), min(LISTEN_RETRY_SECONDS, budget))
                 continue
-            new = {p.partition: p for p in current.partitions}
-            assigned, revoked, lost = _diff(held, new)
-            if assigned or revoked or lost:
-                await call(Rebalance(tuple(assigned), tuple(revoked), tuple(lost), current))
-            held = new
+            await call(state.answered(answer))
 
     async def watch(self, on_assigned: AsyncCallback, on_revoked: AsyncCallback,
                     on_lost: AsyncCallback, *, stop: asyncio.Event | None = None,
-                    wait: float = 30.0) -> None:
+                    wait: float = FOLLOW_MAX_WAIT) -> None:
         """:meth:`listen` with one callback per partition (lost, assigned, revoked)."""
 
         async def call(cb: AsyncCallback, p: Partition) -> None:

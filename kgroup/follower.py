@@ -5,8 +5,9 @@ the promise still holds) costs its sidecar a request per batch, many per second 
 :class:`AssignmentFollower` keeps one ``GET /v1/assignment?since=V&wait=S`` open instead
 (a thread of its own, one kept-alive connection): a change answers at once, and an answer
 at least every :func:`follow_wait` renews the promise. The app reads :meth:`latest` as
-often as it likes. The rule of :mod:`kgroup.client` is unchanged: an answer's promise
-is counted from its request's send time on the app's clock.
+often as it likes. The rules of :mod:`kgroup.client` hold here too: an answer's promise
+is counted from its request's send time on the app's clock, and the long-poll waits as
+:func:`kgroup.client.follow_wait` says (re-exported here), like the client's ``listen``.
 """
 
 from __future__ import annotations
@@ -15,29 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from kgroup.client import DEFAULT_URL, Assignment, SidecarClient, SidecarError
+from kgroup.client import (
+    DEFAULT_URL,
+    FOLLOW_MAX_WAIT,
+    FOLLOW_MIN_WAIT,
+    Assignment,
+    SidecarClient,
+    SidecarError,
+    follow_wait,
+)
 
-__all__ = ["AssignmentFollower", "follow_wait"]
+__all__ = ["FOLLOW_MAX_WAIT", "FOLLOW_MIN_WAIT", "AssignmentFollower", "follow_wait"]
 
-FOLLOW_MAX_WAIT = 30.0
-FOLLOW_MIN_WAIT = 0.1
 FOLLOW_RETRY_SECONDS = 0.5
-
-
-def follow_wait(current: Assignment | None, now: float, *, max_wait: float = FOLLOW_MAX_WAIT,
-                min_wait: float = FOLLOW_MIN_WAIT) -> float:
-    """How long :class:`AssignmentFollower`'s next long-poll may wait at ``now``.
-
-    A change answers at once; otherwise the answer's promise (``validForSeconds``) is
-    counted from the poll's *send* time, so an answer that waited ``w`` leaves ``v - w``.
-    Waiting half of what is left of the current promise keeps the promises overlapping:
-    with ``x`` left at an answer, the next one leaves ``v - x/2`` (a fixed point of
-    ``2v/3``), above zero whenever the sidecar's ``v`` never drops below half its top
-    (renewals every 2 s of an 8 s lease: ``v`` moves between about 5 and 7 s). With
-    nothing held there is no promise to keep: wait for a change as long as allowed."""
-    if current is None or current.fenced or not current.all_partitions:
-        return max_wait
-    return min(max_wait, max(min_wait, (current.valid_until - now) / 2))
 
 
 class AssignmentFollower:

@@ -84,6 +84,13 @@ def test_nothing_held_or_fenced_waits_as_long_as_allowed() -> None:
     assert follow_wait(answer(6.0, 0.0), 9.0) == 0.1  # spent: ask again soon
 
 
+def test_the_follower_and_the_listeners_share_one_wait_rule() -> None:
+    import kgroup.client
+    import kgroup.follower
+
+    assert kgroup.follower.follow_wait is kgroup.client.follow_wait
+
+
 def test_offers_are_kept_in_send_order_and_forget_drops_older_ones() -> None:
     now = [100.0]
     f = AssignmentFollower("http://127.0.0.1:1", clock=lambda: now[0])
