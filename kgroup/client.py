@@ -436,6 +436,12 @@ class SidecarClient:
             raise SidecarError(0, f"sidecar answered no JSON: {exc}") from None
         return result
 
+    def group(self) -> dict[str, Any]:
+        """``GET /v1/group``: the group's ``name``, ``namespace``, ``partitions`` and its
+        ``spec.source`` as ``source`` (which stream: the group author's block). Does not
+        join the group."""
+        return self._request("GET", "/v1/group")
+
     def assignment(self) -> Assignment:
         sent = self.clock()
         return Assignment.from_json(self._request("GET", "/v1/assignment"), sent_at=sent,
@@ -592,6 +598,10 @@ class AsyncSidecarClient:
                 return result
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise SidecarError(0, f"sidecar unreachable: {exc}") from None
+
+    async def group(self) -> dict[str, Any]:
+        """See :meth:`SidecarClient.group`."""
+        return await self._request("GET", "/v1/group")
 
     async def assignment(self) -> Assignment:
         sent = self.clock()

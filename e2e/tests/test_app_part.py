@@ -87,6 +87,7 @@ def test_a_sidecar_joins_when_its_app_asks_and_is_ready_once_the_app_took_its_pa
     h.target.assign({"pod-a": [0, 1, 2, 3]})
     wait_until("the sidecar says why it is not ready",
                lambda: "waiting for its app to ask" in h.ready("pod-a")[1], timeout=20)
+    assert app.group()["partitions"] == 4  # reading the group is no ask: it joins nothing
     time.sleep(3)  # a live sidecar with a target, whose app has not asked: it joins nothing
     assert h.target.member_lease("pod-a") is None
     assert h.holders(range(4)) == [None] * 4
