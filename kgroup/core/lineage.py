@@ -47,12 +47,13 @@ from __future__ import annotations
 import re
 import zlib
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
 from functools import cached_property
 from itertools import accumulate, groupby, pairwise
+from math import lcm
 from typing import TypeVar
 
 from kgroup.core.ranges import MAX_PARTITIONS, format_ranges, format_sequence, parse_sequence
@@ -72,7 +73,6 @@ read to the end and retired (a bound on the status' size)."""
 MAX_PARTITION_NUMBER = 999_999_999
 """Partition numbers only grow; they stay within nine digits (what range strings parse)."""
 
-_MAX_KEPT = MAX_GENERATIONS * MAX_PARTITIONS
 _T = TypeVar("_T")
 
 
@@ -102,8 +102,23 @@ class State(StrEnum):
     """Sealed and read to its end: its successors need not wait for it."""
 
 
-def _cut(x: Fraction) -> int:
-    return (x.numerator << HASH_BITS) // x.denominator
+_MAX_SCALE = 1 << 48
+"""Widths are fractions over a common denominator at most this: a partition owns at least
+one of the 2**32 hashes, and every split halves a share of an N-way uniform layout, so
+real denominators stay near 2**34; a finer text is refused before any arithmetic."""
+
+
+def _grid(widths: Iterable[Fraction], where: str) -> tuple[int, tuple[int, ...]]:
+    """Widths as integers over their common denominator: ``(scale, starts)``, the start
+    of each share and then their sum, each times ``scale``."""
+    ws = tuple(widths)
+    scale = 1
+    for den in {w.denominator for w in ws}:
+        scale = lcm(scale, den)
+        if scale > _MAX_SCALE:
+            raise LineageError(f"{where}: widths finer than 1/2**48")
+    return scale, tuple(accumulate((w.numerator * (scale // w.denominator) for w in ws),
+                                   initial=0))
 
 
 @dataclass(frozen=True)
@@ -140,9 +155,10 @@ class Generation:
                                f"{len(self.widths)} widths")
         if any(w <= 0 for w in self.widths):
             raise LineageError(f"generation {self.number}: every width must be positive")
-        total = sum(self.widths, Fraction(0))
-        if total != 1:
-            raise LineageError(f"generation {self.number}: widths add up to {total}, not 1")
+        scale, starts = self._grid
+        if starts[-1] != scale:
+            raise LineageError(f"generation {self.number}: widths add up to "
+                               f"{Fraction(starts[-1], scale)}, not 1")
         cuts = self.cuts
         for i, (lo, hi) in enumerate(pairwise(cuts)):
             if hi <= lo:
@@ -151,13 +167,14 @@ class Generation:
                                    f"{self.widths[i]})")
 
     @cached_property
-    def _starts(self) -> tuple[Fraction, ...]:
-        return tuple(accumulate(self.widths, initial=Fraction(0)))
+    def _grid(self) -> tuple[int, tuple[int, ...]]:
+        return _grid(self.widths, f"generation {self.number}")
 
     @cached_property
     def cuts(self) -> tuple[int, ...]:
         """Range placement: the first hash of each partition, then :data:`HASH_SPACE`."""
-        return tuple(_cut(x) for x in self._starts)
+        scale, starts = self._grid
+        return tuple((n << HASH_BITS) // scale for n in starts)
 
     @cached_property
     def _index(self) -> dict[int, int]:
@@ -169,7 +186,15 @@ class Generation:
     def bounds(self, partition: int) -> tuple[Fraction, Fraction]:
         """Range placement: the exact share ``[lo, hi)`` of the hash space (0..1)."""
         i = self._index[partition]
-        return self._starts[i], self._starts[i + 1]
+        scale, starts = self._grid
+        return Fraction(starts[i], scale), Fraction(starts[i + 1], scale)
+
+    def same_range(self, partition: int, other: Generation) -> bool:
+        """Range placement: does ``partition`` have the same share here as in ``other``."""
+        i, j = self._index[partition], other._index[partition]
+        (scale, starts), (o_scale, o_starts) = self._grid, other._grid
+        return starts[i] * o_scale == o_starts[j] * scale and \
+            starts[i + 1] * o_scale == o_starts[j + 1] * scale
 
     def span(self, partition: int) -> tuple[int, int]:
         """Range placement: the hashes ``[lo, hi)`` the partition owns."""
@@ -246,16 +271,17 @@ class Lineage:
         seen: set[int] = set()
         for older, newer in pairwise(gens):
             seen.update(older.partitions)
+            top_seen = max(seen)
             for p in newer.partitions:
                 if p in older:
                     if older.placement is Placement.MODULO or \
-                            older.bounds(p) != newer.bounds(p):
+                            not newer.same_range(p, older):
                         raise LineageError(f"partition {p} is in generations {older.number} "
                                            f"and {newer.number} with different ranges")
                 elif p in seen:
                     raise LineageError(f"partition {p} reappears in generation "
                                        f"{newer.number}: numbers are never reused")
-                elif p <= max(seen):
+                elif p <= top_seen:
                     raise LineageError(f"partition {p} is new in generation {newer.number} "
                                        f"but not above every number before it")
         everything = self._generation_of_first.keys()
@@ -309,11 +335,17 @@ class Lineage:
         """The partitions a key of ``partition`` may have had its earlier events in: of the
         generation before its first, those whose keys can hash into its range."""
         self._known(partition)
-        i = self._generation_of_first[partition]
-        if i == 0:
-            return ()
-        lo, hi = self.generations[i].span(partition)
-        return self.generations[i - 1].overlapping(lo, hi)
+        memo = self._predecessors
+        if partition not in memo:
+            i = self._generation_of_first[partition]
+            memo[partition] = () if i == 0 else self.generations[i - 1].overlapping(
+                *self.generations[i].span(partition))
+        return memo[partition]
+
+    @cached_property
+    def _predecessors(self) -> dict[int, tuple[int, ...]]:
+        """Filled as asked (a modulo generation's successors may each have many)."""
+        return {}
 
     def successors(self, partition: int) -> tuple[int, ...]:
         """The new partitions of the generation after ``partition``'s last that list it as a
@@ -322,16 +354,14 @@ class Lineage:
         i = self._generation_of_last[partition]
         if i + 1 == len(self.generations):
             return ()
-        return self._successors[partition]
-
-    @cached_property
-    def _successors(self) -> dict[int, tuple[int, ...]]:
-        out: dict[int, list[int]] = {}
-        for p, i in self._generation_of_first.items():
-            if i > 0:
-                for q in self.predecessors(p):
-                    out.setdefault(q, []).append(p)
-        return {q: tuple(sorted(ps)) for q, ps in out.items()}
+        gen, after = self.generations[i], self.generations[i + 1]
+        if gen.placement is Placement.RANGE:
+            # what ``after`` carries has its old range, apart from this one's
+            return tuple(sorted(after.overlapping(*gen.span(partition))))
+        n = len(gen.partitions)
+        return tuple(sorted(q for q in after.partitions
+                            for lo, hi in [after.span(q)]
+                            if hi - lo >= n or (partition - lo) % n < hi - lo))
 
     def state(self, partition: int) -> State:
         self._known(partition)
@@ -394,14 +424,21 @@ class Lineage:
 
     def _with_generation(self, widths: list[Fraction]) -> Lineage:
         latest = self.latest
-        carried: dict[tuple[Fraction, Fraction], int] = {}
+        scale, starts = _grid(widths, "the reshape")
+        carried: dict[tuple[int, int], int] = {}
+        up = 1
         if latest.placement is Placement.RANGE:
-            carried = {latest.bounds(p): p for p in latest.partitions}
+            old_scale, old_starts = latest._grid
+            common = lcm(scale, old_scale)
+            up, old_up = common // scale, common // old_scale
+            carried = {(lo * old_up, hi * old_up): p
+                       for p, (lo, hi) in zip(latest.partitions, pairwise(old_starts),
+                                              strict=True)}
         numbers: list[int] = []
         fresh = self.next_partition
-        for bounds in pairwise(accumulate(widths, initial=Fraction(0))):
-            if bounds in carried:
-                numbers.append(carried[bounds])
+        for lo, hi in pairwise(starts):
+            if (lo * up, hi * up) in carried:
+                numbers.append(carried[lo * up, hi * up])
             else:
                 numbers.append(fresh)
                 fresh += 1
@@ -422,27 +459,46 @@ class Lineage:
             waiting = [q for q in self.predecessors(partition) if q not in self.completed]
             raise LineageError(f"partition {partition} cannot be completed before its "
                                f"predecessors {format_ranges(waiting)}")
-        return replace(self, completed=self.completed | {partition})
+        return self._with_completed(self.completed | {partition})
 
-    def retirable(self) -> frozenset[int]:
-        """The partitions :meth:`retire` drops: those of the oldest generations each of
-        whose non-carried partitions is completed (never the newest generation)."""
-        out: set[int] = set()
+    def _with_completed(self, completed: frozenset[int]) -> Lineage:
+        """The same generations with ``completed``, built without checking them again (a
+        completion changes no generation, and :meth:`complete` checked its rule): what
+        was derived from the generations is shared, so a completion costs O(1) here."""
+        new = object.__new__(type(self))
+        object.__setattr__(new, "generations", self.generations)
+        object.__setattr__(new, "completed", completed)
+        object.__setattr__(new, "next_partition", self.next_partition)
+        for name in ("_generation_of_first", "_generation_of_last", "partitions",
+                     "_predecessors"):
+            if name in self.__dict__:
+                new.__dict__[name] = self.__dict__[name]
+        return new
+
+    def _retiring(self) -> tuple[int, frozenset[int]]:
+        """How many of the oldest generations retire, and the partitions that go with
+        them: a generation retires when every partition the next one does not carry is
+        completed (so never the newest)."""
+        count, out = 0, set[int]()
         for older, newer in pairwise(self.generations):
             gone = {p for p in older.partitions if p not in newer}
             if not gone <= self.completed:
                 break
-            out |= gone
-        return frozenset(out)
+            count, out = count + 1, out | gone
+        return count, frozenset(out)
+
+    def retirable(self) -> frozenset[int]:
+        """The partitions :meth:`retire` drops (their Leases and streams may go too)."""
+        return self._retiring()[1]
 
     def retire(self) -> Lineage:
-        """Drop the retirable generations: their partitions' numbers stay used (never
-        reissued), their records go."""
-        gone = self.retirable()
-        if not gone:
+        """Drop the retiring generations: their partitions' numbers stay used (never
+        reissued: ``next_partition`` stays), their records go."""
+        count, gone = self._retiring()
+        if not count:
             return self
-        keep = tuple(g for g in self.generations if not set(g.partitions) <= gone)
-        return replace(self, generations=keep, completed=self.completed - gone)
+        return replace(self, generations=self.generations[count:],
+                       completed=self.completed - gone)
 
 
 def initial(count: int, placement: Placement = Placement.MODULO) -> Lineage:
@@ -530,9 +586,9 @@ def _typed(value: object, kind: type[_T], where: str) -> _T:
     return value
 
 
-def _sequence(text: object, where: str) -> list[int]:
+def _sequence(text: object, where: str, most: int) -> list[int]:
     try:
-        return parse_sequence(_typed(text, str, where), most=_MAX_KEPT)
+        return parse_sequence(_typed(text, str, where), most=most)
     except LineageError:
         raise
     except ValueError as exc:
@@ -557,7 +613,7 @@ def decode(doc: object) -> Lineage:
             raise LineageError(f"{where}.placement: {placement_text!r:.40} is neither modulo "
                                f"nor range")
         placement = Placement(placement_text)
-        partitions = tuple(_sequence(g["partitions"], f"{where}.partitions"))
+        partitions = tuple(_sequence(g["partitions"], f"{where}.partitions", MAX_PARTITIONS))
         widths: tuple[Fraction, ...] = ()
         if placement is Placement.RANGE:
             if "widths" not in g:
@@ -568,7 +624,9 @@ def decode(doc: object) -> Lineage:
             raise LineageError(f"{where}: a modulo generation has no widths")
         gens.append(Generation(number, placement, partitions, widths))
     states = _fields(top["states"], "lineage.states", set(), {str(s) for s in State})
-    listed = {State(s): set(_sequence(v, f"lineage.states.{s}")) for s, v in states.items()}
+    known = len({p for g in gens for p in g.partitions})
+    listed = {State(s): set(_sequence(v, f"lineage.states.{s}", known))
+              for s, v in states.items()}
     lineage = Lineage(tuple(gens), frozenset(listed.get(State.COMPLETED, ())),
                       _typed(top["nextPartition"], int, "lineage.nextPartition"))
     for s in State:
