@@ -7,12 +7,18 @@ consumer reads, one event at a time, any partition the lineage calls assignable,
 completes a sealed partition it has read to the end. A key's events must be processed in
 their numbered order. The shipped rule keeps it on every generated schedule; a variant
 that admits a successor once ANY predecessor is completed is shown to break it
-(``hypothesis.find`` finds a schedule, and a hand-made one is checked too).
+(``hypothesis.find`` finds a schedule, and a hand-made one is checked too). The
+generated schedules catch that variant in about one example in seven (measured over 400
+examples), so 200 examples miss it with a chance below 1e-12; with the shipped
+``is_assignable`` changed to it, ``test_the_rule_keeps_each_key_in_order_and_reads_everything``
+fails.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
@@ -110,7 +116,7 @@ def test_the_sequence_16_24_8_16_links_each_key_through_every_generation() -> No
     check_a_key_moves_only_to_a_successor(lineage, list(range(0, HASH_SPACE, 9_999_991)))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lineages(), hashes)
 def test_every_hash_maps_to_exactly_one_partition_of_each_generation(
         lineage: Lineage, extra: list[int]) -> None:
@@ -126,7 +132,7 @@ def check_every_hash_has_one_partition(lineage: Lineage, extra: list[int]) -> No
         # the ranges tile [0, 2**32): consecutive, each non-empty, in hash order
         spans = [gen.span(p) for p in gen.partitions]
         assert spans[0][0] == 0 and spans[-1][1] == HASH_SPACE
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in pairwise(spans))
         assert all(lo < hi for lo, hi in spans)
         for h in sample_hashes(lineage, extra):
             p = gen.partition_of(h)
@@ -136,7 +142,7 @@ def check_every_hash_has_one_partition(lineage: Lineage, extra: list[int]) -> No
                     if a <= h < b] == [p]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lineages(), hashes)
 def test_a_key_moves_only_to_a_successor_of_its_partition(
         lineage: Lineage, extra: list[int]) -> None:
@@ -144,7 +150,7 @@ def test_a_key_moves_only_to_a_successor_of_its_partition(
 
 
 def check_a_key_moves_only_to_a_successor(lineage: Lineage, extra: list[int]) -> None:
-    for older, newer in zip(lineage.generations, lineage.generations[1:], strict=False):
+    for older, newer in pairwise(lineage.generations):
         for h in sample_hashes(lineage, extra):
             p, q = older.partition_of(h), newer.partition_of(h)
             if p in newer:
@@ -168,7 +174,7 @@ def check_a_key_moves_only_to_a_successor(lineage: Lineage, extra: list[int]) ->
                     assert a < hi and lo < b
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lineages())
 def test_assignable_never_admits_a_partition_with_an_uncompleted_predecessor(
         lineage: Lineage) -> None:
@@ -182,7 +188,7 @@ def test_assignable_never_admits_a_partition_with_an_uncompleted_predecessor(
                 lineage.complete(p)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lineages())
 def test_the_wire_form_round_trips_and_retiring_changes_no_admission(
         lineage: Lineage) -> None:
@@ -273,11 +279,9 @@ def run(schedule: list[tuple[str, int]], start: Lineage) -> World:
         elif kind == "consume":
             world.consume(n)
         elif len(world.lineage.generations) < MAX_GENERATIONS:
-            try:
+            with suppress(LineageError):
                 world.lineage = world.lineage.reshape(
                     change_of(world.lineage, kind, n if kind != "uniform" else n + 1))
-            except LineageError:
-                pass
         if world.lineage.retirable() and kind == "consume":
             world.lineage = world.lineage.retire()
     # drain the newest first: a successor admitted too early is read before the rest of
@@ -293,7 +297,7 @@ def starts(broken: bool) -> list[Lineage]:
             for lineage in (initial(3), initial(2, Placement.RANGE))]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps, st.integers(0, 1))
 def test_the_rule_keeps_each_key_in_order_and_reads_everything(
         schedule: list[tuple[str, int]], which: int) -> None:

@@ -10,6 +10,10 @@ beyond it, or longer than any list of ``limit`` partitions can be, is refused be
 anything is allocated (``"0-99999999"`` once OOM-killed the operator and the sidecar,
 issue 26). :func:`clip_ranges` is the lenient reader for figures that only inform (a
 member's stalled list): what lies beyond ``limit`` is dropped, never expanded.
+
+:func:`format_sequence` and :func:`parse_sequence` are the ordered form (a partition
+lineage's generation lists its partitions in hash order): ``"16,40-41,18-39"``, bounded
+by a count of ids rather than a highest id.
 """
 
 from __future__ import annotations
