@@ -464,7 +464,7 @@ class Lineage:
     def _with_completed(self, completed: frozenset[int]) -> Lineage:
         """The same generations with ``completed``, built without checking them again (a
         completion changes no generation, and :meth:`complete` checked its rule): what
-        was derived from the generations is shared, so a completion costs O(1) here."""
+        was derived from the generations is shared, so a completion re-derives nothing."""
         new = object.__new__(type(self))
         object.__setattr__(new, "generations", self.generations)
         object.__setattr__(new, "completed", completed)
