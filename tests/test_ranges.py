@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kgroup.core.ranges import clip_ranges, format_ranges, parse_ranges
+from kgroup.core.ranges import (
+    clip_ranges,
+    format_ranges,
+    format_sequence,
+    parse_ranges,
+    parse_sequence,
+)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +101,32 @@ def test_parse_of_a_huge_range_allocates_nothing() -> None:
 def test_clip_keeps_what_lies_below_the_limit(
         text: str, limit: int, expected: list[int] | None) -> None:
     assert clip_ranges(text, limit=limit) == expected
+
+
+# -- ordered sequences (a generation's partitions in hash order) ---------------------------
+
+
+def test_a_sequence_keeps_its_order_and_folds_ascending_runs() -> None:
+    assert format_sequence([16, 40, 41, 18, 19, 20]) == "16,40-41,18-20"
+    assert parse_sequence("16,40-41,18-20", most=6) == [16, 40, 41, 18, 19, 20]
+    assert format_sequence([]) == "" and parse_sequence(" ", most=0) == []
+
+
+@given(st.lists(st.integers(min_value=0, max_value=999_999_999), unique=True, max_size=50))
+def test_a_sequence_round_trips(ids: list[int]) -> None:
+    assert parse_sequence(format_sequence(ids), most=len(ids)) == ids
+
+
+@pytest.mark.parametrize(
+    ("text", "most", "message"),
+    [
+        ("3,1-4", 10, "lists a partition twice"),
+        ("0-999999999", 100, "names 1000000000 partitions, more than 100"),
+        ("1," * 100, 2, "longer than any list of 2 partitions"),
+        ("1-x", 10, "expected N or N-M"),
+    ],
+)
+def test_a_sequence_is_refused_before_it_is_expanded(text: str, most: int,
+                                                      message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_sequence(text, most=most)

@@ -10,6 +10,10 @@ beyond it, or longer than any list of ``limit`` partitions can be, is refused be
 anything is allocated (``"0-99999999"`` once OOM-killed the operator and the sidecar,
 issue 26). :func:`clip_ranges` is the lenient reader for figures that only inform (a
 member's stalled list): what lies beyond ``limit`` is dropped, never expanded.
+
+:func:`format_sequence` and :func:`parse_sequence` are the ordered form (a partition
+lineage's generation lists its partitions in hash order): ``"16,40-41,18-39"``, bounded
+by a count of ids rather than a highest id.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import pairwise
 
-__all__ = ["MAX_PARTITIONS", "clip_ranges", "format_ranges", "max_ranges_chars",
-           "parse_ranges"]
+__all__ = ["MAX_PARTITIONS", "clip_ranges", "format_ranges", "format_sequence",
+           "max_ranges_chars", "parse_ranges", "parse_sequence"]
 
 MAX_PARTITIONS = 100_000
 """The most partitions a group may have (``spec.partitions``' bound in the CRD)."""
@@ -26,16 +30,7 @@ MAX_PARTITIONS = 100_000
 
 def format_ranges(partitions: Iterable[int]) -> str:
     """Sorted, de-duplicated, with runs of consecutive ids folded into ``a-b``."""
-    ids = sorted(set(partitions))
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_sequence(sorted(set(partitions)))
 
 
 def max_ranges_chars(limit: int) -> int:
@@ -51,6 +46,11 @@ def _pieces(text: str, limit: int) -> list[tuple[int, int]]:
     if len(text) > max_ranges_chars(limit):
         raise ValueError(f"partition ranges of {len(text)} characters: longer than any list "
                          f"of {limit} partitions")
+    return _split(text)
+
+
+def _split(text: str) -> list[tuple[int, int]]:
+    """The ``(lo, hi)`` pieces of ``text`` in its order (numbers of at most 9 digits)."""
     out: list[tuple[int, int]] = []
     for piece in text.split(","):
         piece = piece.strip()
@@ -104,6 +104,43 @@ def clip_ranges(text: str, *, limit: int) -> list[int] | None:
     for lo, hi in keep:
         start = max(lo, out[-1] + 1) if out else lo
         out.extend(range(start, hi + 1))
+    return out
+
+
+def format_sequence(partitions: Iterable[int]) -> str:
+    """An ordered list of distinct ids, runs of ascending consecutive ids folded:
+    ``[16, 40, 41, 18, 19]`` -> ``"16,40-41,18-19"``. Unlike :func:`format_ranges` the order
+    is kept (it is meaningful: a generation's partitions in hash order)."""
+    ids = list(partitions)
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_sequence(text: str, *, most: int) -> list[int]:
+    """Inverse of :func:`format_sequence`: the ids in the text's order. Ids may be any
+    number of up to 9 digits; the text is refused (ValueError) when it names more than
+    ``most`` ids, which is checked before anything is expanded, or an id twice."""
+    text = text.strip()
+    if not text:
+        return []
+    if len(text) > 20 * max(0, most) + 64:
+        raise ValueError(f"partition list of {len(text)} characters: longer than any list "
+                         f"of {most} partitions")
+    pieces = _split(text)
+    count = sum(hi - lo + 1 for lo, hi in pieces)
+    if count > most:
+        raise ValueError(f"partition list {_short(text)!r} names {count} partitions, more "
+                         f"than {most}")
+    out = [n for lo, hi in pieces for n in range(lo, hi + 1)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"partition list {_short(text)!r} lists a partition twice")
     return out
 
 
