@@ -39,7 +39,7 @@ from kgroup import crd_models as api
 from kgroup.constants import API_GROUP, API_VERSION, CRD_NAME, KIND, PLURAL, SHORT_NAME
 from kgroup_devtools.crd_docs import DESCRIPTIONS
 
-CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{API_GROUP}_{PLURAL}.yaml"
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / f"{API_GROUP}_{PLURAL}.yaml"
 
 Schema = dict[str, Any]
 
