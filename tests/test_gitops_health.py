@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kgroup_devtools import gitops
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="go: the checker is built")

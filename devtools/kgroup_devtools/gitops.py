@@ -11,9 +11,10 @@ Two readers, run for real by ``devtools/gitops-health`` (Go):
 The test cases of ``health.lua`` (``health_test.yaml`` and ``testdata/*.yaml``, in the
 layout of Argo CD's ``resource_customizations``) and the ``argocd-cm`` patch that installs
 it (``gitops/argocd/argocd-cm-patch.yaml``) are generated here, the cases from the
-operator's own status code (:func:`kgroup.core.operator.status.aggregate_status`), never written by hand:
-``python -m kgroup_devtools.gitops --write`` renders them, ``--check`` exits 1 on drift
-(a unit test runs it), so a change of the conditions shows up as a changed test case.
+operator's own status code (:func:`kgroup.core.operator.status.aggregate_status`), never
+written by hand: ``python -m kgroup_devtools.gitops --write`` renders them, ``--check``
+exits 1 on drift (a unit test runs it), so a change of the conditions shows up as a
+changed test case.
 Each :class:`Case` also says what kstatus must answer; ``tests/test_gitops_health.py``
 runs both readers on every case.
 
@@ -70,7 +71,7 @@ class Case:
 
     @property
     def argocd_message(self) -> str:
-        status, source = self.argocd
+        _, source = self.argocd
         for c in (self.obj.get("status") or {}).get("conditions") or []:
             if c["type"] == source:
                 return str(c["message"] or c["reason"])
