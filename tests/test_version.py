@@ -5,7 +5,6 @@ and start-up log line) must all say the same."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -14,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from test_logs import _closed_port, _sidecar_log
+from test_logs import _sidecar_log, dead_api_kubeconfig
 
 import kgroup
 from kgroup_operator.metrics import Metrics as OperatorMetrics
@@ -61,12 +60,7 @@ def test_a_real_sidecar_logs_its_version_when_it_starts(tmp_path: Path) -> None:
 
 
 def test_a_real_operator_logs_its_version_when_it_starts(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{_closed_port()}"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    kubeconfig = dead_api_kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "NO_PROXY": "127.0.0.1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kgroup_operator.main", "--metrics-port", "0",

@@ -6,17 +6,19 @@
 --   Reconciling=True (a rebalance under way) -> Progressing
 --   Ready=True -> Healthy; otherwise Progressing (no member yet, partitions briefly unowned)
 local hs = {}
+local function answer(health, message)
+  hs.status = health
+  hs.message = message
+  return hs
+end
 local status = obj.status
 if status == nil or status.observedGeneration == nil then
-  hs.status = "Progressing"
-  hs.message = "Waiting for the kgroup operator to write the status"
-  return hs
+  return answer("Progressing", "Waiting for the kgroup operator to write the status")
 end
 local generation = obj.metadata.generation
 if generation ~= nil and status.observedGeneration ~= generation then
-  hs.status = "Progressing"
-  hs.message = "Waiting for the kgroup operator to observe generation " .. tostring(generation)
-  return hs
+  return answer("Progressing",
+    "Waiting for the kgroup operator to observe generation " .. tostring(generation))
 end
 local conditions = {}
 if status.conditions ~= nil then
@@ -28,36 +30,27 @@ local function says(ctype, value)
   local condition = conditions[ctype]
   return condition ~= nil and condition.status == value
 end
-local function text(condition)
+local function text(ctype)
+  local condition = conditions[ctype]
   if condition.message ~= nil and condition.message ~= "" then
     return condition.message
   end
   return condition.reason or ""
 end
 if says("Stalled", "True") then
-  hs.status = "Degraded"
-  hs.message = text(conditions["Stalled"])
-  return hs
+  return answer("Degraded", text("Stalled"))
 end
 if obj.spec ~= nil and obj.spec.paused == true then
-  hs.status = "Suspended"
-  hs.message = "ConsumerGroup is paused (spec.paused): its target assignment is frozen"
-  return hs
+  return answer("Suspended",
+    "ConsumerGroup is paused (spec.paused): its target assignment is frozen")
 end
 if says("Reconciling", "True") then
-  hs.status = "Progressing"
-  hs.message = text(conditions["Reconciling"])
-  return hs
+  return answer("Progressing", text("Reconciling"))
 end
 if says("Ready", "True") then
-  hs.status = "Healthy"
-  hs.message = text(conditions["Ready"])
-  return hs
+  return answer("Healthy", text("Ready"))
 end
-hs.status = "Progressing"
 if conditions["Ready"] ~= nil then
-  hs.message = text(conditions["Ready"])
-else
-  hs.message = "Waiting for the Ready condition"
+  return answer("Progressing", text("Ready"))
 end
-return hs
+return answer("Progressing", "Waiting for the Ready condition")
