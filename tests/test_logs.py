@@ -49,13 +49,18 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _sidecar_log(tmp_path: Path, level: str, fmt: str) -> str:
-    kubeconfig = tmp_path / f"kubeconfig-{level}"
-    kubeconfig.write_text(json.dumps({
+def dead_api_kubeconfig(path: Path) -> Path:
+    """A kubeconfig whose API server is a closed port on 127.0.0.1."""
+    path.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{_closed_port()}"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "users": [{"name": "u", "user": {"token": "t"}}]}))
+    return path
+
+
+def _sidecar_log(tmp_path: Path, level: str, fmt: str) -> str:
+    kubeconfig = dead_api_kubeconfig(tmp_path / f"kubeconfig-{level}")
     env = {**os.environ, "KGROUP_GROUP": "g", "KGROUP_NAMESPACE": "ns", "KGROUP_POD_NAME": "p",
            "KGROUP_LISTEN": f"127.0.0.1:{_closed_port()}", "KUBECONFIG": str(kubeconfig),
            "KGROUP_LOG_LEVEL": level, "KGROUP_LOG_FORMAT": fmt, "NO_PROXY": "127.0.0.1"}

@@ -160,3 +160,84 @@ def test_a_condition_gets_a_new_transition_time_when_its_status_flips() -> None:
     )
     ready = next(c for c in later.conditions if c.type == "Ready")
     assert ready.status == "False" and ready.last_transition_time == "2026-01-01T00:05:00Z"
+
+
+# -- the conditions GitOps tools read (kstatus: Reconciling, Stalled, observedGeneration) --
+
+
+def test_a_settled_group_is_neither_reconciling_nor_stalled() -> None:
+    st, _ = agg()
+    assert cond(st, "Reconciling") == ("False", "Settled")
+    assert cond(st, "Stalled") == ("False", "Progressing")
+
+
+def test_a_rebalancing_group_is_reconciling_with_the_rebalance_reason() -> None:
+    for kw in ({"member_leases": leases(a="3", b="2")}, {"holders": {**ALL_HELD, 4: "a"}},
+               {"members": {"a", "b", "c"}, "member_leases": leases(a="3", b="3", c="3")}):
+        st, _ = agg(**kw)
+        assert st.phase == "Rebalancing"
+        assert cond(st, "Reconciling") == cond(st, "Rebalancing")
+        assert cond(st, "Reconciling")[0] == "True" and cond(st, "Stalled")[0] == "False"
+
+
+def test_partitions_unowned_past_the_deadline_stall_the_group_and_end_reconciling() -> None:
+    held = {p: m for p, m in ALL_HELD.items() if p != 7}
+    s = spec(handoff={"drainTimeoutSeconds": 10}, lease={"durationSeconds": 5})
+    before, _ = agg(spec=s, holders=held, now=15.0)
+    assert cond(before, "Reconciling")[0] == "True" and cond(before, "Stalled")[0] == "False"
+    st, _ = agg(spec=s, holders=held, now=15.5)
+    assert cond(st, "Stalled") == ("True", "PartitionsUnowned")
+    assert cond(st, "Reconciling") == ("False", "Stalled")
+
+
+def test_any_problem_of_a_group_with_members_stalls_it() -> None:
+    st, _ = agg(member_leases=leases(a="3", b="seven"))
+    assert cond(st, "Stalled") == ("True", "BadMemberAnnotation")
+    st, _ = agg(extra_problems=[Problem("LeaseNameTaken", "partition 3's lock name is taken")])
+    assert cond(st, "Stalled") == ("True", "LeaseNameTaken")
+
+
+def test_a_group_without_members_waits_and_is_not_stalled() -> None:
+    st, _ = agg(members=set(), target={}, holders={}, now=1000.0)
+    assert st.phase == "Pending" and cond(st, "Degraded") == ("True", "PartitionsUnowned")
+    assert cond(st, "Stalled") == ("False", "NoMembers")
+    assert cond(st, "Reconciling") == ("False", "NoMembers")
+    assert cond(st, "Ready") == ("False", "NoMembers")
+
+
+def test_a_paused_group_is_not_reconciling_but_stalls_on_a_problem() -> None:
+    st, _ = agg(spec=spec(paused=True), members={"a", "b", "c"})
+    assert st.phase == "Paused" and cond(st, "Rebalancing")[0] == "True"
+    assert cond(st, "Reconciling") == ("False", "Paused")
+    st, _ = agg(spec=spec(paused=True), member_leases=leases(a="3", b="seven"))
+    assert cond(st, "Stalled") == ("True", "BadMemberAnnotation")
+
+
+def test_reconciling_and_stalled_are_never_true_together_and_follow_the_phase() -> None:
+    held = {p: m for p, m in ALL_HELD.items() if p != 7}
+    seen = set()
+    for paused in (False, True):
+        for members in ({"a", "b"}, {"a"}, {"a", "b", "c"}, set()):
+            for epochs in (("3", "3"), ("3", "2"), ("3", "x")):
+                for holders in (ALL_HELD, held, {}):
+                    for now in (1.0, 1000.0):
+                        st, _ = agg(spec=spec(paused=paused), members=members, holders=holders,
+                                    member_leases=leases(a=epochs[0], b=epochs[1], c="3"),
+                                    now=now)
+                        reconciling, stalled = cond(st, "Reconciling")[0], cond(st, "Stalled")[0]
+                        assert (reconciling, stalled) != ("True", "True")
+                        assert (reconciling == "True") == (st.phase == "Rebalancing")
+                        assert (stalled == "True") == (
+                            st.phase == "Degraded"
+                            or (st.phase == "Paused" and bool(members)
+                                and cond(st, "Degraded")[0] == "True"))
+                        seen.add((st.phase, reconciling, stalled))
+    assert {p for p, _, _ in seen} == {"Stable", "Rebalancing", "Degraded", "Pending", "Paused"}
+
+
+def test_the_status_and_every_condition_carry_the_observed_generation() -> None:
+    st, _ = agg(generation=7)
+    assert st.observed_generation == 7 and st.to_wire()["observedGeneration"] == 7
+    assert {c.type for c in st.conditions} == {"Ready", "Rebalancing", "Degraded", "Stalled",
+                                               "Reconciling"}
+    assert all(c.observed_generation == 7 for c in st.conditions)

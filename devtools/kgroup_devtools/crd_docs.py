@@ -130,11 +130,13 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        f"({_TIMESTAMP}); absent while in progress.", "format": "date-time"},
     "status.lastRebalance.durationSeconds": {"description": "completedAt - startedAt, in "
                                                             "seconds."},
-    "status.conditions": {"description": "Ready, Rebalancing, Degraded and Stalled, by "
-                                         "the Kubernetes API conventions "
-                                         "(docs/troubleshooting.md)."},
+    "status.conditions": {"description": "Ready, Rebalancing, Degraded, Stalled and "
+                                         "Reconciling, by the Kubernetes API conventions; "
+                                         "Reconciling and Stalled as kstatus reads them "
+                                         "(docs/troubleshooting.md, docs/operations.md)."},
     "status.conditions[]": {"description": "One condition."},
-    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded or Stalled."},
+    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded, Stalled or "
+                                                "Reconciling."},
     "status.conditions[].status": {"description": "True, False or Unknown."},
     "status.conditions[].reason": {"description": "A CamelCase reason, for programs."},
     "status.conditions[].message": {"description": "What is going on, for people. "

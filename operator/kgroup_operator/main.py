@@ -23,6 +23,7 @@ import kopf
 from aiohttp import web
 from kubernetes import client, config
 
+from kgroup import __version__
 from kgroup.logs import FORMATS, LEVELS
 
 from .groups import GroupLoops
@@ -130,6 +131,7 @@ async def run(settings: OperatorSettings) -> int:
     # Import registers the kopf handlers in kopf's default registry.
     from . import handlers  # noqa: F401
 
+    log.info("kgroup-operator %s starting as %s", __version__, settings.identity)
     api = _load_config()
     metrics = Metrics()
     metrics.set_leader(False)

@@ -6,8 +6,9 @@ is the scraper's own target label for the operator pod's namespace):
 ``kgroup_status_writes_total``, ``kgroup_planning_passes_total`` (counters),
 ``kgroup_rebalance_duration_seconds`` (histogram: from the epoch written to every member
 settled), ``kgroup_unowned_partitions``, ``kgroup_members``, ``kgroup_partitions``
-(gauges); and ``kgroup_operator_leader`` (1 on the active replica, 0 on a standby) with
-the default process, platform and GC collectors.
+(gauges); ``kgroup_operator_leader`` (1 on the active replica, 0 on a standby);
+``kgroup_build_info{component="operator",version=...}``; and the default process, platform
+and GC collectors.
 
 The server starts before leader election (``main.run``), so a standby answers a scrape
 too: leader 0 and its process metrics. One registry per :class:`Metrics` (not the
@@ -27,11 +28,13 @@ from prometheus_client import (
     Gauge,
     GCCollector,
     Histogram,
+    Info,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
 )
 
+from kgroup import __version__
 from kgroup.metrics_http import serve_registry
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,8 @@ class Metrics:
             PlatformCollector(registry=r)
             if GC_COLLECTOR is not None:
                 GCCollector(registry=r)
+        Info("kgroup_build", "The kgroup version running (component: operator or sidecar).",
+             registry=r).info({"component": "operator", "version": __version__})
         self.leader = Gauge("kgroup_operator_leader",
                             "1 while this replica is the active operator, 0 while it stands by.",
                             registry=r)

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 
+from kgroup import __version__
 from kgroup.logs import configure as configure_logging
 from kgroup_sidecar import metrics as metrics_http
 from kgroup_sidecar.apiclient import ConfigError
@@ -47,8 +48,8 @@ async def _run(settings: Settings) -> int:
             sidecar.probe_files = files
             beating = loop.create_task(files.heartbeat(lambda: sidecar.readiness().ready))
             stack.callback(beating.cancel)
-        log.info("listening on %s; group %s/%s as member %s", settings.listen,
-                 settings.namespace, settings.group, settings.pod_name)
+        log.info("listening on %s; group %s/%s as member %s (kgroup %s)", settings.listen,
+                 settings.namespace, settings.group, settings.pod_name, __version__)
         if settings.pod_uid is None:
             log.warning("KGROUP_POD_UID is not set (downward API metadata.uid): the chart's "
                         "admission policies refuse this sidecar's Events, and locks are "

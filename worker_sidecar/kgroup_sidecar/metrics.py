@@ -29,6 +29,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     GCCollector,
+    Info,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
@@ -36,6 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kgroup import __version__
 from kgroup.core.assignment import View
 from kgroup.metrics_http import exposition, serve_registry
 
@@ -91,6 +93,9 @@ class Metrics:
             PlatformCollector(registry=self.registry)
             if GC_COLLECTOR is not None:
                 GCCollector(registry=self.registry)
+        Info("kgroup_build", "The kgroup version running (component: operator or sidecar).",
+             [*IDENTITY, "component"], registry=self.registry).labels(
+                 *self.identity, "sidecar").info({"version": __version__})
         self._acquisitions = self.counter(
             "kgroup_sidecar_acquisitions", "Partition locks acquired.")
         self._releases = self.counter(

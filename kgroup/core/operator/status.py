@@ -19,6 +19,25 @@ Phase, first match wins:
 
 Conditions follow the Kubernetes API conventions: ``reason`` is CamelCase, ``message``
 is for people, and ``lastTransitionTime`` changes only when the condition's status does.
+``Ready``, ``Rebalancing``, ``Degraded`` and ``Stalled`` describe the group; ``Reconciling``
+and ``Stalled`` also follow the conventions kstatus reads (sigs.k8s.io/cli-utils,
+pkg/kstatus/status), so GitOps tools (Flux, kpt, Argo CD through
+``gitops/argocd/kgroup.dev/ConsumerGroup/health.lua``) read the phase from them:
+
+- ``Stalled=True`` (kstatus: Failed): partitions reported stalled by their owner's app,
+  or the group is degraded while it has members (phase ``Degraded``, or a paused group
+  with the same problems): partitions unowned past the deadline, a malformed member
+  annotation, a lock's name taken. A group without members is waiting, not failed: it
+  stays ``Stalled=False`` (reason ``NoMembers``) whatever its Degraded condition says.
+- ``Reconciling=True`` (kstatus: InProgress): exactly the phase ``Rebalancing``, so never
+  together with ``Stalled=True`` (kstatus takes the first of the two it meets in the
+  list); its reason and message are the Rebalancing condition's.
+- otherwise ``Ready`` decides: True is Current, False is InProgress (Pending, or
+  partitions briefly unowned).
+
+``status.observedGeneration`` is the spec generation the status was computed from:
+kstatus reads a status whose ``observedGeneration`` lags ``metadata.generation`` as
+InProgress.
 """
 
 from __future__ import annotations
@@ -242,6 +261,7 @@ def aggregate_status(
         problem=healthy_problem,
         epoch=epoch,
         stalled_message=stalled_message,
+        has_members=bool(members),
     )
     status = ConsumerGroupStatus(
         observed_generation=generation,
@@ -274,6 +294,7 @@ def _conditions(
     problem: Problem | None,
     epoch: int,
     stalled_message: str = "",
+    has_members: bool = True,
 ) -> list[Condition]:
     rebalancing = bool(unacked) or misplaced > 0 or bool(joined) or bool(left)
     ready: _Verdict
@@ -318,8 +339,30 @@ def _conditions(
         degraded = ("True", problem.reason, problem.message)
     else:
         degraded = ("False", "Healthy", "no problem seen")
-    stall: _Verdict = (("True", "PartitionsStalled", stalled_message) if stalled_message
-                       else ("False", "Progressing", "no partition reported stalled"))
+    stall: _Verdict
+    if stalled_message:
+        stall = ("True", "PartitionsStalled", stalled_message)
+    elif degraded[0] == "True" and has_members:
+        stall = degraded
+    elif degraded[0] == "True":
+        stall = ("False", "NoMembers", "no member: the group waits for members, it is not "
+                 "stalled (see the Ready condition)")
+    else:
+        stall = ("False", "Progressing", "no partition reported stalled, no problem seen")
+    # kstatus' Reconciling: the phase Rebalancing (then Stalled is False: a stall or
+    # another problem makes the phase Degraded), with what the rebalance waits for
+    reconciling: _Verdict
+    if phase == "Rebalancing":
+        reconciling = rebal
+    elif stall[0] == "True":
+        reconciling = ("False", "Stalled", "the group cannot make progress by itself; "
+                       "see the Stalled condition")
+    elif phase == "Paused":
+        reconciling = ("False", "Paused", "spec.paused: the target assignment is frozen")
+    elif phase == "Pending":
+        reconciling = ("False", "NoMembers", "no member to assign partitions to")
+    else:
+        reconciling = ("False", "Settled", rebal[2])
 
     before = {c.type: c for c in previous}
     out: list[Condition] = []
@@ -328,6 +371,7 @@ def _conditions(
         ("Rebalancing", rebal),
         ("Degraded", degraded),
         ("Stalled", stall),
+        ("Reconciling", reconciling),
     ):
         old = before.get(ctype)
         since = (
