@@ -11,6 +11,7 @@ import pytest
 from kgroup.core.operator.assignors import Member
 from kgroup.core.operator.load_balance import (
     LoadBalance,
+    LoadPlan,
     busiest_ratio,
     count_caps,
     effective_loads,
@@ -34,7 +35,7 @@ def plan(
     now: float = 1000.0,
     config: LoadBalance | None = None,
     holders: dict[int, str] | None = None,
-):  # type: ignore[no-untyped-def]
+) -> LoadPlan:
     return plan_load_balance(
         len(loads),
         members if members is not None else [A, B],
