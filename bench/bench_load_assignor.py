@@ -17,7 +17,9 @@ count-based sticky assignment:
 
 Medians (and maxima where a bound matters) over the runs; the last line is one JSON object.
 
-    .venv/bin/python bench/bench_load_assignor.py [--runs 200] [--partitions 64] [--members 8]
+    .venv/bin/python bench/bench_load_assignor.py [--runs 50] [--partitions 64] [--members 8]
+
+docs/load-balancing.md quotes ``--runs 200`` (about 30 s of CPU; 50 runs take a few).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def one_run(seed: int, partitions: int, n_members: int, s: float, noise: float) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--zipf", type=float, default=0.8)
