@@ -14,7 +14,8 @@ Layout: ``kernel`` (time, events, processes), ``store`` (resourceVersions, confl
 runtime and controller), ``checks`` (the invariants), ``run`` (one run: watches,
 processes, verdict), ``faults`` (process faults, drawn or scripted), ``hand_edits`` (an
 admin's edits of the stored objects, the garbage collector), ``variants`` (the shipped
-code with one decision broken, to prove the checks fail).
+code with one decision broken, to prove the checks fail); ``load`` (load-aware planning
+over simulated time: skewed loads, noise, plans on a period).
 """
 
 from kgroup_sim.checks import Violation

@@ -1,0 +1,83 @@
+"""Load-aware assignment over simulated time: skewed loads, noise, plans applied in turn.
+
+The driver keeps what a caller of :func:`kgroup.core.operator.load_balance.plan_load_balance`
+must keep between plans (the target and each partition's last-moved time) and plans on a
+fixed period of simulated seconds, as an operator's loop would. Randomness comes only from
+the ``random.Random`` passed in, so a seed replays a run. Used by the tests and by
+bench/bench_load_assignor.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kgroup.core.operator.assignors import Member, get_assignor
+from kgroup.core.operator.load_balance import LoadBalance, LoadPlan, plan_load_balance
+
+__all__ = ["Balancer", "jitter", "zipf_loads"]
+
+
+def zipf_loads(partitions: int, s: float, rng: random.Random) -> list[float]:
+    """Loads ``1 / rank**s`` for ranks 1..N, placed on the partitions in random order."""
+    loads = [1.0 / (rank**s) for rank in range(1, partitions + 1)]
+    rng.shuffle(loads)
+    return loads
+
+
+def jitter(loads: Sequence[float], amount: float, rng: random.Random) -> list[float]:
+    """Every load times an independent uniform factor in ``[1 - amount, 1 + amount]``."""
+    return [x * rng.uniform(1.0 - amount, 1.0 + amount) for x in loads]
+
+
+@dataclass
+class Balancer:
+    """A group's target and last-moved times, planned on a period of simulated time.
+
+    Starts from the count-based sticky assignment, as a group running today would.
+    """
+
+    partitions: int
+    members: list[Member]
+    config: LoadBalance = field(default_factory=LoadBalance)
+    target: dict[str, list[int]] = field(default_factory=dict)
+    last_moved: dict[int, float] = field(default_factory=dict)
+    now: float = 0.0
+    moves: int = 0
+    plans_that_moved: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            self.target = get_assignor("sticky").assign(self.partitions, self.members, {}, {})
+
+    def plan(self, loads: Sequence[float] | Mapping[int, float | None]) -> LoadPlan:
+        """One plan at ``self.now``; the result becomes the target, moved ones are stamped."""
+        by_partition = loads if isinstance(loads, Mapping) else dict(enumerate(loads))
+        result = plan_load_balance(
+            self.partitions,
+            self.members,
+            self.target,
+            {},
+            by_partition,
+            self.last_moved,
+            self.now,
+            self.config,
+        )
+        for p in result.moved:
+            self.last_moved[p] = self.now
+        self.target = result.target
+        self.moves += len(result.moved)
+        self.plans_that_moved += bool(result.moved)
+        return result
+
+    def run(
+        self, loads_at: Callable[[float], Sequence[float]], seconds: float, period: float = 20.0
+    ) -> int:
+        """Plan every ``period`` seconds for ``seconds``; the partitions moved meanwhile."""
+        before = self.moves
+        end = self.now + seconds
+        while self.now < end:
+            self.plan(loads_at(self.now))
+            self.now += period
+        return self.moves - before
