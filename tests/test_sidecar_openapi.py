@@ -76,6 +76,14 @@ def test_the_503_try_again_on_release_is_documented_and_answered(
     checker.check("POST", "/v1/partitions/0/release", status, ctype, text)
 
 
+def test_the_group_before_it_was_seen_is_a_documented_503(scripted: Scripted) -> None:
+    """The scripted core never sees a ConsumerGroup: GET /v1/group answers 503 as the
+    document says (the real sidecar's 200 is checked in e2e)."""
+    status, ctype, text = call(scripted, "GET", "/v1/group")
+    assert status == 503 and "not been seen" in text
+    Checker().check("GET", "/v1/group", status, ctype, text)
+
+
 def test_the_checker_fails_on_an_undocumented_status_and_a_wrong_body() -> None:
     checker = Checker()
     with pytest.raises(AssertionError, match="undocumented"):

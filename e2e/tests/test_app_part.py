@@ -43,6 +43,8 @@ class Pods:
                             kubeconfig=self.kubeconfig, workdir=self.workdir,
                             env={"KGROUP_APP_TIMEOUT_SECONDS": f"{app_timeout:g}"}).start()
         self.sidecars[pod] = sc
+        wait_until(f"{pod}'s sidecar answers", lambda: probe("/healthz", sc.listen)[0],
+                   timeout=30)
         return SidecarClient(sc.url)
 
     def ready(self, pod: str) -> tuple[bool, str]:
