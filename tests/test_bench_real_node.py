@@ -80,6 +80,15 @@ def test_a_pause_still_open_at_the_end_counts_up_to_it_and_the_window_cuts() -> 
     assert stalled({0: s}, within=3) == [0] and stalled({0: s}, within=3.5) == []
 
 
+def test_a_first_plan_storing_where_reading_starts_is_not_an_advance() -> None:
+    """The sink's offset appears at the first plan (the handed position); a PySpark app's
+    first batch may take much longer to commit: consuming only from that commit."""
+    s = series([(0, 0, 0, 9), (1, 1, 2, 9), (10, 1, 2, 9), (20, 1, 2, 9), (21, 5, 2, 9)])
+    assert pauses(s, 0, 30) == [(0, 21), (21, 21)]
+    assert stalled({0: s[:4]}, within=15) == [0]
+    assert stalled({0: s}, within=15) == []
+
+
 def test_per_partition_figures_are_each_partitions_longest_pause() -> None:
     a = series([(0, 1, 1, 2), (1, 2, 1, 3), (2, 3, 1, 4)])         # 1 s pauses
     b = series([(0, 1, 1, 2), (5, 2, 1, 3), (6, 3, 1, 4)])         # one of 5 s

@@ -15,6 +15,7 @@ pure: samples in, figures out (tests/test_bench_real_node.py).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -51,7 +52,9 @@ def pauses(samples: Sequence[Sample], t0: float, t1: float) -> list[tuple[float,
 
     Seen at the sampling interval: a pause starts at the first sample that finds events
     pending after the last advance and ends at the first sample that finds the offset
-    advanced, so the gaps between the commits of a running app are pauses too (short)."""
+    advanced, so the gaps between the commits of a running app are pauses too (short).
+    An offset appearing where there was none is the first plan (it stores where reading
+    starts), not an advance."""
     out: list[tuple[float, float]] = []
     since: float | None = None
     prev: Sample | None = None
@@ -59,7 +62,7 @@ def pauses(samples: Sequence[Sample], t0: float, t1: float) -> list[tuple[float,
     for s in samples:
         if not t0 <= s.t <= t1:
             continue
-        if prev is not None and s.offset != prev.offset and since is not None:
+        if since is not None and advanced(prev, s):
             out.append((since, s.t))
             since = None
         if since is None and s.pending:
@@ -68,6 +71,12 @@ def pauses(samples: Sequence[Sample], t0: float, t1: float) -> list[tuple[float,
     if since is not None:
         out.append((since, last))
     return out
+
+
+def advanced(prev: Sample | None, s: Sample) -> bool:
+    """Whether the committed offset moved from `prev` to `s` (a first plan's offset is
+    not a commit)."""
+    return prev is not None and prev.offset is not None and s.offset != prev.offset
 
 
 def pause_figures(series: Series, t0: float, t1: float) -> dict[str, object]:
@@ -106,18 +115,17 @@ def committed_under(samples: Sequence[Sample], token: int, until: float) -> bool
 
 
 def stalled(series: Series, within: float) -> list[int]:
-    """Partitions whose last sample has events pending at an offset that has not advanced
-    (events pending all along) for ``within`` s."""
+    """Partitions whose last sample has events pending and whose committed offset has not
+    advanced for ``within`` s (or ever, over samples that long)."""
     out = []
     for p, samples in sorted(series.items()):
         if not samples or not samples[-1].pending:
             continue
-        last, since = samples[-1], samples[-1].t
-        for s in reversed(samples):
-            if s.offset != last.offset or not s.pending:
-                break
-            since = s.t
-        if last.t - since >= within:
+        since = samples[0].t
+        for prev, s in itertools.pairwise(samples):
+            if advanced(prev, s):
+                since = s.t
+        if samples[-1].t - since >= within:
             out.append(p)
     return out
 
