@@ -47,6 +47,17 @@ class Pods:
                    timeout=30)
         return SidecarClient(sc.url)
 
+    def one_pod_group(self, *, app_timeout: float) -> SidecarClient:
+        """A group of 4 partitions whose target gives all of them to ``pod-a``, its sidecar
+        started; -> the client its app would use (nothing asked yet)."""
+        self.target.create(partitions=4, drain=DRAIN)
+        app = self.start("pod-a", app_timeout=app_timeout)
+        self.target.assign({"pod-a": [0, 1, 2, 3]})
+        return app
+
+    def wait_held_by(self, holder: str | None, what: str) -> None:
+        wait_until(what, lambda: self.holders(range(4)) == [holder] * 4, timeout=20)
+
     def ready(self, pod: str) -> tuple[bool, str]:
         return probe("/readyz", self.sidecars[pod].listen)
 
@@ -84,9 +95,7 @@ def pods(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: st
 def test_a_sidecar_joins_when_its_app_asks_and_is_ready_once_the_app_took_its_partitions_up(
         pods: Pods) -> None:
     h = pods
-    h.target.create(partitions=4, drain=DRAIN)
-    app = h.start("pod-a", app_timeout=60)
-    h.target.assign({"pod-a": [0, 1, 2, 3]})
+    app = h.one_pod_group(app_timeout=60)
     wait_until("the sidecar says why it is not ready",
                lambda: "waiting for its app to ask" in h.ready("pod-a")[1], timeout=20)
     assert app.group()["partitions"] == 4  # reading the group is no ask: it joins nothing
@@ -95,8 +104,7 @@ def test_a_sidecar_joins_when_its_app_asks_and_is_ready_once_the_app_took_its_pa
     assert h.holders(range(4)) == [None] * 4
     first = app.assignment()  # the app is ready: it asks
     assert first.partitions == ()  # nothing held yet: the session starts now
-    wait_until("the partitions are taken", lambda: h.holders(range(4)) == ["pod-a"] * 4,
-               timeout=20)
+    h.wait_held_by("pod-a", "the partitions are taken")
     assert h.target.member_lease("pod-a") is not None
     wait_until("not ready until the app took them up",
                lambda: "its app has not taken up" in h.ready("pod-a")[1]
@@ -112,16 +120,13 @@ def test_a_sidecar_joins_when_its_app_asks_and_is_ready_once_the_app_took_its_pa
 def test_a_silent_app_makes_its_sidecar_leave_and_what_it_never_saw_goes_at_once(
         pods: Pods) -> None:
     h = pods
-    h.target.create(partitions=4, drain=DRAIN)
-    app = h.start("pod-a", app_timeout=3)
-    h.target.assign({"pod-a": [0, 1, 2, 3]})
+    app = h.one_pod_group(app_timeout=3)
     assert app.assignment().partitions == ()  # joins; the locks are taken after this answer
-    wait_until("the partitions are taken", lambda: h.holders(range(4)) == ["pod-a"] * 4,
-               timeout=20)
+    h.wait_held_by("pod-a", "the partitions are taken")
     taken = time.monotonic()
     # The app says nothing more: 3 s later its sidecar leaves, releasing at once the four
     # partitions the app never saw (not after the 30 s drain timeout), and ends its session.
-    wait_until("released", lambda: h.holders(range(4)) == [None] * 4, timeout=15)
+    h.wait_held_by(None, "released")
     released_after = time.monotonic() - taken
     assert released_after < DRAIN / 2, released_after
     wait_until("session ended", lambda: h.target.member_lease("pod-a") is None, timeout=10)
@@ -129,20 +134,17 @@ def test_a_silent_app_makes_its_sidecar_leave_and_what_it_never_saw_goes_at_once
     assert h.ready("pod-a")[0] is False
     app.assignment()  # the app is back: it joins again with a new session
     wait_until("joined again", lambda: h.target.member_lease("pod-a") is not None, timeout=20)
-    wait_until("taken again", lambda: h.holders(range(4)) == ["pod-a"] * 4, timeout=20)
+    h.wait_held_by("pod-a", "taken again")
 
 
 def test_a_pod_stopped_before_its_app_saw_its_partitions_frees_them_at_once(
         pods: Pods) -> None:
     h = pods
-    h.target.create(partitions=4, drain=DRAIN)
-    app = h.start("pod-a", app_timeout=60)
-    h.target.assign({"pod-a": [0, 1, 2, 3]})
+    app = h.one_pod_group(app_timeout=60)
     app.assignment()
-    wait_until("the partitions are taken", lambda: h.holders(range(4)) == ["pod-a"] * 4,
-               timeout=20)
+    h.wait_held_by("pod-a", "the partitions are taken")
     h.sidecars["pod-a"].signal(signal.SIGTERM)
     stopped = time.monotonic()
-    wait_until("released", lambda: h.holders(range(4)) == [None] * 4, timeout=15)
+    h.wait_held_by(None, "released")
     assert time.monotonic() - stopped < 5
     assert set(h.releases().values()) == {"unseen"}
