@@ -4,7 +4,7 @@ PY := .venv/bin/python
 VENV_STAMP := .venv/.kgroup-installed
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: help setup tools images cluster-up cluster-down cluster-status lint unit e2e test demo demo-down bench chaos crd spark-up spark-down
+.PHONY: help setup tools images cluster-up cluster-down cluster-status lint check unit e2e test demo demo-down bench chaos crd spark-up spark-down
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -43,7 +43,11 @@ lint: setup ## ruff, mypy and the import contracts (pyproject.toml [tool.importl
 	$(PY) -m mypy
 	.venv/bin/lint-imports
 
-unit: setup ## the tests that need no cluster
+check: setup tools lint ## the inner loop, a few minutes: lint, tests/ but Spark and the long seed sweeps (marks spark, slow), 20 simulated seeds
+	$(PY) -m pytest tests -q -m "not spark and not slow"
+	$(PY) -m kgroup_sim --seeds 20 --jobs 2
+
+unit: setup ## the tests that need no cluster (Spark and the seed sweeps included)
 	$(PY) -m pytest tests
 
 e2e: setup tools ## the tests on the local control plane (brought up once per session)

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,7 +57,12 @@ from kubernetes import client
 from kgroup_devcluster.cluster import Cluster
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_pipeline.verify import render, verify
-from kgroup_testing.sidecar_harness import read_audit, safety_violations
+from kgroup_testing.sidecar_harness import (
+    Interval,
+    interval_violations,
+    ownership_intervals,
+    read_audit,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "kgroup"
@@ -130,15 +135,16 @@ class Chaos:
         if kind == "delete_pod":
             self.core.delete_namespaced_pod(self.rng.choice(pods), self.ns)
         elif kind == "sigkill":
-            # one SIGKILL per pod name: the audit closes a killed session at its kill time
+            # one SIGKILL per pod name: the audit ends the pod's sessions begun before its
+            # kill time (taken once the signals are sent: no later line of theirs)
             fresh = [p for p in pods if p not in self.killed_at]
             if not fresh:
                 return self.fault("delete_pod")
             victim = self.rng.choice(fresh)
-            self.killed_at[victim] = time.monotonic()
             for pid in self.pids(victim):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            self.killed_at[victim] = time.monotonic()
         elif kind == "sigstop":
             victim = self.rng.choice(pods)
             pids = self.pids(victim)
@@ -372,10 +378,10 @@ def run(cluster: Cluster, api: client.ApiClient, *, seconds: float, seed: int,
             p for p, t in report["tokens_after"].items()
             if t < report["tokens_before"].get(p, 0))
         report["zombie_refused"] = rep.zombie_refused
-        everything = safety_violations(audit, ended_at=ch.killed_at)
-        excused = revoked_overlaps(audit, ch.killed_at, ch.revoked)
-        report["revoked_overlaps"] = len(everything) - len(excused)
-        report["safety_violations"] = excused
+        everything, left = audit_violations(audit, killed_at=ch.killed_at,
+                                            revoked=ch.revoked, now=time.monotonic())
+        report["revoked_overlaps"] = len(everything) - len(left)
+        report["safety_violations"] = left
         report["producer_errors"] = ch.producer_errors[:3]
         report["total_s"] = round(time.monotonic() - started, 1)
         return report
@@ -421,17 +427,27 @@ def deleted_lock_timings(audit: list[dict[str, Any]], deleted: list[tuple[int, i
     return out
 
 
-def revoked_overlaps(audit: list[dict[str, Any]], killed_at: dict[str, float],
-                     revoked: list[tuple[int | None, float]]) -> list[str]:
-    """The safety violations left once every ownership of a lock deleted by hand (or with
-    its group) is taken to end at the deletion: from then on the token fences it."""
-    cut = list(audit)
-    for partition, at in revoked:
-        for rec in audit:
-            if rec["event"] == "acquire" and float(rec["mono"]) < at and (
-                    partition is None or rec.get("partition") == partition):
-                cut.append({**rec, "event": "lost", "mono": at})
-    return safety_violations(cut, ended_at=killed_at)
+def revoked_at(intervals: list[Interval],
+               revoked: list[tuple[int | None, float]]) -> list[Interval]:
+    """Each ownership interval ended at the first deletion of its lock (by hand, or with
+    its group: partition None) after it began, if that came before its own end: from then
+    on the token fences it. An interval that had ended already is left as it was."""
+    out = []
+    for iv in intervals:
+        cuts = [at for p, at in revoked if (p is None or p == iv.partition) and at > iv.start]
+        out.append(replace(iv, end=min([iv.end, *cuts])))
+    return out
+
+
+def audit_violations(audit: list[dict[str, Any]], *, killed_at: dict[str, float],
+                     revoked: list[tuple[int | None, float]],
+                     now: float) -> tuple[list[str], list[str]]:
+    """The audit's overlaps of active ownership and token regressions: (all of them, those
+    left once ownership of a revoked lock ends at its deletion). A session's ownership ends
+    at its own end (release, lost, fence's ``until``, or its process's SIGKILL in
+    ``killed_at``), then at a revocation if that came first; still running: ``now``."""
+    intervals = ownership_intervals(audit, ended_at=killed_at, now=now)
+    return interval_violations(intervals), interval_violations(revoked_at(intervals, revoked))
 
 
 def main() -> int:

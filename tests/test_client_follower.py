@@ -171,9 +171,11 @@ def test_a_long_poll_in_one_thread_does_not_hold_up_another_threads_request(
     scripted.set(target=[0], epoch=1)
     c = SidecarClient(scripted.url)
     a = wait("owned", lambda: (x := c.assignment()).partitions and x)
+    server = scripted.runner.server
+    asked = server.requests_count  # requests the sidecar's server has begun to handle
     poll = threading.Thread(target=c.wait_for_change, args=(a.version + 1000, 3.0))
     poll.start()
-    time.sleep(0.2)  # the long-poll is in flight on its thread's connection
+    wait("the long-poll in flight", lambda: server.requests_count > asked)
     t0 = time.monotonic()
     c.report_health([])
     assert time.monotonic() - t0 < 1.0 and poll.is_alive()

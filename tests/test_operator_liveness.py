@@ -111,14 +111,14 @@ def test_a_group_loop_that_ended_fails_liveness(monkeypatch: pytest.MonkeyPatch)
         c = rt.controllers[("ns", "g")]
         assert c.task is not None
         c.task.cancel()  # a cancelled task is a stop, not a crash
-        await asyncio.sleep(0.01)
+        await asyncio.wait([c.task])
         health(rt)
 
         async def crash() -> None:
             raise SystemError("the loop itself broke")
 
         c.task = asyncio.create_task(crash())
-        await asyncio.sleep(0.01)
+        await asyncio.wait([c.task])
         with pytest.raises(kopf.PermanentError, match="loop ended"):
             health(rt)
 
@@ -163,7 +163,7 @@ def test_the_real_lease_watch_is_not_alive_once_its_task_ended_unasked() -> None
         assert broken.alive() and stopped.alive()  # not started yet
         broken.start()
         stopped.start()
-        await asyncio.sleep(0.01)
+        await broken.wait_stopped()  # its task ended (raised), unasked
         assert not broken.alive()
         assert stopped.alive()
         stopped.stop()

@@ -90,6 +90,7 @@ def acquisitions(world: World) -> dict[int, int]:
 # ---- many seeds -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the seed sweeps: make check runs a short one with the CLI
 def test_every_invariant_holds_on_every_seed() -> None:
     """Safety, token order, the fenced sink, store tokens, and liveness (converged within
     the bound, then quiet) on every seed: the shipped cores and decision code. The faults
@@ -118,6 +119,7 @@ HAND_EDIT_SEEDS = 200
 """Seeds of the run with hand edits drawn at random besides the faults."""
 
 
+@pytest.mark.slow  # the seed sweeps: make check runs a short one with the CLI
 def test_every_invariant_holds_with_locks_deleted_and_the_group_applied_again() -> None:
     """Every fault kind plus an admin deleting partition Leases and deleting and applying
     the ConsumerGroup again, at random: the same invariants (a recreated Lease's tokens

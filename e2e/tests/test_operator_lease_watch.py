@@ -134,7 +134,8 @@ def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
         try:
             w.start()
             await eventually("the first listing", lambda: seen.lists == [[]])
-            await asyncio.sleep(0.5)  # the watch request is open
+            # the watch request is open: its response (over TLS) is there to read
+            await eventually("the watch open", lambda: w.tls_held_bytes() is not None)
             await asyncio.to_thread(coord.create_namespaced_lease, namespace,
                                     member_lease("g", "a"))
             await eventually("the first event", lambda: len(seen.events) == 1, timeout=10)

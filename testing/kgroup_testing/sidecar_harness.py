@@ -312,11 +312,13 @@ def ownership_intervals(records: Sequence[Obj], *, ended_at: Mapping[str, float]
     """Active-ownership intervals per (session, partition, token).
 
     Ends at the release line, the fence's ``until``, a ``lost`` line, the process's kill
-    time (``ended_at`` by member), or ``now`` for owners still running."""
+    time (``ended_at`` by member: it ends the member's sessions begun by then, not one a
+    restarted process began after it), or ``now`` for owners still running."""
     now = time.monotonic() if now is None else now
     ended_at = ended_at or {}
     open_: dict[tuple[str, int], Obj] = {}
     out: list[Interval] = []
+    begun: dict[str, float] = {}  # session -> its first line
 
     def close(key: tuple[str, int], end: float) -> None:
         rec = open_.pop(key)
@@ -325,6 +327,7 @@ def ownership_intervals(records: Sequence[Obj], *, ended_at: Mapping[str, float]
 
     for rec in sorted(records, key=lambda r: float(r["mono"])):
         event, session = rec["event"], rec["session"]
+        begun.setdefault(session, float(rec["mono"]))
         if event == "acquire":
             open_[(session, rec["partition"])] = rec
         elif event in ("release", "lost") and (session, rec["partition"]) in open_:
@@ -333,15 +336,21 @@ def ownership_intervals(records: Sequence[Obj], *, ended_at: Mapping[str, float]
             for key in [k for k in open_ if k[0] == session]:
                 close(key, float(rec["until"]))
     for key, rec in list(open_.items()):
-        close(key, ended_at.get(rec["member"], now))
+        killed = ended_at.get(rec["member"])
+        close(key, killed if killed is not None and begun[key[0]] <= killed else now)
     return out
 
 
 def safety_violations(records: Sequence[Obj], *, ended_at: Mapping[str, float] | None = None,
                       now: float | None = None) -> list[str]:
     """Every breach of the safety promise found in the audit lines (empty: none)."""
+    return interval_violations(ownership_intervals(records, ended_at=ended_at, now=now))
+
+
+def interval_violations(intervals: Sequence[Interval]) -> list[str]:
+    """Per partition: two sessions' active-ownership intervals overlapping, or a token not
+    above the one before it (empty: none)."""
     problems: list[str] = []
-    intervals = ownership_intervals(records, ended_at=ended_at, now=now)
     by_partition: dict[int, list[Interval]] = {}
     for iv in intervals:
         by_partition.setdefault(iv.partition, []).append(iv)
