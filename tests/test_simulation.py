@@ -581,6 +581,7 @@ client's listen did), among the usual faults."""
 APP_SEEDS = 24
 
 
+@pytest.mark.slow
 def test_owned_means_consumed_on_every_seed_with_slow_silent_and_blind_apps() -> None:
     """No partition is held before its app asked, a silent app's member leaves within its
     timeout plus the drain timeout, and every partition not processed for the timeout is
