@@ -262,3 +262,24 @@ def test_a_member_of_weight_two_carries_twice_the_load() -> None:
     result = plan({"a": list(range(12)), "b": []}, loads, members=[A, heavy])
     got = member_loads(result.target, loads)
     assert got == {"a": 4.0, "b": 8.0}
+
+
+def test_a_swap_that_leaves_the_busiest_where_it_was_is_rounding_not_a_gain() -> None:
+    # Found by the potential property: swapping the hot partition for the warm one gives
+    # the busiest member back exactly its load, but in floating point a few ulps "better",
+    # and with no margin the two partitions swapped back and forth on every pass.
+    loads = [0.0, 0.0, 1.451485733350058, 33.76034259726705]
+    flat = LoadBalance(tolerance=0.0, margin=0.0, dwell_seconds=0.0)
+    settled = {"a": [0, 1, 3], "b": [2]}
+    assert plan(settled, loads, config=flat).moved == ()
+
+
+def test_load_never_empties_a_member_the_sticky_rules_give_a_share() -> None:
+    # a (weight 1) holds the hot partition; b (weight 3) could carry it at a lower
+    # utilisation, but an empty a would be a joiner on the next pass and get a share back.
+    heavy = Member("b", weight=3)
+    loads = [10.0, 0.0, 0.0, 0.0]
+    current = {"a": [0], "b": [1, 2, 3]}
+    first = plan(current, loads, members=[A, heavy])
+    assert first.target["a"], "a member with a fair count of one keeps a partition"
+    assert plan(first.target, loads, members=[A, heavy], now=5000.0).moved == ()

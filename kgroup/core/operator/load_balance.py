@@ -61,8 +61,10 @@ The count bound. A member never *receives* a partition in the load step while it
 ``cap = ceil(count_slack * N * w / W)`` or more (default slack 2: at most twice its fair
 count, rounded up); the membership step sheds above the cap. So zero-load partitions,
 which no load move wants, stay where the sticky rules put them and cannot pile up on one
-member. There is no lower count bound after the membership step: the member holding the
-hottest partition may hold little else, and that is the point.
+member. The only lower count bound after the membership step is one partition, for a
+member whose fair count is at least one (an empty member would be taken for a joiner on
+the next pass and handed a share back): the member holding the hottest partition may hold
+little else, and that is the point.
 
 Unmeasured partitions. A partition absent from ``loads`` (or ``None``) counts at the
 mean of the measured ones, so a new partition is treated as typical until measured; if
@@ -321,6 +323,10 @@ STEP_FRACTION = 0.25
 """A descent step must gain more than this fraction of the margin (no crumbs)."""
 STEP_LIMIT = 4
 """At most this many descent steps per partition and plan: a guard, never reached."""
+RESOLUTION = 1e-9
+"""Gains at or below this fraction of the mean are rounding, not balance: a swap of a hot
+partition for a cold one that leaves the busiest exactly where it was can show a gain of
+a few ulps, and with margin 0 such "gains" would swap back and forth forever."""
 
 
 @dataclass(frozen=True)
@@ -354,14 +360,15 @@ def _refine_load(
     before = busiest()
     if before <= (1 + cfg.tolerance + cfg.margin) * mean:  # the dead zone
         return
-    step_gain = cfg.margin * STEP_FRACTION * mean
+    step_gain = max(cfg.margin * STEP_FRACTION, RESOLUTION) * mean
+    keep = {m.id: min(1, (len(load) * m.weight) // sum(weight.values())) for m in ordered}
     moves: list[tuple[str, _Move]] = []
     for _ in range(STEP_LIMIT * len(load) + STEP_LIMIT):
         move: tuple[str, _Move] | None = None
         for m in sorted(ordered, key=lambda m: (-member_load[m.id] / m.weight, m.id)):
             if member_load[m.id] / m.weight <= mean:
                 break
-            found = _best_move(m.id, held, member_load, weight, load, caps, eligible)
+            found = _best_move(m.id, held, member_load, weight, load, caps, eligible, keep)
             if found is not None and found.gain > step_gain:
                 move = (m.id, found)
                 break
@@ -378,7 +385,7 @@ def _refine_load(
         member_load[mv.to] += delta
         moves.append(move)
     after = busiest()
-    if before - after <= cfg.margin * mean:
+    if before - after <= max(cfg.margin, RESOLUTION) * mean:
         return  # not worth it: noise, or nothing that moves can help
     for src, mv in moves:
         owner[mv.give] = mv.to
@@ -394,10 +401,14 @@ def _best_move(
     load: Sequence[float],
     caps: Mapping[str, int],
     eligible: Sequence[bool],
+    keep: Mapping[str, int],
 ) -> _Move | None:
     """The move or swap off ``busiest`` that lowers max(u_busiest, u_receiver) the most.
 
     Ties go to a single move over a swap (fewer moves), then receiver id, then partition.
+    A single move never takes the last partition of a member whose fair count is at least
+    one (``keep``): the membership step would see it empty, take it for a joiner and hand
+    it a share, undoing this plan on the next pass.
     """
     w_b = weight[busiest]
     l_b = member_load[busiest]
@@ -428,7 +439,7 @@ def _best_move(
             continue
         # The shift that equalises the two: (l_b - x)/w_b == (l_r + x)/w_r.
         ideal = (l_b * w_r - l_r * w_b) / (w_b + w_r)
-        if len(held[to]) < caps[to]:
+        if len(held[to]) < caps[to] and len(held[busiest]) > keep[busiest]:
             i = bisect_left([load[p] for p in gives], ideal)
             for j in (i - 1, i):
                 if 0 <= j < len(gives):
