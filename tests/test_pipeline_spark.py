@@ -131,6 +131,11 @@ def test_a_partition_moves_from_a_pyspark_worker_to_a_light_worker_mid_stream(
     assert report.total("out_of_order") == 0
     handed = {p: pos for m, p, tok, pos in coord.releases if m == "a" and tok == 1}
     assert handed.keys() >= {3, 7}
+    # The driver's hand-off loop (every 0.2 s) and the source's planner (every trigger)
+    # follow the sidecar through long-polls: a plain ask only to start each follower and
+    # after each release (asking per step and per batch made hundreds here).
+    assert coord.requests["poll"] > 0
+    assert coord.requests["ask"] <= 2 + 2 * len(coord.releases), coord.requests
     for p in (3, 7):
         # b went on from exactly where a's last committed batch ended, under token 2.
         assert rclient.hget(f"kgroup:{{{stream}}}:sink:p:{p}", "token") == "2"

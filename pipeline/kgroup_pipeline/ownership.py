@@ -84,7 +84,9 @@ class SidecarOwnership:
     (``validForSeconds``) has run out, so a worker cut off from its sidecar plans nothing
     rather than processing partitions it may no longer own.
 
-    With ``follow`` (the light worker), :meth:`assignment` costs no request: a
+    With ``follow`` (the light worker, and both of the PySpark pipeline's processes that
+    ask: the driver's hand-off loop and the source's planner), :meth:`assignment` costs no
+    request: a
     :class:`kgroup.follower.AssignmentFollower` keeps a long-poll open and the answer
     it holds is read (a plain request only before its first answer and right after a
     release, so a partition just released is never reported again).
@@ -123,6 +125,11 @@ class SidecarOwnership:
 
     def spec(self) -> str:
         return f"sidecar:{self.url}"
+
+    def close(self) -> None:
+        """Stop following (the long-poll in flight ends on its own; the thread is a daemon)."""
+        if self.follower is not None:
+            self.follower.stop()
 
 
 def ownership_from_spec(spec: str, *, follow: bool = False

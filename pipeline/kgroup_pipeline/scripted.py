@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from kgroup.client import Assignment
 from kgroup_pipeline.ownership import OwnedPartition, lasting
@@ -37,6 +39,8 @@ class ScriptedCoordinator:
         self._version = 0
         self._cv = threading.Condition()
         self.releases: list[tuple[str, int, int, str | None]] = []  # member, p, token, pos
+        # GET /v1/assignment served by serve_sidecar: "ask" (plain), "poll" (since=V)
+        self.requests: Counter[str] = Counter()
 
     def _grant(self, p: int) -> None:
         lock = self._locks[p]
@@ -94,6 +98,12 @@ class ScriptedCoordinator:
             )
             return lasting(parts, member=member, version=self._version)
 
+    def wait_for_change(self, since: int, timeout: float) -> None:
+        """A long-poll's wait, as the sidecar's: until the version is not ``since``, or
+        ``timeout`` seconds."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._version != since, timeout=max(0.0, timeout))
+
     def holder(self, partition: int) -> tuple[str | None, int]:
         with self._cv:
             lock = self._locks[partition]
@@ -131,10 +141,16 @@ def serve_sidecar(coordinator: ScriptedCoordinator, member: str) -> tuple[Thread
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            if path == "/v1/assignment":
+            url = urlsplit(self.path)
+            if url.path == "/v1/assignment":
+                query = parse_qs(url.query)
+                since = query.get("since")
+                coordinator.requests["poll" if since else "ask"] += 1
+                if since:  # a long-poll: answered on a change, or after its wait
+                    wait = float(query.get("wait", ["0"])[0])
+                    coordinator.wait_for_change(int(since[0]), min(wait, 30.0))
                 self._send(200, coordinator.view(member).view.to_json())
-            elif path in ("/healthz", "/readyz"):
+            elif url.path in ("/healthz", "/readyz"):
                 self._send(200, {"ok": True})
             else:
                 self._send(404, {"error": "not found"})

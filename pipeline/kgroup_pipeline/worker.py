@@ -30,7 +30,7 @@ from kgroup.client import SidecarError
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.keys import StreamKeys
-from kgroup_pipeline.ownership import ownership_from_spec
+from kgroup_pipeline.ownership import SidecarOwnership, ownership_from_spec
 from kgroup_pipeline.range_reader import RESULT_DDL, results_from_rows
 from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
@@ -243,7 +243,10 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
                         max_rows=max_rows, fused=fused, async_progress=async_progress,
                         read_on=read_on)
-    handoff = HandoffController(ownership_from_spec(ownership), sink.store, drain_timeout)
+    # The hand-off loop steps every 0.2 s: it follows the sidecar (one long-poll kept
+    # open) rather than asking at each step.
+    owned = ownership_from_spec(ownership, follow=True)
+    handoff = HandoffController(owned, sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
     try:
@@ -260,6 +263,8 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
             {"batch": p["batchId"], "rows": p["numInputRows"], **p["durationMs"]}
             for p in (query.recentProgress or []) if p.get("numInputRows")]
         query.stop()
+        if isinstance(owned, SidecarOwnership):
+            owned.close()
         if own_session:
             spark.stop()
     if sink.progress.first_batch_at is not None and not quiet:
