@@ -292,7 +292,13 @@ def _diff(old: dict[int, Partition], new: dict[int, Partition], released: _Relea
 
 
 FOLLOW_MAX_WAIT = 30.0
-FOLLOW_MIN_WAIT = 0.1
+FOLLOW_MIN_WAIT = 1.0
+"""The shortest a follower's long-poll waits. A steady view's promise grows only when the
+sidecar renews, and no sidecar renews more often than once a second (the CRD's least
+renew interval), so a sooner poll learns nothing new; at 0.1 s, a sidecar whose renewals
+were late (starved of CPU: the one case where the promise runs low) was asked ten times a
+second by each follower, work that delayed its renewal further."""
+ANSWER_SLACK = 0.1  # what a poll's request may take beyond its wait
 LISTEN_RETRY_SECONDS = 0.5
 
 
@@ -310,7 +316,9 @@ def follow_wait(current: Assignment | None, now: float, *, max_wait: float = FOL
     whenever the sidecar's ``v`` never drops below half its top (renewals every 2 s of an
     8 s lease: ``v`` moves between about 5 and 7 s). An answer that ran out while it still
     lists partitions (the sidecar or the app was paused) is asked again after
-    ``min_wait``, so the app gets them back at once. With nothing listed, or fenced, there
+    ``min_wait`` (:data:`FOLLOW_MIN_WAIT`), so the app gets them back within a second of
+    the sidecar's next renewal, without piling requests on a sidecar too starved to renew
+    in time. With nothing listed, or fenced, there
     is no promise to keep: wait for a change as long as allowed."""
     if current is None or current.fenced or not current.all_partitions:
         return max_wait
@@ -337,7 +345,7 @@ class _Listening:
         and the app must hear at the deadline that it lost them, even from a sidecar
         paused mid-answer); else the wait plus the client's ``timeout``."""
         if self.held and self.current is not None and not self.current.expired:
-            return max(wait + FOLLOW_MIN_WAIT, self.current.valid_until - now)
+            return max(wait + ANSWER_SLACK, self.current.valid_until - now)
         return wait + timeout
 
     def answered(self, answer: Assignment) -> Rebalance | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from test_client import Scripted, scripted, wait
 
 from kgroup.client import Assignment, SidecarClient
-from kgroup.follower import AssignmentFollower, follow_wait
+from kgroup.follower import FOLLOW_MIN_WAIT, AssignmentFollower, follow_wait
 from kgroup_pipeline.ownership import SidecarOwnership
 from kgroup_sidecar.http_api import serve
 
@@ -75,13 +75,40 @@ def test_waiting_all_that_is_left_lets_the_promise_lapse() -> None:
     assert len(lapses(greedy)) > 100
 
 
+def polls_while_renewals_stall(min_wait: float, *, stall_at: float = 10.0,
+                               stall: float = 12.0) -> int:
+    """Polls a follower sends while its sidecar does not renew (starved of CPU) from
+    ``stall_at`` for ``stall`` seconds: the answers' promise stops growing and runs out."""
+    last_renewal = (stall_at // 2.0) * 2.0
+
+    def promise(t: float) -> float:
+        renewed = last_renewal if stall_at <= t < stall_at + stall else (t // 2.0) * 2.0
+        return max(0.0, renewed + 7.0 - t)
+
+    t, polls = stall_at, 0
+    held = answer(promise(t), t)
+    while t < stall_at + stall:
+        t += follow_wait(held, t, min_wait=min_wait)
+        held = answer(promise(t), t)
+        polls += 1
+    return polls
+
+
+def test_a_sidecar_that_cannot_renew_is_asked_at_most_about_once_a_second() -> None:
+    """12 s without renewals (the promise runs out 5 s in): about one poll a second, not
+    ten; the promise stays whole while the sidecar renews (the lapses test above)."""
+    assert polls_while_renewals_stall(FOLLOW_MIN_WAIT) <= 14
+    # the old floor asked a sidecar too starved to renew ten times a second
+    assert polls_while_renewals_stall(0.1) >= 40
+
+
 def test_nothing_held_or_fenced_waits_as_long_as_allowed() -> None:
     assert follow_wait(None, 0.0) == 30.0
     assert follow_wait(answer(6.0, 0.0, held=False), 0.0) == 30.0
     fenced = Assignment.from_json({**HELD, "fenced": True, "validForSeconds": 0}, sent_at=0)
     assert follow_wait(fenced, 0.0, max_wait=12) == 12
     assert follow_wait(answer(6.0, 0.0), 1.0) == 2.5
-    assert follow_wait(answer(6.0, 0.0), 9.0) == 0.1  # spent: ask again soon
+    assert follow_wait(answer(6.0, 0.0), 9.0) == FOLLOW_MIN_WAIT == 1.0  # spent: again in 1 s
 
 
 def test_the_follower_and_the_listeners_share_one_wait_rule() -> None:
