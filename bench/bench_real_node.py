@@ -214,8 +214,14 @@ def rollout(g: RealGroup, partitions: int, workers: int,
     t_done = time.monotonic()
     status = g.wait_settled(workers, timeout=300)
     t1 = time.monotonic()
-    intervals = ownership_intervals(read_audit(sorted(g.audit.glob("*.jsonl"))), now=t1)
+    records = read_audit(sorted(g.audit.glob("*.jsonl")))
+    intervals = ownership_intervals(records, now=t1)
     fig: Obj = dict(handoff_figures(intervals, partitions, t0, t1))
+    # a sidecar that could not renew in time (the audit's clock is the host's monotonic
+    # one, the same as this process's): why a partition may pause far longer than a handoff
+    fig["fences"] = [{"pod": r["member"], "after_restart_s": round(r["mono"] - t0, 1),
+                      "partitions": len(r.get("partitions") or [])}
+                     for r in records if r.get("event") == "fence" and t0 <= r["mono"] <= t1]
     fig["duration_s"] = t_done - t0
     fig["epochs"] = int(status["epoch"]) - epoch0
     t_consuming = sampler.wait_consuming(timeout=600)
