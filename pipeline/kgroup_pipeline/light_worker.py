@@ -3,8 +3,9 @@
 Rule: same Ownership, same fenced plan/commit scripts, same range reading and per-key
 aggregation, same handoff as the PySpark job — only the execution engine differs. It runs
 one batch at a time: plan (claims partitions, fixes each range) → read → aggregate →
-commit (fenced) → handoff step. Tests use it for quick semantic checks; scale and chaos
-runs use it where a JVM per pod would be too heavy.
+commit (fenced) → completion step (a sealed partition read to its seal marker is handed
+back as completed, ``kgroup_pipeline.completion``) → handoff step. Tests use it for quick
+semantic checks; scale and chaos runs use it where a JVM per pod would be too heavy.
 
     python -m kgroup_pipeline.light_worker --redis URL --stream NAME --sidecar http://127.0.0.1:8470
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import redis
 
 from kgroup.client import SidecarError
+from kgroup_pipeline.completion import Completer
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.health import HealthReporter
@@ -46,6 +48,7 @@ class LightWorker:
         self.idle_wait = idle_wait
         self.log_every = log_every
         self.handoff = HandoffController(ownership, self.store, drain_timeout)
+        self.completion = Completer(ownership)
         self.stats = Stats()
         self.health = HealthReporter(self.store, getattr(ownership, "report_health", None))
 
@@ -75,6 +78,7 @@ class LightWorker:
         if results:
             self.stats.batches += 1
             self.stats.rows += rows
+        self.completion.step(plans)
         self.handoff.step(time.monotonic())
         return rows
 

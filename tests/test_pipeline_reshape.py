@@ -1,0 +1,219 @@
+"""Reshapes on the pipeline (real redis-server, light workers, no Kubernetes): producers
+seal and follow the layout, workers read a sealed partition to its marker and report it
+completed, and the verifier checks every key's sequence across generations.
+
+The group's side (which partition is assignable: ``Lineage.is_assignable``, and
+completions recorded with ``Lineage.complete``) is played by :class:`Conductor` on the
+scripted coordinator, as the operator will do it from the workers' completed releases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+from pipeline_fixtures import rclient, redis_url, stream
+
+from kgroup.core.lineage import State
+from kgroup.producer import Lineage, Uniform, initial, stream_key
+from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.light_worker import LightWorker
+from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
+from kgroup_pipeline.producer import produce
+from kgroup_pipeline.range_reader import aggregate, read_range
+from kgroup_pipeline.scripted import ScriptedCoordinator
+from kgroup_pipeline.verify import Report, render, verify
+
+__all__ = ["rclient", "redis_url", "stream"]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Conductor:
+    """The group's side of a reshape: the lineage (what producers read), completions
+    recorded from the workers' completed releases, and every partition that is
+    assignable (``wait``: only once all its predecessors are completed; the broken
+    variant assigns every partition at once) given round-robin to the live members."""
+
+    def __init__(self, coord: ScriptedCoordinator, lineage: Lineage, members: list[str],
+                 *, wait: bool = True) -> None:
+        self.coord, self.lineage, self.members, self.wait = coord, lineage, members, wait
+        self.turn = 0
+        self.lock = threading.Lock()
+
+    def layout(self) -> Lineage:
+        return self.lineage
+
+    def reshape(self, count: int) -> None:
+        with self.lock:
+            self.lineage = self.lineage.reshape(Uniform(count))
+
+    def step(self) -> None:
+        with self.lock:
+            lineage = self.lineage
+            for p in sorted(self.coord.completed):
+                if lineage.state(p) is State.SEALED and lineage.is_assignable(p):
+                    lineage = lineage.complete(p)
+            self.lineage = lineage
+            for p in sorted(lineage.partitions - lineage.completed):
+                if p in self.coord.completed or self.coord.holder(p)[0] is not None:
+                    continue
+                if self.wait and not lineage.is_assignable(p):
+                    continue
+                self.coord.assign(self.members[self.turn % len(self.members)], [p])
+                self.turn += 1
+
+    def done(self) -> bool:
+        """Every partition a reshape replaced is completed."""
+        return all(self.lineage.state(p) is not State.SEALED for p in self.lineage.partitions)
+
+
+def run_workers(redis_url: str, stream: str, coord: ScriptedCoordinator, members: list[str],
+                stop: threading.Event, max_rows: int = 400) -> dict[str, threading.Event]:
+    """One light worker thread per member; -> each member's own stop (a crash)."""
+    stops = {}
+    for m in members:
+        own = threading.Event()
+        worker = LightWorker(client=redis.Redis.from_url(redis_url, decode_responses=True),
+                             stream=stream, ownership=coord.ownership(m), max_rows=max_rows,
+                             idle_wait=0.01)
+
+        def loop(w: LightWorker = worker, own: threading.Event = own) -> None:
+            while not stop.is_set() and not own.is_set():
+                if w.run_once() == 0:
+                    time.sleep(0.01)
+        threading.Thread(target=loop, name=f"worker-{m}", daemon=True).start()
+        stops[m] = own
+    return stops
+
+
+def test_an_empty_sealed_partition_completes_at_once_and_a_marker_is_no_event(
+        rclient: redis.Redis, stream: str) -> None:
+    conductor_lineage = initial(4)
+    produce(rclient, stream=stream, layout=lambda: conductor_lineage, count=40, keys=1, seed=3)
+    conductor_lineage = conductor_lineage.reshape(Uniform(2))
+    produce(rclient, stream=stream, layout=lambda: conductor_lineage, count=1, keys=1, seed=4)
+    empty = [p for p in range(4) if rclient.xlen(stream_key(stream, p)) == 1]
+    assert len(empty) == 3  # one key: three partitions hold only their marker
+    own = StaticOwnership(list(range(4)))
+    worker = LightWorker(client=rclient, stream=stream, ownership=own)
+    for _ in range(3):
+        worker.run_once()
+    assert sorted(own.completed) == list(range(4))
+    seals = rclient.hgetall(f"kgroup:{{{stream}}}:seals")
+    assert all(own.completed[p] == str(seals[str(p)]).split("/")[1] for p in range(4))
+    report = verify(rclient, stream)
+    assert [p.state for p in report.partitions[:4]] == ["completed"] * 4
+    assert report.total("dead") == 0  # a marker is no dead letter
+    full = next(p for p in range(4) if p not in empty)
+    rows = aggregate(read_range(rclient, stream=stream, partition=full, token=1,
+                                from_id="0-0", to_id="+"))
+    assert rows[0].events == 41 and sum(k.count for k in rows[0].keys) == 40
+
+
+def test_planning_stops_at_the_seal_and_an_event_behind_it_is_lost_and_counted(
+        rclient: redis.Redis, stream: str) -> None:
+    """The broken variant of the producer: a write past the seal (a plain XADD that
+    bypasses the fenced script) is never read, and the verifier catches it."""
+    lineage = initial(2)
+    produce(rclient, stream=stream, layout=lambda: lineage, count=20, keys=4, seed=5)
+    lineage = lineage.reshape(Uniform(2))
+    produce(rclient, stream=stream, layout=lambda: lineage, count=1, keys=4, seed=6)
+    names = f"kgroup:{{{stream}}}"
+    p = next(p for p in (0, 1) if rclient.hlen(f"{names}:produced:keys:{p}"))
+    key = next(iter(rclient.hgetall(f"{names}:produced:keys:{p}")))
+    seq = int(rclient.hincrby(f"{names}:produced:seq", key, 1))
+    rclient.xadd(stream_key(stream, p), {"key": key, "amount": 1, "event": "x", "seq": seq})
+    rclient.hincrby(f"{names}:produced:keys:{p}", key, 1)
+    rclient.hincrby(f"{names}:produced:count", str(p), 1)
+    rclient.hincrby(f"{names}:produced:total", key, 1)
+    store = FencedStore(rclient, stream)
+    plan = store.plan([OwnedPartition(p, 1)], max_rows=1000)[0]
+    marker = str(rclient.hget(f"{names}:seals", str(p))).split("/")[1]
+    assert plan.status == "ok" and plan.to_id == plan.seal == marker
+    own = StaticOwnership([0, 1, 2, 3])
+    worker = LightWorker(client=rclient, stream=stream, ownership=own)
+    wait_for(lambda: worker.run_once() >= 0 and len(own.completed) == 2, what="completion")
+    wait_for(lambda: worker.run_once() >= 0 and verify(rclient, stream).caught_up)
+    report = verify(rclient, stream)
+    assert report.partitions[p].past_seal == 1 and report.partitions[p].lost == 1
+    assert report.keys_lost == 1 and not report.clean
+
+
+def reshaping_run(redis_url: str, rclient: redis.Redis, stream: str, *, wait: bool,
+                  crash: bool) -> tuple[Report, Conductor, list[int]]:
+    """Events flow at 2,000/s for 6 s through 16 -> 24 (at 2 s) -> 8 (at 4 s). Three
+    workers consume what the conductor assigns; they start at 2.5 s, so the first
+    generation has a backlog when it is sealed (a lagging group). With ``crash``, a
+    worker dies (its session expires) while draining the first generation, and the
+    others take its partitions over. -> the verifier's report, the conductor, and the
+    sealed partitions the crashed worker held when it died."""
+    coord = ScriptedCoordinator(64)
+    members = ["a", "b", "c"]
+    conductor = Conductor(coord, initial(16), members, wait=wait)
+    stop = threading.Event()
+    stops: dict[str, threading.Event] = {}
+    held_at_crash: list[int] = []
+    produced = threading.Thread(target=produce, kwargs=dict(
+        client=redis.Redis.from_url(redis_url, decode_responses=True), stream=stream,
+        layout=conductor.layout, duration=6.0, rate=2000, keys=300, seed=11, chunk=100))
+    produced.start()
+    started = time.monotonic()
+    try:
+        for at, action in ((2.0, "24"), (2.5, "start"), (2.6, "crash"), (4.0, "8")):
+            while time.monotonic() - started < at:
+                conductor.step()
+                time.sleep(0.02)
+            if action == "start":
+                stops = run_workers(redis_url, stream, coord, members, stop, max_rows=100)
+            elif action == "crash" and crash:
+                stops["a"].set()
+                held_at_crash = [p.partition for p in coord.view("a").partitions
+                                 if conductor.lineage.state(p.partition) is State.SEALED]
+                coord.expire("a")
+                members.remove("a")
+            elif action.isdigit():
+                conductor.reshape(int(action))
+        produced.join()
+
+        def settled() -> bool:
+            conductor.step()
+            return conductor.done() and verify(rclient, stream).caught_up
+        wait_for(settled, timeout=90.0, what="every sealed partition completed")
+    finally:
+        stop.set()
+    return verify(rclient, stream), conductor, held_at_crash
+
+
+def test_16_to_24_to_8_keeps_every_key_in_order_with_nothing_lost_or_duplicated(
+        redis_url: str, rclient: redis.Redis, stream: str) -> None:
+    report, conductor, held_at_crash = reshaping_run(redis_url, rclient, stream, wait=True,
+                                                     crash=True)
+    print(render(report))
+    assert held_at_crash  # the crashed worker was draining sealed partitions: taken over
+    assert set(held_at_crash) <= conductor.lineage.completed
+    assert [len(g.partitions) for g in conductor.lineage.generations] == [16, 24, 8]
+    assert report.generations == 3
+    assert report.total("produced") == report.total("committed") > 8_000
+    assert report.clean and report.ordered, render(report)
+    assert report.keys_lost == report.keys_duplicated == report.keys_out_of_order == 0
+    assert report.total("past_seal") == 0
+    states = {p.partition: p.state for p in report.partitions}
+    assert all(states[p] == "completed" for p in range(40))  # generations 1 and 2
+    assert all(states.get(p, "open") == "open" for p in range(40, 48))
+
+
+def test_successors_read_before_their_predecessors_completed_break_key_order(
+        redis_url: str, rclient: redis.Redis, stream: str) -> None:
+    """The broken variant of the group's side: every partition assigned at once."""
+    report, _, _ = reshaping_run(redis_url, rclient, stream, wait=False, crash=False)
+    assert report.keys_out_of_order > 0, render(report)
+    assert not report.ordered
