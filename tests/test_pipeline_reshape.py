@@ -217,3 +217,32 @@ def test_successors_read_before_their_predecessors_completed_break_key_order(
     report, _, _ = reshaping_run(redis_url, rclient, stream, wait=False, crash=False)
     assert report.keys_out_of_order > 0, render(report)
     assert not report.ordered
+
+
+def test_the_spark_sources_planner_hands_back_a_partition_read_to_its_seal(
+        redis_url: str, rclient: redis.Redis, stream: str) -> None:
+    """The PySpark source's planner (no JVM: its planning and reading are plain Python)
+    stops each range at the seal and reports the partition completed once the sink
+    committed the marker."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from kgroup_pipeline.source import KgroupStreamReader
+
+    lineage = initial(2)
+    produce(rclient, stream=stream, layout=lambda: lineage, count=50, keys=20, seed=8)
+    lineage = lineage.reshape(Uniform(2))
+    produce(rclient, stream=stream, layout=lambda: lineage, count=10, keys=20, seed=9)
+    reader = KgroupStreamReader({"redis": redis_url, "stream": stream,
+                                 "ownership": "static:0-1@1"})
+    store = FencedStore(rclient, stream)
+    offset = reader.latestOffset(reader.initialOffset(), ReadMaxRows(10_000))
+    ranges = [(int(p), e["token"], e["from"], e["to"], e["limit"])
+              for p, e in offset["p"].items()]
+    seals = rclient.hgetall(f"kgroup:{{{stream}}}:seals")
+    assert {r[3] for r in ranges} == {str(v).split("/")[1] for v in seals.values()}
+    store.commit(aggregate(reader.read_ranges(rclient, ranges)))
+    assert reader.latestOffset(offset, ReadMaxRows(10_000)) == offset  # nothing new to plan
+    ownership = reader._ownership
+    assert isinstance(ownership, StaticOwnership)
+    assert sorted(ownership.completed) == [0, 1]
+
