@@ -34,6 +34,8 @@ this module does not import redis. It names the lineage's public pieces (``Linea
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,8 @@ from kgroup.core.lineage import (
 from kgroup.core.routing import (
     Refusal,
     after_refusal,
+    layout_from_status,
+    layout_to_status,
     newer,
     route,
     route_all,
@@ -59,10 +63,32 @@ from kgroup.core.routing import (
     to_seal,
 )
 
-__all__ = ["APPEND_LUA", "SEAL_FIELD", "SEAL_LUA", "LayoutBehind", "LayoutProducer", "Lineage",
-           "LineageError", "Merge", "SealRefused", "Sent", "SideWrite", "Split", "Uniform",
-           "decode", "encode", "initial", "parse_seal", "route", "seal", "seals_key",
-           "stream_key"]
+__all__ = [
+    "APPEND_LUA",
+    "SEAL_FIELD",
+    "SEAL_LUA",
+    "FileLayout",
+    "LayoutBehind",
+    "LayoutProducer",
+    "Lineage",
+    "LineageError",
+    "Merge",
+    "SealRefused",
+    "Sent",
+    "SideWrite",
+    "Split",
+    "Uniform",
+    "decode",
+    "encode",
+    "initial",
+    "layout_from_status",
+    "layout_to_status",
+    "parse_seal",
+    "route",
+    "seal",
+    "seals_key",
+    "stream_key",
+]
 
 SEAL_FIELD = "kgroup-seal"
 """The one field of a seal marker entry (its value: the generation that replaced the
@@ -302,3 +328,32 @@ class LayoutProducer:
                                    f"{self.layout_wait:g} s")
             self.sleep(pause)
             pause = min(pause * 2, 0.5)
+
+
+class FileLayout:
+    """A layout source: a JSON file holding the group's ``status.layout`` (e.g. written by
+    ``kubectl get cg NAME -o jsonpath='{.status.layout}'``), read again when it changes.
+    No file, or an empty one: one modulo generation of ``partitions`` (a group without a
+    layout). A file that does not decode raises :class:`LineageError` with the reason:
+    the producer stops rather than guess where keys go."""
+
+    def __init__(self, path: str, partitions: int) -> None:
+        self.path, self.partitions = path, partitions
+        self._seen: tuple[int, int] | None = None
+        self._lineage = layout_from_status(None, partitions)
+
+    def __call__(self) -> Lineage:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return self._lineage
+        if (st.st_mtime_ns, st.st_size) != self._seen:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+            try:
+                doc = json.loads(text) if text.strip() else None
+            except json.JSONDecodeError as exc:
+                raise LineageError(f"{self.path}: not JSON: {exc}") from None
+            self._lineage = layout_from_status(doc, self.partitions)
+            self._seen = (st.st_mtime_ns, st.st_size)
+        return self._lineage

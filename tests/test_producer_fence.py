@@ -3,6 +3,8 @@ and the fence that refuses a producer that has not switched."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -12,17 +14,21 @@ from pipeline_fixtures import rclient, redis_url, stream
 from kgroup.producer import (
     APPEND_LUA,
     SEAL_FIELD,
+    FileLayout,
     LayoutBehind,
     LayoutProducer,
     Lineage,
+    LineageError,
     SideWrite,
     Uniform,
     initial,
+    layout_to_status,
     parse_seal,
     seals_key,
     stream_key,
 )
 from kgroup_pipeline.keys import StreamKeys, partition_for
+from kgroup_pipeline.producer import main as producer_main
 
 __all__ = ["rclient", "redis_url", "stream"]
 KEYS = [f"c{i:05d}" for i in range(200)]
@@ -156,3 +162,22 @@ def test_bad_input_is_refused_with_a_clear_message(rclient: redis.Redis, stream:
         SideWrite("del", "k", "f", 1)
     with pytest.raises(ValueError, match="not a seal record"):
         parse_seal("1700-0")
+
+
+def test_the_reference_producer_follows_a_layout_file(
+        rclient: redis.Redis, redis_url: str, stream: str, tmp_path: Path) -> None:
+    path = tmp_path / "layout.json"
+    common = ["--redis", redis_url, "--stream", stream, "--partitions", "4", "--count", "200",
+              "--rate", "0", "--keys", "50", "--layout-file", str(path)]
+    assert producer_main([*common, "--seed", "1"]) == 0  # no file yet: crc32 % 4
+    assert sum(rclient.xlen(stream_key(stream, p)) for p in range(4)) == 200
+    source = FileLayout(str(path), 4)
+    assert source() == initial(4)
+    path.write_text(json.dumps(layout_to_status(initial(4).reshape(Uniform(6)))))
+    assert source().latest.number == 2
+    assert producer_main([*common, "--seed", "2"]) == 0
+    assert sum(rclient.xlen(stream_key(stream, p)) for p in range(4, 10)) == 200
+    assert all(SEAL_FIELD in entries(rclient, stream, p)[-1][1] for p in range(4))
+    path.write_text('{"generation": 1')
+    with pytest.raises(LineageError, match="not JSON"):
+        source()

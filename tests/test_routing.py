@@ -12,6 +12,8 @@ from kgroup.core.lineage import Lineage, LineageError, Split, State, Uniform, in
 from kgroup.core.routing import (
     Refusal,
     after_refusal,
+    layout_from_status,
+    layout_to_status,
     newer,
     route,
     route_all,
@@ -99,3 +101,20 @@ def test_a_switch_moves_a_key_only_to_a_successor_and_seals_where_it_was(
         assert new in after.successors(old)
         assert after.state(old) is not State.OPEN
         assert old in sealed or after.state(old) is State.COMPLETED
+
+
+def test_status_layout_round_trips_and_a_group_without_it_is_one_modulo_generation() -> None:
+    lineage = initial(16).reshape(Uniform(24)).complete(3)
+    doc = layout_to_status(lineage)
+    assert doc["generation"] == 2 and doc["states"] == {
+        "open": "16-39", "sealed": "0-2,4-15", "completed": "3"}
+    assert layout_from_status(doc, 16) == lineage
+    assert layout_from_status(None, 16) == initial(16)  # made before lineage: unchanged
+    with pytest.raises(LineageError, match="generation is 3, but its newest generation is 2"):
+        layout_from_status({**doc, "generation": 3}, 16)
+    with pytest.raises(LineageError, match="expected int"):
+        layout_from_status({**doc, "generation": "2"}, 16)
+    with pytest.raises(LineageError, match="expected a mapping"):
+        layout_from_status([doc], 16)
+    with pytest.raises(LineageError, match="unknown fields"):
+        layout_from_status({**doc, "epoch": 1}, 16)

@@ -15,18 +15,24 @@ names the generation that sealed the partition; :func:`after_refusal` says wheth
 producer's layout already knows it (write again with the newest routing) or is behind
 (wait for the layout source to reach that generation).
 
+The group's layout is published in its status as ``status.layout``
+(:func:`layout_to_status`): the lineage's wire form (``kgroup.core.lineage.encode``) with
+the newest generation's number beside it, for printer columns and for a reader that
+only wants to know whether the layout moved. A group without it (made before lineage) is
+one modulo generation of ``spec.partitions`` (:func:`layout_from_status`).
+
 Pure: no I/O, no clock. The Redis side is ``kgroup.producer``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from kgroup.core.lineage import Lineage, LineageError, State, key_hash
+from kgroup.core.lineage import Lineage, LineageError, State, decode, encode, initial, key_hash
 
-__all__ = ["Refusal", "after_refusal", "newer", "route", "route_all", "sealing_generation",
-           "to_seal"]
+__all__ = ["Refusal", "after_refusal", "layout_from_status", "layout_to_status", "newer",
+           "route", "route_all", "sealing_generation", "to_seal"]
 
 
 def route(lineage: Lineage, key: str) -> int:
@@ -85,3 +91,28 @@ def after_refusal(lineage: Lineage, partition: int, sealed_by: int) -> Refusal:
     if sealed_by > lineage.latest.number or partition in lineage.latest:
         return Refusal.WAIT
     return Refusal.REROUTE
+
+
+def layout_to_status(lineage: Lineage) -> dict[str, object]:
+    """``status.layout``: ``generation`` (the newest) and the lineage's wire form."""
+    return {"generation": lineage.latest.number, **encode(lineage)}
+
+
+def layout_from_status(layout: object, partitions: int) -> Lineage:
+    """The lineage of ``status.layout``; absent (``None``: a group made before lineage,
+    or whose operator has not written it yet), one modulo generation of ``partitions``
+    (``spec.partitions``), which places keys as such a group always did. Raises
+    :class:`LineageError` naming the field and the rule."""
+    if layout is None:
+        return initial(partitions)
+    if not isinstance(layout, Mapping):
+        raise LineageError(f"status.layout: expected a mapping, got {type(layout).__name__}")
+    rest = {k: v for k, v in layout.items() if k != "generation"}
+    number = layout.get("generation")
+    if type(number) is not int:
+        raise LineageError(f"status.layout.generation: expected int, got {number!r:.40}")
+    lineage = decode(rest)
+    if lineage.latest.number != number:
+        raise LineageError(f"status.layout.generation is {number}, but its newest generation "
+                           f"is {lineage.latest.number}")
+    return lineage

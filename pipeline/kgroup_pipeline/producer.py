@@ -12,7 +12,10 @@ cents), ``event`` (unique id) and ``seq`` (per-key sequence number, from 1, no g
 no ``seq``): it takes no seq and is counted in the ledger as bad.
 
     python -m kgroup_pipeline.producer --redis URL --stream NAME --partitions 16 \
-        --rate 5000 --duration 30 --keys 1000
+        --rate 5000 --duration 30 --keys 1000 [--layout-file layout.json]
+
+``--layout-file``: the group's ``status.layout`` as JSON, read again when it changes (no
+file: ``crc32 % --partitions``); the producer follows it (``kgroup.producer``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from kgroup.producer import LayoutProducer, Lineage, SideWrite, initial
+from kgroup.producer import FileLayout, LayoutProducer, Lineage, SideWrite, initial
 from kgroup_pipeline.keys import StreamKeys
 
 
@@ -157,18 +160,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--bad-every", type=int, default=0, help="every Nth event is malformed")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--layout-file", default=None,
+                    help="the group's status.layout as JSON (re-read when it changes)")
     args = ap.parse_args(argv)
     if not args.redis:
         ap.error("--redis or KGROUP_REDIS_URL is required")
     if args.count is None and args.duration is None:
         args.duration = 30.0
     client = redis.Redis.from_url(args.redis, decode_responses=True)
-    out = produce(client, stream=args.stream, partitions=args.partitions, count=args.count,
+    layout = FileLayout(args.layout_file, args.partitions) if args.layout_file else None
+    out = produce(client, stream=args.stream, partitions=None if layout else args.partitions,
+                  layout=layout, count=args.count,
                   duration=args.duration, rate=args.rate, keys=args.keys,
                   bad_every=args.bad_every, seed=args.seed)
     rate = out.events / out.seconds if out.seconds else 0.0
     print(f"produced {out.events} events + {out.bad} malformed to {args.stream} "
-          f"in {out.seconds:.1f}s ({rate:.0f}/s)", file=sys.stderr)
+          f"in {out.seconds:.1f}s ({rate:.0f}/s); generations {sorted(out.generations)}, "
+          f"{out.refused} chunks refused by a seal", file=sys.stderr)
     return 0
 
 
