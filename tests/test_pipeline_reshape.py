@@ -3,8 +3,9 @@ seal and follow the layout, workers read a sealed partition to its marker and re
 completed, and the verifier checks every key's sequence across generations.
 
 The group's side (which partition is assignable: ``Lineage.is_assignable``, and
-completions recorded with ``Lineage.complete``) is played by :class:`Conductor` on the
-scripted coordinator, as the operator will do it from the workers' completed releases.
+completions recorded with ``Lineage.complete``) is played by
+``kgroup_testing.reshape.Conductor`` on the scripted coordinator, as the operator will do
+it from the workers' completed releases.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import redis
 from pipeline_fixtures import rclient, redis_url, stream
 
 from kgroup.core.lineage import State
-from kgroup.producer import Lineage, Uniform, initial, stream_key
+from kgroup.producer import Uniform, initial, stream_key
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.light_worker import LightWorker
 from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
@@ -25,6 +26,7 @@ from kgroup_pipeline.producer import produce
 from kgroup_pipeline.range_reader import aggregate, read_range
 from kgroup_pipeline.scripted import ScriptedCoordinator
 from kgroup_pipeline.verify import Report, render, verify
+from kgroup_testing.reshape import Conductor, Workers
 
 __all__ = ["rclient", "redis_url", "stream"]
 
@@ -35,64 +37,6 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-class Conductor:
-    """The group's side of a reshape: the lineage (what producers read), completions
-    recorded from the workers' completed releases, and every partition that is
-    assignable (``wait``: only once all its predecessors are completed; the broken
-    variant assigns every partition at once) given round-robin to the live members."""
-
-    def __init__(self, coord: ScriptedCoordinator, lineage: Lineage, members: list[str],
-                 *, wait: bool = True) -> None:
-        self.coord, self.lineage, self.members, self.wait = coord, lineage, members, wait
-        self.turn = 0
-        self.lock = threading.Lock()
-
-    def layout(self) -> Lineage:
-        return self.lineage
-
-    def reshape(self, count: int) -> None:
-        with self.lock:
-            self.lineage = self.lineage.reshape(Uniform(count))
-
-    def step(self) -> None:
-        with self.lock:
-            lineage = self.lineage
-            for p in sorted(self.coord.completed):
-                if lineage.state(p) is State.SEALED and lineage.is_assignable(p):
-                    lineage = lineage.complete(p)
-            self.lineage = lineage
-            for p in sorted(lineage.partitions - lineage.completed):
-                if p in self.coord.completed or self.coord.holder(p)[0] is not None:
-                    continue
-                if self.wait and not lineage.is_assignable(p):
-                    continue
-                self.coord.assign(self.members[self.turn % len(self.members)], [p])
-                self.turn += 1
-
-    def done(self) -> bool:
-        """Every partition a reshape replaced is completed."""
-        return all(self.lineage.state(p) is not State.SEALED for p in self.lineage.partitions)
-
-
-def run_workers(redis_url: str, stream: str, coord: ScriptedCoordinator, members: list[str],
-                stop: threading.Event, max_rows: int = 400) -> dict[str, threading.Event]:
-    """One light worker thread per member; -> each member's own stop (a crash)."""
-    stops = {}
-    for m in members:
-        own = threading.Event()
-        worker = LightWorker(client=redis.Redis.from_url(redis_url, decode_responses=True),
-                             stream=stream, ownership=coord.ownership(m), max_rows=max_rows,
-                             idle_wait=0.01)
-
-        def loop(w: LightWorker = worker, own: threading.Event = own) -> None:
-            while not stop.is_set() and not own.is_set():
-                if w.run_once() == 0:
-                    time.sleep(0.01)
-        threading.Thread(target=loop, name=f"worker-{m}", daemon=True).start()
-        stops[m] = own
-    return stops
 
 
 def test_an_empty_sealed_partition_completes_at_once_and_a_marker_is_no_event(
@@ -157,10 +101,8 @@ def reshaping_run(redis_url: str, rclient: redis.Redis, stream: str, *, wait: bo
     others take its partitions over. -> the verifier's report, the conductor, and the
     sealed partitions the crashed worker held when it died."""
     coord = ScriptedCoordinator(64)
-    members = ["a", "b", "c"]
-    conductor = Conductor(coord, initial(16), members, wait=wait)
-    stop = threading.Event()
-    stops: dict[str, threading.Event] = {}
+    conductor = Conductor(coord, initial(16), ["a", "b", "c"], wait=wait)
+    workers = Workers(redis_url, stream, coord, max_rows=100)
     held_at_crash: list[int] = []
     produced = threading.Thread(target=produce, kwargs=dict(
         client=redis.Redis.from_url(redis_url, decode_responses=True), stream=stream,
@@ -173,15 +115,17 @@ def reshaping_run(redis_url: str, rclient: redis.Redis, stream: str, *, wait: bo
                 conductor.step()
                 time.sleep(0.02)
             if action == "start":
-                stops = run_workers(redis_url, stream, coord, members, stop, max_rows=100)
+                for m in conductor.members:
+                    workers.start(m)
             elif action == "crash" and crash:
-                stops["a"].set()
-                held_at_crash = [p.partition for p in coord.view("a").partitions
-                                 if conductor.lineage.state(p.partition) is State.SEALED]
-                coord.expire("a")
-                members.remove("a")
+                conductor.leave("a")
+                held_at_crash = [p for p in workers.crash("a")
+                                 if conductor.lineage.state(p) is State.SEALED]
             elif action.isdigit():
                 conductor.reshape(int(action))
+        while produced.is_alive():
+            conductor.step()
+            time.sleep(0.02)
         produced.join()
 
         def settled() -> bool:
@@ -189,7 +133,7 @@ def reshaping_run(redis_url: str, rclient: redis.Redis, stream: str, *, wait: bo
             return conductor.done() and verify(rclient, stream).caught_up
         wait_for(settled, timeout=90.0, what="every sealed partition completed")
     finally:
-        stop.set()
+        workers.stop_all()
     return verify(rclient, stream), conductor, held_at_crash
 
 
@@ -199,8 +143,10 @@ def test_16_to_24_to_8_keeps_every_key_in_order_with_nothing_lost_or_duplicated(
                                                      crash=True)
     print(render(report))
     assert held_at_crash  # the crashed worker was draining sealed partitions: taken over
-    assert set(held_at_crash) <= conductor.lineage.completed
-    assert [len(g.partitions) for g in conductor.lineage.generations] == [16, 24, 8]
+    assert set(held_at_crash) <= set(conductor.coord.completed)
+    latest = conductor.lineage.latest  # generations 1 and 2 completed and retired
+    assert latest.number == 3 and latest.partitions == tuple(range(40, 48))
+    assert len(conductor.lineage.generations) == 1
     assert report.generations == 3
     assert report.total("produced") == report.total("committed") > 8_000
     assert report.clean and report.ordered, render(report)
