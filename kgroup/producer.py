@@ -290,6 +290,8 @@ class LayoutProducer:
             raise ValueError(f"{len(keys)} keys for {len(events)} events")
         if any(SEAL_FIELD in e for e in events):
             raise ValueError(f"an event may not carry the field {SEAL_FIELD!r}: it marks a seal")
+        if not all(events):
+            raise ValueError("an event needs at least one field (a stream entry has one)")
         refused = 0
         while True:
             lineage = self._current()

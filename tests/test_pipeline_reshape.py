@@ -20,11 +20,12 @@ from pipeline_fixtures import rclient, redis_url, stream
 from kgroup.core.lineage import State
 from kgroup.producer import Uniform, initial, stream_key
 from kgroup_pipeline.fencing import FencedStore
+from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.light_worker import LightWorker
-from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership
+from kgroup_pipeline.ownership import OwnedPartition, StaticOwnership, ownership_from_spec
 from kgroup_pipeline.producer import produce
 from kgroup_pipeline.range_reader import aggregate, read_range
-from kgroup_pipeline.scripted import ScriptedCoordinator
+from kgroup_pipeline.scripted import ScriptedCoordinator, serve_sidecar
 from kgroup_pipeline.verify import Report, render, verify
 from kgroup_testing.reshape import Conductor, Workers
 
@@ -192,3 +193,48 @@ def test_the_spark_sources_planner_hands_back_a_partition_read_to_its_seal(
     assert isinstance(ownership, StaticOwnership)
     assert sorted(ownership.completed) == [0, 1]
 
+
+
+def test_a_sink_written_before_the_cross_partition_check_keeps_its_order_record(
+        rclient: redis.Redis, stream: str) -> None:
+    """Upgrade: a sink that recorded a key's last seq only per partition continues from
+    it (the key's last seq across partitions falls back to the partition's own)."""
+    produce(rclient, stream=stream, partitions=1, count=10, keys=1, seed=12)
+    store = FencedStore(rclient, stream)
+    names = StreamKeys(stream)
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=5)
+    (first,) = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                    from_id=plan.from_id, to_id=plan.to_id, limit=5))
+    assert [o.status for o in store.commit([first])] == ["committed"]
+    rclient.delete(names.key_last)  # as a sink of the release before wrote it
+    (plan,) = store.plan([OwnedPartition(0, 1)], max_rows=100)
+    rest = aggregate(read_range(rclient, stream=stream, partition=0, token=1,
+                                from_id=plan.from_id, to_id=plan.to_id))
+    assert [o.status for o in store.commit(rest)] == ["committed"]
+    assert rclient.hgetall(names.key_ooo) == {} and store.committed(0)["ooo"] == "0"
+    report = verify(rclient, stream)
+    assert report.clean and report.ordered and report.total("committed") == 10
+
+
+def test_completion_reaches_a_sidecar_as_a_release_that_says_completed(
+        rclient: redis.Redis, stream: str) -> None:
+    """Through the sidecar's HTTP API (the scripted one): the worker's completion is
+    ``POST /v1/partitions/{n}/release`` with ``"completed": true`` and the marker."""
+    coord = ScriptedCoordinator(4)
+    coord.assign("m", [0, 1, 2, 3])
+    server, url = serve_sidecar(coord, "m")
+    try:
+        lineage = initial(4)
+        produce(rclient, stream=stream, layout=lambda: lineage, count=40, keys=8, seed=13)
+        lineage = lineage.reshape(Uniform(2))
+        produce(rclient, stream=stream, layout=lambda: lineage, count=1, keys=8, seed=14)
+        worker = LightWorker(client=rclient, stream=stream,
+                             ownership=ownership_from_spec(f"sidecar:{url}"))
+        wait_for(lambda: worker.run_once() >= 0 and len(coord.completed) == 4,
+                 what="four completions")
+    finally:
+        server.shutdown()
+        server.server_close()
+    seals = rclient.hgetall(StreamKeys(stream).seals)
+    assert coord.completed == {p: str(seals[str(p)]).split("/")[1] for p in range(4)}
+    assert verify(rclient, stream).ordered

@@ -156,6 +156,8 @@ def test_bad_input_is_refused_with_a_clear_message(rclient: redis.Redis, stream:
     producer = LayoutProducer(rclient, stream, Source(initial(2)))
     with pytest.raises(ValueError, match="kgroup-seal"):
         producer.send(["a"], [{"key": "a", SEAL_FIELD: "1"}])
+    with pytest.raises(ValueError, match="at least one field"):
+        producer.send(["a"], [{}])
     with pytest.raises(ValueError, match="2 keys for 1 events"):
         producer.send(["a", "b"], [{"key": "a"}])
     with pytest.raises(ValueError, match="only hincrby and hset"):
