@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,6 +46,7 @@ from kgroup.core.lineage import (
     LineageError,
     Merge,
     Split,
+    State,
     Uniform,
     decode,
     encode,
@@ -359,3 +360,25 @@ class FileLayout:
             self._lineage = layout_from_status(doc, self.partitions)
             self._seen = (st.st_mtime_ns, st.st_size)
         return self._lineage
+
+
+class Sealer:
+    """For a partition's owner: seals the partitions it holds that the layout calls sealed,
+    so a reshape completes even when no producer has written since (a producer seals only
+    when it writes), and a producer still on the old layout is fenced from then on.
+    Idempotent, and each partition is sealed at most once per sealer."""
+
+    def __init__(self, client: RedisLike, stream: str, layout: Callable[[], Lineage]) -> None:
+        self.stream, self.layout = stream, layout
+        self._seal = client.register_script(SEAL_LUA)
+        self.sealed: dict[int, str] = {}
+
+    def step(self, partitions: Iterable[int]) -> dict[int, str]:
+        """Seal those of ``partitions`` the layout calls sealed; -> the ones sealed now."""
+        lineage = self.layout()
+        todo = {p: sealing_generation(lineage, p) for p in partitions
+                if p not in self.sealed and p in lineage.partitions
+                and lineage.state(p) is State.SEALED}
+        done = seal(self._seal, self.stream, todo)
+        self.sealed.update(done)
+        return done

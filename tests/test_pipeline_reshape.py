@@ -14,11 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
 import redis
 from pipeline_fixtures import rclient, redis_url, stream
 
 from kgroup.core.lineage import State
-from kgroup.producer import Uniform, initial, stream_key
+from kgroup.producer import LayoutBehind, LayoutProducer, Uniform, initial, stream_key
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.keys import StreamKeys
 from kgroup_pipeline.light_worker import LightWorker
@@ -238,3 +239,29 @@ def test_completion_reaches_a_sidecar_as_a_release_that_says_completed(
     seals = rclient.hgetall(StreamKeys(stream).seals)
     assert coord.completed == {p: str(seals[str(p)]).split("/")[1] for p in range(4)}
     assert verify(rclient, stream).ordered
+
+
+def test_with_the_layout_a_worker_seals_what_no_producer_sealed_and_completes_it(
+        rclient: redis.Redis, stream: str) -> None:
+    """A reshape with no producer running: nobody writes, so nobody seals. A worker given
+    the layout seals the partitions it holds that the layout calls sealed (fencing any
+    producer still on the old layout) and completes them; without it, it never does."""
+    lineage = initial(4)
+    produce(rclient, stream=stream, layout=lambda: lineage, count=40, keys=8, seed=15)
+    reshaped = lineage.reshape(Uniform(2))
+    blind = StaticOwnership([0, 1, 2, 3])
+    worker = LightWorker(client=rclient, stream=stream, ownership=blind)
+    for _ in range(5):
+        worker.run_once()
+    assert blind.completed == {} and rclient.hlen(StreamKeys(stream).seals) == 0
+    sighted = StaticOwnership([0, 1, 2, 3], token=2)
+    worker = LightWorker(client=rclient, stream=stream, ownership=sighted,
+                         layout=lambda: reshaped)
+    wait_for(lambda: worker.run_once() >= 0 and len(sighted.completed) == 4,
+             what="four completions")
+    assert sorted(worker.sealer.sealed) == [0, 1, 2, 3]  # type: ignore[union-attr]
+    with pytest.raises(LayoutBehind):  # a producer still on the old layout is fenced
+        LayoutProducer(rclient, stream, lambda: lineage, layout_wait=0.05,
+                       sleep=lambda s: None).send(["k"], [{"key": "k"}])
+    report = verify(rclient, stream)
+    assert report.clean and report.ordered and report.total("committed") == 40
