@@ -153,6 +153,27 @@ def schedule(args: argparse.Namespace, counts: list[int]) -> list[tuple[float, s
     return sorted(steps)
 
 
+def act(action: str, conductor: Conductor, workers: Workers, gen_of: dict[int, int]) -> None:
+    """One step of the schedule; ``gen_of`` learns each new partition's generation."""
+    verb, _, what = action.partition(" ")
+    if verb == "start":
+        for m in conductor.members:
+            workers.start(m)
+    elif verb == "reshape":
+        conductor.reshape(int(what))
+        gen_of.update({p: conductor.lineage.latest.number
+                       for p in conductor.lineage.latest.partitions if p not in gen_of})
+    elif verb == "crash":
+        conductor.leave(what)
+        workers.crash(what)
+    elif verb == "join":
+        conductor.join(what)
+        workers.start(what)
+    elif verb == "leave":  # its hand-back runs beside the group's side, as in a pod
+        conductor.leave(what)
+        threading.Thread(target=workers.leave, args=(what,), daemon=True).start()
+
+
 def run(args: argparse.Namespace, url: str, client: redis.Redis) -> dict[str, object]:
     counts = [int(c) for c in args.sequence.split(",")]
     coord = ScriptedCoordinator(sum(counts) + 1)
@@ -174,23 +195,7 @@ def run(args: argparse.Namespace, url: str, client: redis.Redis) -> dict[str, ob
         while time.monotonic() - start < at:
             conductor.step()
             time.sleep(0.02)
-        verb, _, what = action.partition(" ")
-        if verb == "start":
-            for m in conductor.members:
-                workers.start(m)
-        elif verb == "reshape":
-            conductor.reshape(int(what))
-            gen_of.update({p: conductor.lineage.latest.number
-                           for p in conductor.lineage.latest.partitions if p not in gen_of})
-        elif verb == "crash":
-            conductor.leave(what)
-            workers.crash(what)
-        elif verb == "join":
-            conductor.join(what)
-            workers.start(what)
-        elif verb == "leave":  # its hand-back runs beside the group's side, as in a pod
-            conductor.leave(what)
-            threading.Thread(target=workers.leave, args=(what,), daemon=True).start()
+        act(action, conductor, workers, gen_of)
     while producer.is_alive():  # the group's side keeps going while events flow
         conductor.step()
         time.sleep(0.02)
