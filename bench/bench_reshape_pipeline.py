@@ -9,7 +9,7 @@ hand-over times.
 
 Events flow at ``--rate`` for the whole run; the layout goes through ``--sequence``, one
 reshape every ``--interval`` seconds; workers start ``--lag`` seconds late (a backlog),
-one crashes 0.5 s after the first reshape, one joins after the second, one leaves
+one crashes 0.5 s after the first reshape (or after the workers start), one joins after the second, one leaves
 gracefully after the third (``--no-churn``: none of these).
 
 The pause a key sees at a reshape: from its first event written to a successor to that
@@ -145,7 +145,7 @@ def schedule(args: argparse.Namespace, counts: list[int]) -> list[tuple[float, s
     if args.no_churn:
         return sorted(steps)
     if len(counts) > 1:
-        steps.append((args.interval + 0.5, "crash w0"))
+        steps.append((max(args.interval, args.lag) + 0.5, "crash w0"))
     if len(counts) > 2:
         steps.append((2 * args.interval + 0.5, "join w9"))
     if len(counts) > 3:
