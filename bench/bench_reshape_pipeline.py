@@ -9,8 +9,8 @@ hand-over times.
 
 Events flow at ``--rate`` for the whole run; the layout goes through ``--sequence``, one
 reshape every ``--interval`` seconds; workers start ``--lag`` seconds late (a backlog),
-one crashes 0.5 s after the first reshape (or after the workers start), one joins after the second, one leaves
-gracefully after the third (``--no-churn``: none of these).
+one crashes 0.5 s after the first reshape (or after the workers start), one joins after
+the second, one leaves gracefully after the third (``--no-churn``: none of these).
 
 The pause a key sees at a reshape: from its first event written to a successor to that
 event's commit (the first time the successor's sink lists the key), polled every 20 ms;
