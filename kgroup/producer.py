@@ -251,7 +251,8 @@ def _append_args(stream: str, events: Sequence[Mapping[str, str | int]],
 
 @dataclass
 class LayoutProducer:
-    """Writes keyed events to the partitions of the newest generation of ``layout()``."""
+    """Writes keyed events to the partitions of the newest generation of ``layout()``.
+    One thread at a time (give each thread its own producer)."""
 
     client: RedisLike
     stream: str
@@ -259,10 +260,12 @@ class LayoutProducer:
     layout_wait: float = 30.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    refusals: int = 0
-    seals_written: dict[int, str] = field(default_factory=dict)
-    _lineage: Lineage | None = None
-    _sealed_for: int = 0
+    refusals: int = field(default=0, init=False)
+    """Writes a seal refused (each then routed again by a newer layout)."""
+    seals_written: dict[int, str] = field(default_factory=dict, init=False)
+    """partition -> seal record of every seal this producer ensured."""
+    _lineage: Lineage | None = field(default=None, init=False)
+    _sealed_for: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._append = self.client.register_script(APPEND_LUA)
