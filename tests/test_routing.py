@@ -3,7 +3,10 @@ what a refused write does (pure, no Redis)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_lineage_properties import apply, changes
@@ -118,3 +121,12 @@ def test_status_layout_round_trips_and_a_group_without_it_is_one_modulo_generati
         layout_from_status([doc], 16)
     with pytest.raises(LineageError, match="unknown fields"):
         layout_from_status({**doc, "epoch": 1}, 16)
+
+
+def test_the_status_layout_example_in_the_docs_is_what_the_codec_writes() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "reshape.md").read_text()
+    block = text.split("```yaml\nstatus:\n", 1)[1].split("```", 1)[0]
+    doc = yaml.safe_load("status:\n" + block)["status"]["layout"]
+    lineage = initial(16).reshape(Uniform(24)).complete(3)
+    assert doc == layout_to_status(lineage)
+    assert layout_from_status(doc, 16) == lineage
