@@ -221,6 +221,13 @@ def after_release_error(status: int, *, now: float, deadline: float) -> ReleaseO
     return "raise"
 
 
+def _release_body(token: int, position: str | None, completed: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"token": token, "position": position}
+    if completed:  # only then: the body of an ordinary release stays as it was
+        body["completed"] = True
+    return body
+
+
 def _reports_body(reports: Iterable[Report]) -> dict[str, Any]:
     return {"partitions": [
         {"partition": r.partition, "token": r.token, "position": r.position, "lag": r.lag,
@@ -465,13 +472,16 @@ class SidecarClient:
                              timeout=give_up_after or timeout + self.timeout)
         return Assignment.from_json(body, sent_at=sent, clock=self.clock)
 
-    def release(self, partition: int, token: int, position: str | None) -> bool:
+    def release(self, partition: int, token: int, position: str | None, *,
+                completed: bool = False) -> bool:
         """Acknowledge a revocation (or give a partition up) with its last position. The
-        partition then leaves :meth:`listen`'s view without being reported lost."""
+        partition then leaves :meth:`listen`'s view without being reported lost.
+        ``completed``: the partition is sealed and ``position`` is its seal marker: it was
+        read to its end (a reshape's predecessor; ``docs/protocol.md``)."""
         self._released.sent(partition, token)
         try:
             body = self._request("POST", f"/v1/partitions/{partition}/release",
-                                 {"token": token, "position": position}, timeout=65.0)
+                                 _release_body(token, position, completed), timeout=65.0)
         except SidecarError as exc:
             if exc.status in (404, 409):
                 self._released.refused(partition, token)
@@ -624,12 +634,14 @@ class AsyncSidecarClient:
                                    timeout=give_up_after or timeout + self.timeout)
         return Assignment.from_json(body, sent_at=sent, clock=self.clock)
 
-    async def release(self, partition: int, token: int, position: str | None) -> bool:
+    async def release(self, partition: int, token: int, position: str | None, *,
+                      completed: bool = False) -> bool:
         """See :meth:`SidecarClient.release`."""
         self._released.sent(partition, token)
         try:
             body = await self._request("POST", f"/v1/partitions/{partition}/release",
-                                       {"token": token, "position": position}, timeout=65.0)
+                                       _release_body(token, position, completed),
+                                       timeout=65.0)
         except SidecarError as exc:
             if exc.status in (404, 409):
                 self._released.refused(partition, token)

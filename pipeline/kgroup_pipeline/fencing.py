@@ -16,6 +16,19 @@ that partition has been processed, and every write to it is fenced by the token:
   returns the committed offset and the last planned end, so the handoff knows when the
   last batch that read the partition has been committed.
 
+Two different seals: the handoff's ``SEAL`` above closes the sink to one *token*; a
+partition's *seal marker* (``kgroup.producer``, after a reshape) closes its *stream* for
+ever. ``PLAN`` never plans past a partition's seal marker, and once the committed offset
+is the marker it answers ``completed`` (and records ``completed`` = the marker's id in the
+sink's record): everything written before the seal is processed, and the worker reports
+completion (``kgroup_pipeline.completion``). An empty sealed partition holds only its
+marker: its first range reads it and its next plan completes.
+
+``COMMIT`` checks each key's order across partitions and generations: a key's first seq
+in a range must follow the last seq committed for that key in *any* partition
+(``sink:key:last``; before a reshape that is the key's one partition). A break counts in
+the partition's ``ooo`` and in ``sink:key:ooo`` (key -> breaks).
+
 Each partition is committed by its own script call (partitions' outputs are disjoint), so
 a batch that carries one stale partition still commits the others.
 """
@@ -40,16 +53,20 @@ local function after(a, b)  -- stream id a > b
   return am > bm or (am == bm and as > bs)
 end
 local out = {}
-for i = 1, #KEYS / 2 do
+local seals = KEYS[#KEYS]
+for i = 1, (#KEYS - 1) / 2 do
   local sink, stream = KEYS[2*i-1], KEYS[2*i]
-  local token = tonumber(ARGV[2*i])
-  local handed = ARGV[2*i+1]
+  local token = tonumber(ARGV[3*i-1])
+  local handed = ARGV[3*i]
+  local seal = redis.call('HGET', seals, ARGV[3*i+1])
+  local ends = ''
+  if seal then ends = string.match(seal, '^%d+/(.+)$') or '' end
   local stored = tonumber(redis.call('HGET', sink, 'token') or '0')
   local sealed = tonumber(redis.call('HGET', sink, 'sealed') or '0')
   if stored > token then
-    out[#out+1] = {'fenced', '', '', 0}
+    out[#out+1] = {'fenced', '', '', 0, ends}
   elseif sealed >= token then
-    out[#out+1] = {'sealed', '', '', 0}
+    out[#out+1] = {'sealed', '', '', 0, ends}
   else
     if stored < token then redis.call('HSET', sink, 'token', token) end
     local from = redis.call('HGET', sink, 'offset')
@@ -58,13 +75,16 @@ for i = 1, #KEYS / 2 do
       redis.call('HSET', sink, 'offset', from)
     end
     local to, n = from, 0
-    if redis.call('EXISTS', stream) == 1 then
+    if ends ~= '' and from == ends then
+      redis.call('HSET', sink, 'completed', ends)
+    elseif redis.call('EXISTS', stream) == 1 then
       local info = redis.call('XINFO', 'STREAM', stream)
       local last, added = '0-0', 0
       for j = 1, #info, 2 do
         if info[j] == 'last-generated-id' then last = info[j+1] end
         if info[j] == 'entries-added' then added = tonumber(info[j+1]) end
       end
+      if ends ~= '' and after(last, ends) then last = ends end  -- the seal ends it
       if after(last, from) then
         to = last
         local done = tonumber(redis.call('HGET', sink, 'events') or '0')
@@ -72,7 +92,11 @@ for i = 1, #KEYS / 2 do
         redis.call('HSET', sink, 'planned_from', from, 'planned_token', token)
       end
     end
-    out[#out+1] = {'ok', from, to, n}
+    if ends ~= '' and from == ends then
+      out[#out+1] = {'completed', from, to, 0, ends}
+    else
+      out[#out+1] = {'ok', from, to, n, ends}
+    end
   end
 end
 return out
@@ -97,12 +121,17 @@ local ooo = 0
 for k = 0, nkeys - 1 do
   local b = 7 + k * 6
   local key = ARGV[b]
-  local last = tonumber(redis.call('HGET', KEYS[4], key) or '0')
-  if tonumber(ARGV[b+3]) ~= last + 1 then ooo = ooo + 1 end
-  ooo = ooo + tonumber(ARGV[b+5])
+  -- the key's last seq in any partition (a sink older than that hash: this partition's)
+  local last = tonumber(redis.call('HGET', KEYS[8], key) or
+                        redis.call('HGET', KEYS[4], key) or '0')
+  local broken = tonumber(ARGV[b+5])
+  if tonumber(ARGV[b+3]) ~= last + 1 then broken = broken + 1 end
+  if broken > 0 then redis.call('HINCRBY', KEYS[9], key, broken) end
+  ooo = ooo + broken
   redis.call('HINCRBY', KEYS[2], key, ARGV[b+1])
   redis.call('HINCRBY', KEYS[3], key, ARGV[b+2])
   redis.call('HSET', KEYS[4], key, ARGV[b+4])
+  redis.call('HSET', KEYS[8], key, ARGV[b+4])
 end
 local d = 7 + nkeys * 6
 local ndead = tonumber(ARGV[d])
@@ -135,11 +164,13 @@ return {'sealed', redis.call('HGET', KEYS[1], 'offset') or '',
 class Plan:
     partition: int
     token: int
-    status: str  # ok | fenced | sealed
+    status: str  # ok | fenced | sealed (the handoff's) | completed (read to its seal marker)
     from_id: str
-    to_id: str  # the stream's last id at planning: the range is (from, to], first `limit`
+    to_id: str  # the stream's last id at planning (at most the seal marker): the range is
+    #             (from, to], first `limit`
     rows: int  # an upper bound of the entries to read (0: nothing new), at most `limit`
     limit: int
+    seal: str = ""  # the partition's seal marker id, "" while it is open
 
 
 @dataclass(frozen=True)
@@ -174,16 +205,17 @@ class FencedStore:
         args: list[str | int] = [max(1, max_rows)]
         for p in owned:
             keys += [self.keys.sink_partition(p.partition), self.keys.partition(p.partition)]
-            args += [p.token, p.position or ""]
+            args += [p.token, p.position or "", p.partition]
+        keys.append(self.keys.seals)
         raw = self._plan(keys=keys, args=args)
-        return [Plan(p.partition, p.token, str(s), str(f), str(t), int(n), max(1, max_rows))
-                for p, (s, f, t, n) in zip(owned, raw, strict=True)]
+        return [Plan(p.partition, p.token, str(s), str(f), str(t), int(n), max(1, max_rows),
+                     str(e)) for p, (s, f, t, n, e) in zip(owned, raw, strict=True)]
 
     def _commit_call(self, r: PartitionResult, client: redis.client.Pipeline | None) -> object:
         n = r.partition
         keys = [self.keys.sink_partition(n), self.keys.sink_count(n), self.keys.sink_total(n),
                 self.keys.sink_last(n), self.keys.dead, self.keys.zombie_refused,
-                self.keys.replay_refused]
+                self.keys.replay_refused, self.keys.key_last, self.keys.key_ooo]
         args: list[str | int] = [n, r.token, r.from_id, r.to_id, r.events, len(r.keys)]
         for k in r.keys:
             args += [k.key, k.count, k.total, k.first_seq, k.last_seq, k.gaps]

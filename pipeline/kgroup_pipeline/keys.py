@@ -6,11 +6,16 @@ one slot and the fenced Lua scripts may touch any of them in one atomic step.
 
 Layout (one stream key per partition, as in Runnel):
 
-- ``kgroup:{s}:p:{n}``            the events of partition n (a Redis stream)
+- ``kgroup:{s}:p:{n}``            the events of partition n (a Redis stream); a sealed
+                                  partition ends with its seal marker (``kgroup.producer``)
+- ``kgroup:{s}:seals``            partition -> ``<generation>/<marker id>`` of each sealed one
 - ``kgroup:{s}:dead``             dead letters (malformed events, with the reason)
-- ``kgroup:{s}:produced:*``       the producer's ledger (what it wrote)
+- ``kgroup:{s}:produced:*``       the producer's ledger (what it wrote, per key and per
+                                  partition)
 - ``kgroup:{s}:sink:p:{n}``       the sink's per-partition record: committed offset, token, ...
 - ``kgroup:{s}:sink:{count|total|last}:{n}``  per-key results of partition n
+- ``kgroup:{s}:sink:key:{last|ooo}``  per key across partitions and generations: the last
+                                  seq committed, and how often a key's order broke
 - ``kgroup:{s}:zombie_refused``   batches refused because their token was stale
 - ``kgroup:{s}:replay_refused``   batches refused because their ``from`` was not the offset
 """
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+
+from kgroup.producer import seals_key, stream_key
 
 ZERO_ID = "0-0"
 
@@ -45,7 +52,12 @@ class StreamKeys:
         return f"kgroup:{{{self.stream}}}"
 
     def partition(self, n: int) -> str:
-        return f"{self.prefix}:p:{n}"
+        return stream_key(self.stream, n)
+
+    @property
+    def seals(self) -> str:
+        """Hash: partition -> ``<generation>/<marker id>`` (``kgroup.producer``)."""
+        return seals_key(self.stream)
 
     @property
     def dead(self) -> str:
@@ -72,6 +84,10 @@ class StreamKeys:
         """Hash: partition -> well-formed events produced."""
         return f"{self.prefix}:produced:count"
 
+    def produced_keys(self, n: int) -> str:
+        """Hash: key -> well-formed events of that key produced to partition n."""
+        return f"{self.prefix}:produced:keys:{n}"
+
     @property
     def produced_bad(self) -> str:
         """Hash: partition -> malformed events produced."""
@@ -89,6 +105,16 @@ class StreamKeys:
 
     def sink_last(self, n: int) -> str:
         return f"{self.prefix}:sink:last:{n}"
+
+    @property
+    def key_last(self) -> str:
+        """Hash: key -> the last seq committed, whichever partition it was in."""
+        return f"{self.prefix}:sink:key:last"
+
+    @property
+    def key_ooo(self) -> str:
+        """Hash: key -> committed events of the key that did not follow its last seq."""
+        return f"{self.prefix}:sink:key:ooo"
 
     @property
     def zombie_refused(self) -> str:

@@ -3,8 +3,9 @@
 Rule: same Ownership, same fenced plan/commit scripts, same range reading and per-key
 aggregation, same handoff as the PySpark job — only the execution engine differs. It runs
 one batch at a time: plan (claims partitions, fixes each range) → read → aggregate →
-commit (fenced) → handoff step. Tests use it for quick semantic checks; scale and chaos
-runs use it where a JVM per pod would be too heavy.
+commit (fenced) → completion step (a sealed partition read to its seal marker is handed
+back as completed, ``kgroup_pipeline.completion``) → handoff step. Tests use it for quick
+semantic checks; scale and chaos runs use it where a JVM per pod would be too heavy.
 
     python -m kgroup_pipeline.light_worker --redis URL --stream NAME --sidecar http://127.0.0.1:8470
 """
@@ -15,11 +16,14 @@ import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 from kgroup.client import SidecarError
+from kgroup.producer import FileLayout, Lineage, Sealer
+from kgroup_pipeline.completion import Completer
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.health import HealthReporter
@@ -38,7 +42,11 @@ class Stats:
 class LightWorker:
     def __init__(self, *, client: redis.Redis, stream: str, ownership: Ownership,
                  max_rows: int = 20_000, drain_timeout: float = 30.0,
-                 idle_wait: float = 0.05, log_every: float = 0.0) -> None:
+                 idle_wait: float = 0.05, log_every: float = 0.0,
+                 layout: Callable[[], Lineage] | None = None) -> None:
+        """``layout``: the group's partition layout; with it, the worker seals a partition
+        it holds that the layout calls sealed (``kgroup.producer.Sealer``), so a reshape
+        completes with no producer running."""
         self.store = FencedStore(client, stream)
         self.stream = stream
         self.ownership = ownership
@@ -46,6 +54,8 @@ class LightWorker:
         self.idle_wait = idle_wait
         self.log_every = log_every
         self.handoff = HandoffController(ownership, self.store, drain_timeout)
+        self.completion = Completer(ownership)
+        self.sealer = Sealer(client, stream, layout) if layout is not None else None
         self.stats = Stats()
         self.health = HealthReporter(self.store, getattr(ownership, "report_health", None))
 
@@ -55,6 +65,8 @@ class LightWorker:
             active = self.ownership.assignment().active
         except (OSError, SidecarError):
             active = ()  # the sidecar did not answer: own nothing until it does
+        if self.sealer is not None and active:
+            self.sealer.step(p.partition for p in active)
         plans = self.store.plan(active, max_rows=max(1, self.max_rows // max(1, len(active))))
         results = []
         for plan in plans:
@@ -75,6 +87,7 @@ class LightWorker:
         if results:
             self.stats.batches += 1
             self.stats.rows += rows
+        self.completion.step(plans)
         self.handoff.step(time.monotonic())
         return rows
 
@@ -109,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     add_source_arguments(ap)
     ap.add_argument("--max-rows", type=int, default=20_000)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--layout-file", default=None,
+                    help="the group's status.layout as JSON: seal held partitions it calls "
+                         "sealed")
     args = ap.parse_args(argv)
     spec = ownership_spec(ap, args)
     stop = stop_on_signals()
     worker = LightWorker(client=redis.Redis.from_url(args.redis, decode_responses=True),
                          stream=args.stream, ownership=ownership_from_spec(spec, follow=True),
-                         max_rows=args.max_rows, drain_timeout=args.drain_timeout, log_every=5.0)
+                         max_rows=args.max_rows, drain_timeout=args.drain_timeout, log_every=5.0,
+                         layout=FileLayout(args.layout_file, 1) if args.layout_file else None)
     stats = worker.run(stop)
     print(f"light-worker stopped: batches={stats.batches} rows={stats.rows}", file=sys.stderr)
     return 0

@@ -55,6 +55,11 @@ class Ownership(Protocol):
         """Hand the partition back at `position`; False if it was not ours (any more)."""
         ...
 
+    def complete(self, partition: int, token: int, position: str) -> bool:
+        """Hand back a sealed partition read to its end: `position` is its seal marker
+        (a release that says so); False if it was not ours (any more)."""
+        ...
+
 
 class StaticOwnership:
     """A fixed set of partitions under one token, never revoked (one worker, no Kubernetes)."""
@@ -62,6 +67,7 @@ class StaticOwnership:
     def __init__(self, partitions: list[int], *, token: int = 1) -> None:
         self.token = token
         self._held = {p: OwnedPartition(p, token) for p in sorted(partitions)}
+        self.completed: dict[int, str] = {}  # partition -> its seal marker
 
     def assignment(self) -> Assignment:
         return lasting(tuple(self._held.values()), member="static")
@@ -71,6 +77,12 @@ class StaticOwnership:
         if held is None or held.token != token:
             return False
         del self._held[partition]
+        return True
+
+    def complete(self, partition: int, token: int, position: str) -> bool:
+        if not self.release(partition, token, position):
+            return False
+        self.completed[partition] = position
         return True
 
     def spec(self) -> str:
@@ -109,6 +121,17 @@ class SidecarOwnership:
     def release(self, partition: int, token: int, position: str | None) -> bool:
         try:
             return self.client.release(partition, token, position)
+        except SidecarError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        finally:
+            if self.follower is not None:
+                self.follower.forget()
+
+    def complete(self, partition: int, token: int, position: str) -> bool:
+        try:
+            return self.client.release(partition, token, position, completed=True)
         except SidecarError as e:
             if e.status in (404, 409):
                 return False

@@ -1,8 +1,10 @@
 """Producer of keyed events, with its own ledger, for tests, benchmarks and demos.
 
 Rule: the stream and the ledger never disagree. Each chunk of events is written with its
-ledger update (per-key last seq and amount total, per-partition counts) in one MULTI/EXEC
-transaction, so a producer killed at any instant leaves a ledger that matches the stream.
+ledger update (per-key last seq and amount total, per-partition counts, per partition and
+key counts) in one fenced script call (``kgroup.producer``: refused whole when a partition
+it touches is sealed, then routed again by the newer layout), so a producer killed at any
+instant leaves a ledger that matches the stream.
 
 An event is a Redis stream entry with fields ``key`` (customer id), ``amount`` (integer
 cents), ``event`` (unique id) and ``seq`` (per-key sequence number, from 1, no gaps). With
@@ -10,7 +12,10 @@ cents), ``event`` (unique id) and ``seq`` (per-key sequence number, from 1, no g
 no ``seq``): it takes no seq and is counted in the ledger as bad.
 
     python -m kgroup_pipeline.producer --redis URL --stream NAME --partitions 16 \
-        --rate 5000 --duration 30 --keys 1000
+        --rate 5000 --duration 30 --keys 1000 [--layout-file layout.json]
+
+``--layout-file``: the group's ``status.layout`` as JSON, read again when it changes (no
+file: ``crc32 % --partitions``); the producer follows it (``kgroup.producer``).
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import redis
 
-from kgroup_pipeline.keys import StreamKeys, partition_for
+from kgroup.producer import FileLayout, LayoutProducer, Lineage, SideWrite, initial
+from kgroup_pipeline.keys import StreamKeys
 
 
 @dataclass
@@ -34,13 +41,43 @@ class Produced:
     events: int = 0
     bad: int = 0
     seconds: float = 0.0
+    refused: int = 0  # chunks a seal refused (written again by the newer layout)
+    generations: set[int] = field(default_factory=set)
+
+
+def _ledger(names: StreamKeys, keys: list[str], seqs: dict[str, int],
+            amounts: list[int | None]) -> Callable[[Sequence[int]], list[SideWrite]]:
+    """The ledger's writes for one chunk, given the partition each event was routed to:
+    per key its last seq and amount total, per partition its well-formed and malformed
+    counts, per partition and key its well-formed count."""
+    def side(parts: Sequence[int]) -> list[SideWrite]:
+        totals: Counter[str] = Counter()
+        good: Counter[int] = Counter()
+        bad: Counter[int] = Counter()
+        per_key: Counter[tuple[int, str]] = Counter()
+        for key, part, amount in zip(keys, parts, amounts, strict=True):
+            if amount is None:
+                bad[part] += 1
+                continue
+            totals[key] += amount
+            good[part] += 1
+            per_key[part, key] += 1
+        out = [SideWrite("hset", names.produced_seq, k, seqs[k]) for k in sorted(totals)]
+        out += [SideWrite("hincrby", names.produced_total, k, a) for k, a in totals.items()]
+        out += [SideWrite("hincrby", names.produced_count, str(p), c) for p, c in good.items()]
+        out += [SideWrite("hincrby", names.produced_bad, str(p), c) for p, c in bad.items()]
+        out += [SideWrite("hincrby", names.produced_keys(p), k, c)
+                for (p, k), c in per_key.items()]
+        return out
+    return side
 
 
 def produce(
     client: redis.Redis,
     *,
     stream: str,
-    partitions: int,
+    partitions: int | None = None,
+    layout: Callable[[], Lineage] | None = None,
     count: int | None = None,
     duration: float | None = None,
     rate: float = 0.0,
@@ -48,69 +85,66 @@ def produce(
     bad_every: int = 0,
     seed: int | None = None,
     chunk: int = 500,
+    stop: Callable[[], bool] | None = None,
 ) -> Produced:
-    """Write events until `count` or `duration` is reached; `rate` 0 means as fast as possible."""
+    """Write events until `count` or `duration` is reached (or `stop()` says so); `rate`
+    0 means as fast as possible. Keys are placed by ``layout()``, the group's partition
+    lineage read at every chunk (``kgroup.producer``: it seals what a new generation
+    replaced and is fenced by the seals), or by ``crc32 % partitions`` (one generation)."""
     if count is None and duration is None:
         raise ValueError("give count or duration")
     names = StreamKeys(stream)
-    stored = client.hget(names.meta, "partitions")
-    if stored is not None and int(stored) != partitions:
-        raise ValueError(f"stream {stream} has {int(stored)} partitions, not {partitions}")
-    client.hset(names.meta, "partitions", partitions)
+    if layout is None:
+        if partitions is None:
+            raise ValueError("give partitions or layout")
+        stored = client.hget(names.meta, "partitions")
+        if stored is not None and int(stored) != partitions:
+            raise ValueError(f"stream {stream} has {int(stored)} partitions, not {partitions}")
+        client.hset(names.meta, "partitions", partitions)
+        fixed = initial(partitions)
+        layout = lambda: fixed  # noqa: E731
+    producer = LayoutProducer(client, stream, layout)
     rng = random.Random(seed)
     run = uuid.uuid4().hex[:8]
     key_names = [f"c{i:05d}" for i in range(keys)]
-    key_part = {k: partition_for(k, partitions) for k in key_names}
     seqs: dict[str, int] = {str(k): int(v) for k, v in client.hgetall(names.produced_seq).items()}
     out = Produced()
     start = time.monotonic()
     n = 0
     while True:
         elapsed = time.monotonic() - start
-        if count is not None and n >= count:
-            break
-        if duration is not None and elapsed >= duration:
+        if (count is not None and n >= count) or (duration is not None and elapsed >= duration) \
+                or (stop is not None and stop()):
             break
         size = chunk if count is None else min(chunk, count - n)
         if rate > 0:
             ahead = (n + size) / rate - elapsed
             if ahead > 0:
                 time.sleep(ahead)
-        pipe = client.pipeline(transaction=True)
-        totals: Counter[str] = Counter()
-        good: Counter[int] = Counter()
-        bad: Counter[int] = Counter()
-        touched: set[str] = set()
+        batch_keys: list[str] = []
+        events: list[dict[str, str | int]] = []
+        amounts: list[int | None] = []
         for _ in range(size):
             n += 1
             key = key_names[rng.randrange(keys)]
-            part = key_part[key]
             fields: dict[str, str | int]
             if bad_every and n % bad_every == 0:
                 fields = {"key": key, "event": f"{run}-{n}"}
                 if (n // bad_every) % 2:
                     fields["amount"] = "12x"
-                bad[part] += 1
+                amounts.append(None)
             else:
-                seq = seqs.get(key, 0) + 1
-                seqs[key] = seq
+                seqs[key] = seqs.get(key, 0) + 1
                 amount = rng.randint(1, 10_000)
-                fields = {"key": key, "amount": amount, "event": f"{run}-{n}", "seq": seq}
-                totals[key] += amount
-                good[part] += 1
-                touched.add(key)
-            pipe.xadd(names.partition(part), fields)  # type: ignore[arg-type]
-        if touched:
-            pipe.hset(names.produced_seq, mapping={k: seqs[k] for k in touched})
-        for key, amount in totals.items():
-            pipe.hincrby(names.produced_total, key, amount)
-        for part, c in good.items():
-            pipe.hincrby(names.produced_count, str(part), c)
-        for part, c in bad.items():
-            pipe.hincrby(names.produced_bad, str(part), c)
-        pipe.execute()
-        out.events += sum(good.values())
-        out.bad += sum(bad.values())
+                fields = {"key": key, "amount": amount, "event": f"{run}-{n}", "seq": seqs[key]}
+                amounts.append(amount)
+            batch_keys.append(key)
+            events.append(fields)
+        sent = producer.send(batch_keys, events, _ledger(names, batch_keys, seqs, amounts))
+        out.bad += sum(a is None for a in amounts)
+        out.events += len(amounts) - sum(a is None for a in amounts)
+        out.refused += sent.refused
+        out.generations.add(sent.generation)
     out.seconds = time.monotonic() - start
     return out
 
@@ -126,18 +160,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=1000)
     ap.add_argument("--bad-every", type=int, default=0, help="every Nth event is malformed")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--layout-file", default=None,
+                    help="the group's status.layout as JSON (re-read when it changes)")
     args = ap.parse_args(argv)
     if not args.redis:
         ap.error("--redis or KGROUP_REDIS_URL is required")
     if args.count is None and args.duration is None:
         args.duration = 30.0
     client = redis.Redis.from_url(args.redis, decode_responses=True)
-    out = produce(client, stream=args.stream, partitions=args.partitions, count=args.count,
+    layout = FileLayout(args.layout_file, args.partitions) if args.layout_file else None
+    out = produce(client, stream=args.stream, partitions=None if layout else args.partitions,
+                  layout=layout, count=args.count,
                   duration=args.duration, rate=args.rate, keys=args.keys,
                   bad_every=args.bad_every, seed=args.seed)
     rate = out.events / out.seconds if out.seconds else 0.0
     print(f"produced {out.events} events + {out.bad} malformed to {args.stream} "
-          f"in {out.seconds:.1f}s ({rate:.0f}/s)", file=sys.stderr)
+          f"in {out.seconds:.1f}s ({rate:.0f}/s); generations {sorted(out.generations)}, "
+          f"{out.refused} chunks refused by a seal", file=sys.stderr)
     return 0
 
 

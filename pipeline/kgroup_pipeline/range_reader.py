@@ -7,6 +7,8 @@ even when more events have arrived since the batch was planned.
 
 A malformed event (a field missing, a non-numeric amount or seq) becomes a dead letter
 with its reason; it counts as read (the offset moves past it) and never stops the job.
+A seal marker (an entry whose one field is ``kgroup-seal``: the partition's end after a
+reshape, ``kgroup.producer``) is no event: it counts as read and yields no row.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pyarrow.compute as pc
 import redis
 from redis.client import NEVER_DECODE
 
+from kgroup.producer import SEAL_FIELD
 from kgroup_pipeline.keys import StreamKeys
 
 # The rows the source yields: one per event (``from_id``/``to_id`` null; ``id``, ``error``,
@@ -104,6 +107,7 @@ def _parse(fields: Any) -> tuple[str | None, int | None, int | None, str | None]
 
 _INT = "^-?[0-9]+$"  # what both int() and Arrow's cast read the same way
 _NAMES = (b"key", b"amount", b"event", b"seq")
+_SEAL = SEAL_FIELD.encode()
 
 
 def _raw_client(client: redis.Redis) -> redis.Redis:
@@ -149,6 +153,8 @@ def _slow_chunk(entries: list[Any]) -> tuple[list[Any], list[Any], list[Any],
     seqs: list[int | None] = []
     bad: dict[int, tuple[str, str, str]] = {}
     for entry_id, raw_fields in entries:
+        if len(raw_fields) == 2 and raw_fields[0] == _SEAL:
+            continue  # a seal marker: read, but no event
         fields = {k.decode(errors="replace"): v.decode(errors="replace")
                   for k, v in zip(raw_fields[0::2], raw_fields[1::2], strict=True)}
         key, amount, seq, error = _parse(fields)
@@ -188,13 +194,16 @@ def read_range(
         left = left - n if left > 0 else left
         if left == 0:
             end = cursor
-        nulls = pa.nulls(n, pa.string())
         cols = _columns([e[1] for e in entries])
         if cols is not None:
             key, amount, seq = cols
-            ids = errors = raws = nulls
+            ids = errors = raws = nulls = pa.nulls(n, pa.string())
         else:
             keys, amounts, seqs, bad = _slow_chunk(entries)
+            n = len(keys)  # without seal markers
+            if n == 0:
+                continue
+            nulls = pa.nulls(n, pa.string())
             key, amount, seq = (pa.array(keys, pa.string()), pa.array(amounts, pa.int64()),
                                 pa.array(seqs, pa.int64()))
             if bad:

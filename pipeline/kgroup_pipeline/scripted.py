@@ -41,6 +41,7 @@ class ScriptedCoordinator:
         self.releases: list[tuple[str, int, int, str | None]] = []  # member, p, token, pos
         # GET /v1/assignment served by serve_sidecar: "ask" (plain), "poll" (since=V)
         self.requests: Counter[str] = Counter()
+        self.completed: dict[int, str | None] = {}  # released as read to its seal: position
 
     def _grant(self, p: int) -> None:
         lock = self._locks[p]
@@ -73,12 +74,16 @@ class ScriptedCoordinator:
             self._version += 1
             self._cv.notify_all()
 
-    def release(self, member: str, partition: int, token: int, position: str | None) -> bool:
+    def release(self, member: str, partition: int, token: int, position: str | None, *,
+                completed: bool = False) -> bool:
+        """``completed``: the member read the (sealed) partition to its seal marker."""
         with self._cv:
             lock = self._locks[partition]
             if lock.holder != member or lock.token != token:
                 return False
             self.releases.append((member, partition, token, position))
+            if completed:
+                self.completed[partition] = position
             lock.holder = None
             lock.position, lock.position_token = position, token
             if lock.target == member:
@@ -123,6 +128,10 @@ class ScriptedOwnership:
 
     def release(self, partition: int, token: int, position: str | None) -> bool:
         return self.coordinator.release(self.member, partition, token, position)
+
+    def complete(self, partition: int, token: int, position: str) -> bool:
+        return self.coordinator.release(self.member, partition, token, position,
+                                        completed=True)
 
 
 def serve_sidecar(coordinator: ScriptedCoordinator, member: str) -> tuple[ThreadingHTTPServer, str]:
@@ -172,7 +181,8 @@ def serve_sidecar(coordinator: ScriptedCoordinator, member: str) -> tuple[Thread
             elif current != token:
                 self._send(409, {"error": "stale token"})
             else:
-                ok = coordinator.release(member, partition, token, body.get("position"))
+                ok = coordinator.release(member, partition, token, body.get("position"),
+                                         completed=body.get("completed") is True)
                 self._send(200 if ok else 409, {"released": ok})
 
         def log_message(self, format: str, *args: Any) -> None:

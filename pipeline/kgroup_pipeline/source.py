@@ -12,7 +12,10 @@ handed-over position only for a partition the sink has never seen), skips partit
 that are revoking, sealed or fenced, and caps each range for admission control. When
 nothing is new it returns ``start`` itself, or Spark would run an empty batch. ``n``
 grows with each non-empty plan so a range re-planned after a refusal still differs from
-``start``.
+``start``. A range never passes a partition's seal marker (a reshape replaced it); once
+the sink's committed offset is the marker, the plan answers ``completed`` and the planner
+hands the partition back as completed (:mod:`kgroup_pipeline.completion`), as the light
+worker does.
 
 Spark calls the planner in a Python process of its own and pickles the reader for
 ``read()``: Redis connections are made lazily and never pickled. ``read()`` yields pyarrow
@@ -40,6 +43,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from kgroup.client import SidecarError
+from kgroup_pipeline.completion import Completer
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.health import HealthReporter
 from kgroup_pipeline.ownership import Ownership, ownership_from_spec
@@ -95,10 +99,12 @@ class KgroupStreamReader(DataSourceStreamReader):
         self._store: FencedStore | None = None
         self._ownership: Ownership | None = None
         self._health: HealthReporter | None = None
+        self._completion: Completer | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_store"] = state["_ownership"] = state["_health"] = None
+        state["_completion"] = None
         return state
 
     def _planner(self) -> tuple[FencedStore, Ownership]:
@@ -131,6 +137,11 @@ class KgroupStreamReader(DataSourceStreamReader):
             total = limit.max_rows
         plans = store.plan(active, max_rows=max(1, total // len(active)))
         self._reporter(store, ownership).observe(plans)
+        # a sealed partition whose committed offset reached its marker: hand it back as
+        # completed (the sink committed it, so this planner's answer is final)
+        if self._completion is None:
+            self._completion = Completer(ownership)
+        self._completion.step(plans)
         entries = {str(p.partition): {"from": p.from_id, "to": p.to_id, "token": p.token,
                                       "rows": p.rows, "limit": p.limit}
                    for p in sorted(plans, key=lambda p: p.partition)
