@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from kgroup import constants as C
 from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.planner import PodObservation
 
@@ -32,6 +33,7 @@ class GroupLoops:
         self.controllers: dict[GroupKey, GroupController] = {}
         self.watches: dict[GroupKey, LeaseWatch] = {}
         self.http: Http | None = None  # the Lease watches' aiohttp session, made lazily
+        self.missing_sidecar: set[str] = set()  # pods reported as SidecarMissing (uids)
 
     async def start(self) -> None:
         """Initial listing of pods and StatefulSets, then let the group loops run (a
@@ -125,6 +127,28 @@ class GroupLoops:
             await c.stop()
         self.cache.group_removed(key)
         self.metrics.forget(key)
+
+    async def report_missing_sidecar(self, namespace: str, pod: dict[str, Any]) -> bool:
+        """A Warning Event ``SidecarMissing`` on the group a pod is labelled with, once per
+        pod, when the pod runs without the sidecar (created while injection was off or
+        failing open): it takes no part in its group, and says so instead of idling."""
+        meta = pod.get("metadata") or {}
+        uid, name = str(meta.get("uid", "")), str(meta.get("name", ""))
+        group = (meta.get("labels") or {}).get(C.LABEL_GROUP, "")
+        c = self.controllers.get((namespace, group))
+        if not uid or uid in self.missing_sidecar or c is None or c.body is None:
+            return False
+        self.missing_sidecar.add(uid)
+        await self.kube.post_event(
+            c.body, type_="Warning", reason="SidecarMissing",
+            message=f"pod {name} is labelled {C.LABEL_GROUP}={group} but has no "
+                    f"{C.SIDECAR_CONTAINER} container, so it takes no part in the group "
+                    "(created while the sidecar injector was off or unreachable): delete "
+                    "it to have it re-created with the sidecar")
+        return True
+
+    def pod_gone(self, pod: dict[str, Any]) -> None:
+        self.missing_sidecar.discard(str((pod.get("metadata") or {}).get("uid", "")))
 
     def poke(self, key: GroupKey) -> None:
         c = self.controllers.get(key)

@@ -20,6 +20,7 @@ import kopf
 import orjson
 
 from kgroup import constants as C
+from kgroup.core.operator.injection import needs_sidecar
 
 from .groups import GroupLoops
 
@@ -96,10 +97,13 @@ async def pod_event(
     if type == "DELETED":
         old = rt.cache.drop_pod(namespace, name)
         rt.poke_pod(namespace, old, None)
+        rt.pod_gone(dict(body))
     else:
         old, new = rt.cache.put_pod(namespace, body)
         if old != new:
             rt.poke_pod(namespace, old, new)
+        if needs_sidecar(body):
+            await rt.report_missing_sidecar(namespace, dict(body))
 
 
 @kopf.on.event("apps", "v1", "statefulsets")
