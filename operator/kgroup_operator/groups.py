@@ -34,6 +34,7 @@ class GroupLoops:
         self.watches: dict[GroupKey, LeaseWatch] = {}
         self.http: Http | None = None  # the Lease watches' aiohttp session, made lazily
         self.missing_sidecar: set[str] = set()  # pods reported as SidecarMissing (uids)
+        self.bare_pods: dict[GroupKey, dict[str, str]] = {}  # to report: uid -> name
 
     async def start(self) -> None:
         """Initial listing of pods and StatefulSets, then let the group loops run (a
@@ -128,27 +129,41 @@ class GroupLoops:
         self.cache.group_removed(key)
         self.metrics.forget(key)
 
-    async def report_missing_sidecar(self, namespace: str, pod: dict[str, Any]) -> bool:
+    async def report_missing_sidecar(self, namespace: str, pod: dict[str, Any]) -> int:
         """A Warning Event ``SidecarMissing`` on the group a pod is labelled with, once per
         pod, when the pod runs without the sidecar (created while injection was off or
-        failing open): it takes no part in its group, and says so instead of idling."""
+        failing open): it takes no part in its group, and says so instead of idling. A pod
+        seen before its group is reported when the group is (:meth:`report_bare_pods`)."""
         meta = pod.get("metadata") or {}
         uid, name = str(meta.get("uid", "")), str(meta.get("name", ""))
-        group = (meta.get("labels") or {}).get(C.LABEL_GROUP, "")
-        c = self.controllers.get((namespace, group))
-        if not uid or uid in self.missing_sidecar or c is None or c.body is None:
-            return False
-        self.missing_sidecar.add(uid)
-        await self.kube.post_event(
-            c.body, type_="Warning", reason="SidecarMissing",
-            message=f"pod {name} is labelled {C.LABEL_GROUP}={group} but has no "
-                    f"{C.SIDECAR_CONTAINER} container, so it takes no part in the group "
-                    "(created while the sidecar injector was off or unreachable): delete "
-                    "it to have it re-created with the sidecar")
-        return True
+        group = str((meta.get("labels") or {}).get(C.LABEL_GROUP, ""))
+        if uid and uid not in self.missing_sidecar:
+            self.bare_pods.setdefault((namespace, group), {})[uid] = name
+        return await self.report_bare_pods((namespace, group))
 
-    def pod_gone(self, pod: dict[str, Any]) -> None:
-        self.missing_sidecar.discard(str((pod.get("metadata") or {}).get("uid", "")))
+    async def report_bare_pods(self, key: GroupKey) -> int:
+        c = self.controllers.get(key)
+        pods = self.bare_pods.get(key)
+        if c is None or c.body is None or not pods:
+            return 0
+        body = c.body
+        self.bare_pods.pop(key, None)
+        for uid, name in pods.items():
+            self.missing_sidecar.add(uid)
+            await self.kube.post_event(
+                body, type_="Warning", reason="SidecarMissing",
+                message=f"pod {name} is labelled {C.LABEL_GROUP}={key[1]} but has no "
+                        f"{C.SIDECAR_CONTAINER} container, so it takes no part in the group "
+                        "(created while the sidecar injector was off or unreachable): "
+                        "delete it to have it re-created with the sidecar")
+        return len(pods)
+
+    def pod_gone(self, namespace: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        self.missing_sidecar.discard(uid)
+        group = str((meta.get("labels") or {}).get(C.LABEL_GROUP, ""))
+        self.bare_pods.get((namespace, group), {}).pop(uid, None)
 
     def poke(self, key: GroupKey) -> None:
         c = self.controllers.get(key)

@@ -85,6 +85,7 @@ async def group_event(
         # a copy of its own (kopf's body is a view): orjson's round trip costs a tenth of
         # copy.deepcopy's, which showed in profiles at every status write of a large group
         rt.group_seen((namespace, name), orjson.loads(orjson.dumps(dict(body))))
+        await rt.report_bare_pods((namespace, name))
 
 
 @kopf.on.event("v1", "pods")
@@ -97,7 +98,7 @@ async def pod_event(
     if type == "DELETED":
         old = rt.cache.drop_pod(namespace, name)
         rt.poke_pod(namespace, old, None)
-        rt.pod_gone(dict(body))
+        rt.pod_gone(namespace, dict(body))
     else:
         old, new = rt.cache.put_pod(namespace, body)
         if old != new:

@@ -241,6 +241,9 @@ def configure_logging(settings: OperatorSettings) -> None:
         # "Handler 'pod_event' succeeded." for every pod update is noise at INFO
         logging.getLogger("kopf.objects").setLevel(
             max(logging.WARNING, logging.getLogger().level))
+        # one access line per admitted pod (the injector's webhook) is noise too
+        logging.getLogger("aiohttp.access").setLevel(
+            max(logging.WARNING, logging.getLogger().level))
 
 
 def main(argv: list[str] | None = None) -> None:
