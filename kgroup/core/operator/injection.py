@@ -301,9 +301,10 @@ def needs_sidecar(pod: Mapping[str, Any]) -> bool:
 
 def _app_container(c: Obj, d: SidecarDefaults) -> Obj:
     out = copy.deepcopy(c)
-    env = out.setdefault("env", [])
+    env = out.get("env") or []
     if not any(e.get("name") == "KGROUP_SIDECAR_URL" for e in env):
-        env.append({"name": "KGROUP_SIDECAR_URL", "value": sidecar_url(d.listen)})
+        # first: the app's own variables may refer to it as $(KGROUP_SIDECAR_URL)
+        out["env"] = [{"name": "KGROUP_SIDECAR_URL", "value": sidecar_url(d.listen)}, *env]
     mounts = _socket_mount(d)
     if mounts and not any(m.get("name") == SOCKET_VOLUME for m in out.get("volumeMounts") or []):
         out.setdefault("volumeMounts", []).extend(mounts)
@@ -335,7 +336,8 @@ def _drop_automount(spec: Obj) -> None:
 def inject(pod: Mapping[str, Any], defaults: SidecarDefaults) -> Obj | None:
     """The pod with the sidecar, as the chart's templates render it for its group (the
     label ``kgroup.dev/group``); None when it needs nothing (no label, or a sidecar
-    already). Every app container gets ``KGROUP_SIDECAR_URL`` and the socket's mount;
+    already). Every app container gets ``KGROUP_SIDECAR_URL`` (its first variable) and
+    the socket's mount (its last);
     the pod gets the worker service account (unless it names one of its own),
     ``automountServiceAccountToken: false`` and the sidecar's volumes; the token volume
     the API server automounted (before the webhook ran) is taken out again."""
