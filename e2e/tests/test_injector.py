@@ -8,9 +8,11 @@ Pods are kwok's (nothing connects to them): what is checked is what the API serv
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +68,9 @@ def chart_objects(cluster: Cluster, namespace: str, port: int) -> list[dict[str,
 
 @pytest.fixture
 def injector(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
-             tmp_path: Path) -> Iterator[Injector]:
+             tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Injector]:
+    """The chart's webhook configuration and an operator serving it (extra operator
+    environment: the test's indirect parameter)."""
     port = _free_port()
     objs = chart_objects(cluster, namespace, port)
     (mwc,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
@@ -81,7 +85,8 @@ def injector(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace
     op = OperatorProcess(cluster, namespace, tmp_path, env={
         "KGROUP_INJECTOR": "true", "KGROUP_INJECTOR_HOST": "127.0.0.1",
         "KGROUP_INJECTOR_PORT": str(port), "KGROUP_INJECTOR_WEBHOOK": mwc["metadata"]["name"],
-        "KGROUP_INJECTOR_SIDECAR": str(env["KGROUP_INJECTOR_SIDECAR"])})
+        "KGROUP_INJECTOR_SIDECAR": str(env["KGROUP_INJECTOR_SIDECAR"]),
+        **getattr(request, "param", {})})
     inj = Injector(op, mwc["metadata"]["name"], core, namespace, admission)
     op.start()
     try:
@@ -212,3 +217,23 @@ def test_a_labelled_pod_without_the_sidecar_is_reported_on_its_group(
     (missing,) = [e for e in events.items if e.reason == "SidecarMissing"]
     assert missing.type == "Warning" and missing.involved_object.name == GROUP
     assert "pod bare" in missing.message
+
+
+def bundle_size(inj: Injector) -> int:
+    cfg: Any = inj.admission.read_mutating_webhook_configuration(inj.webhook)
+    return str(base64.b64decode(cfg.webhooks[0].client_config.ca_bundle)).count(
+        "BEGIN CERTIFICATE")
+
+
+@pytest.mark.parametrize("injector", [{"KGROUP_INJECTOR_CERT_SECONDS": "30"}], indirect=True)
+def test_the_certificate_is_renewed_before_it_expires(injector: Injector) -> None:
+    """Valid 30 s: renewed at 20 s (both CAs in the bundle while the server reloads, then
+    the new one alone); at 40 s the first certificate has expired and pods get in."""
+    start = time.monotonic()
+    first: Any = injector.admission.read_mutating_webhook_configuration(injector.webhook)
+    wait_for("both CAs in the bundle", lambda: bundle_size(injector) == 2, timeout=40)
+    wait_for("the new CA alone", lambda: bundle_size(injector) == 1, timeout=30)
+    now: Any = injector.admission.read_mutating_webhook_configuration(injector.webhook)
+    assert now.webhooks[0].client_config.ca_bundle != first.webhooks[0].client_config.ca_bundle
+    time.sleep(max(0.0, 40 - (time.monotonic() - start)))
+    assert len(sidecars(create(injector, "after-expiry", labels=LABEL))) == 1

@@ -20,19 +20,21 @@ decision is :func:`kgroup.core.operator.injection.inject`; this module is its ad
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from kgroup import constants as C
 from kgroup.core.operator.injection import InjectionRefused, SidecarDefaults, inject
 
-from .certs import make_serving_cert
+from .certs import ServingCert, make_serving_cert, renew_in
 from .groups import GroupLoops
 from .settings import OperatorSettings
 
@@ -42,32 +44,62 @@ WEBHOOK_ID = "inject"
 """The handler's id, and so the webhook's URL path (``/inject``)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Injector:
     settings: OperatorSettings
     defaults: SidecarDefaults
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
-def _server(s: OperatorSettings) -> tuple[kopf.WebhookServer, bytes | None]:
-    """kopf's server with cert-manager's files, or with a certificate made now (its CA
-    returned, to be published)."""
+def _check_interval(s: OperatorSettings) -> float:
+    """How often kopf's server looks for renewed files: a minute, less for short-lived
+    certificates."""
+    return max(1.0, min(60.0, s.injector_cert_seconds / 20))
+
+
+def _server(s: OperatorSettings, cert_dir: Path) -> tuple[kopf.WebhookServer, bytes | None]:
+    """kopf's server with cert-manager's files, or with a certificate made now in
+    ``cert_dir`` (its CA returned, to be published)."""
     if s.injector_cert_dir:
         d = Path(s.injector_cert_dir)
         return kopf.WebhookServer(addr=s.injector_host, port=s.injector_port,
                                   host=s.injector_host, certfile=d / "tls.crt",
                                   pkeyfile=d / "tls.key", cafile=d / "ca.crt"), None
-    names = [*s.injector_dns_names, s.injector_host]
-    made = make_serving_cert(names, Path(tempfile.mkdtemp(prefix="kgroup-injector-")))
+    made = _make(s, cert_dir)
     return kopf.WebhookServer(addr=s.injector_host, port=s.injector_port,
                               host=s.injector_host, certfile=made.cert_file,
-                              pkeyfile=made.key_file, cadata=made.ca_pem), made.ca_pem
+                              pkeyfile=made.key_file, cadata=made.ca_pem,
+                              file_check_interval=_check_interval(s)), made.ca_pem
+
+
+def _make(s: OperatorSettings, cert_dir: Path) -> ServingCert:
+    return make_serving_cert([*s.injector_dns_names, s.injector_host], cert_dir,
+                             valid_seconds=s.injector_cert_seconds)
+
+
+async def _renew(s: OperatorSettings, rt: GroupLoops, cert_dir: Path, ca: bytes) -> None:
+    """Renew the self-made certificate for ever, each time with a third of its life left:
+    the new CA joins the old one in the bundle, the files are replaced (kopf's server
+    reloads them within its check interval), then the bundle holds the new CA alone."""
+    while True:
+        await asyncio.sleep(renew_in(s.injector_cert_seconds))
+        try:
+            made = _make(s, cert_dir)
+            await rt.kube.publish_webhook_ca(s.injector_webhook, made.ca_pem + ca)
+            await asyncio.sleep(2 * _check_interval(s) + 1)
+            await rt.kube.publish_webhook_ca(s.injector_webhook, made.ca_pem)
+            ca = made.ca_pem
+            log.info("injector certificate renewed")
+        except (OSError, ApiException) as exc:  # retried at the next turn, a third later
+            log.error("injector certificate renewal failed: %s", exc)
 
 
 @kopf.on.startup()
 async def start_injector(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     inj: Injector = memo.injector
     s = inj.settings
-    server, ca = _server(s)
+    cert_dir = Path(tempfile.mkdtemp(prefix="kgroup-injector-"))
+    server, ca = _server(s, cert_dir)
     settings.admission.server = server
     settings.admission.managed = None
     log.info("sidecar injector on https://%s:%d/%s", s.injector_host, s.injector_port,
@@ -76,6 +108,14 @@ async def start_injector(settings: kopf.OperatorSettings, memo: Any, **_: Any) -
         rt: GroupLoops = memo.groups
         n = await rt.kube.publish_webhook_ca(s.injector_webhook, ca)
         log.info("injector CA written to %d webhook(s) of %s", n, s.injector_webhook)
+        inj.tasks.append(asyncio.create_task(_renew(s, rt, cert_dir, ca)))
+
+
+@kopf.on.cleanup()
+async def stop_injector(memo: Any, **_: Any) -> None:
+    inj: Injector = memo.injector
+    for t in inj.tasks:
+        t.cancel()
 
 
 @kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operations=["CREATE"], persistent=True,

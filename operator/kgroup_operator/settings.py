@@ -86,6 +86,10 @@ class OperatorSettings:
     """``KGROUP_INJECTOR_CERT_DIR``: tls.crt, tls.key and ca.crt (cert-manager's Secret);
     empty: the operator makes its own at start."""
 
+    injector_cert_seconds: float = 365 * 86400.0
+    """``KGROUP_INJECTOR_CERT_SECONDS``: validity of the self-made certificate (a year);
+    renewed with a third of it left."""
+
     injector_sidecar: str = ""
     """``KGROUP_INJECTOR_SIDECAR``: the chart's sidecar values as JSON (what the injected
     sidecar is made of; ``kgroup.core.operator.injection.defaults_from_values``)."""
@@ -116,5 +120,7 @@ class OperatorSettings:
             injector_dns_names=_env_list("KGROUP_INJECTOR_DNS_NAMES"),
             injector_webhook=os.environ.get("KGROUP_INJECTOR_WEBHOOK", ""),
             injector_cert_dir=os.environ.get("KGROUP_INJECTOR_CERT_DIR", ""),
+            injector_cert_seconds=float(os.environ.get("KGROUP_INJECTOR_CERT_SECONDS",
+                                                       str(365 * 86400))),
             injector_sidecar=os.environ.get("KGROUP_INJECTOR_SIDECAR", ""),
         )
