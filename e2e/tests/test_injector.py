@@ -32,7 +32,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kgroup"
-NAME_LABEL = "kubernetes\\.io/metadata\\.name"  # escaped for helm --set
+MARK = "kgroup\\.dev/e2e-injector"  # escaped for helm --set
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Injector:
     core: client.CoreV1Api
     namespace: str
     admission: client.AdmissionregistrationV1Api
+    release_namespace: str  # the operator's: never sent to the injector
 
     def ca_published(self) -> bool:
         cfg: Any = self.admission.read_mutating_webhook_configuration(self.webhook)
@@ -52,15 +53,16 @@ class Injector:
             {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": policy}])
 
 
-def chart_objects(cluster: Cluster, namespace: str, port: int) -> list[dict[str, Any]]:
-    release = f"inj-{secrets.token_hex(3)}"
+def chart_objects(cluster: Cluster, release_ns: str, mark: str,
+                  port: int) -> list[dict[str, Any]]:
     out = cluster.helm(
-        "template", release, str(CHART), "--namespace", f"{release}-system",
+        "template", f"inj-{secrets.token_hex(3)}", str(CHART), "--namespace", release_ns,
         "--kube-version", "1.35.4", "--set", "crds.enabled=false",
         "--set", "injector.enabled=true", "--set", "admissionPolicy.enabled=false",
         "--set", f"injector.url=https://127.0.0.1:{port}/inject",
-        # this test's namespace only: the cluster's other tests never meet this webhook
-        "--set", f"injector.namespaceSelector.matchLabels.{NAME_LABEL}={namespace}",
+        # the two namespaces of this test only (its own and the release's, which the
+        # chart excludes by name): the cluster's other tests never meet this webhook
+        "--set", f"injector.namespaceSelector.matchLabels.{MARK}={mark}",
         check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -72,12 +74,17 @@ def injector(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace
     """The chart's webhook configuration and an operator serving it (extra operator
     environment: the test's indirect parameter)."""
     port = _free_port()
-    objs = chart_objects(cluster, namespace, port)
+    mark = secrets.token_hex(4)
+    core = client.CoreV1Api(kube)
+    release_ns = f"{namespace[:50]}-rel"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=release_ns, labels={"kgroup.dev/e2e": "true", "kgroup.dev/e2e-injector": mark})))
+    core.patch_namespace(namespace, {"metadata": {"labels": {"kgroup.dev/e2e-injector": mark}}})
+    objs = chart_objects(cluster, release_ns, mark, port)
     (mwc,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
     env = {e["name"]: e.get("value") for e in
            dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    core = client.CoreV1Api(kube)
     core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
         metadata=client.V1ObjectMeta(name="kgroup-worker")))
     admission = client.AdmissionregistrationV1Api(kube)
@@ -87,7 +94,7 @@ def injector(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace
         "KGROUP_INJECTOR_PORT": str(port), "KGROUP_INJECTOR_WEBHOOK": mwc["metadata"]["name"],
         "KGROUP_INJECTOR_SIDECAR": str(env["KGROUP_INJECTOR_SIDECAR"]),
         **getattr(request, "param", {})})
-    inj = Injector(op, mwc["metadata"]["name"], core, namespace, admission)
+    inj = Injector(op, mwc["metadata"]["name"], core, namespace, admission, release_ns)
     op.start()
     try:
         wait_for("the operator's CA in the webhook configuration", inj.ca_published,
@@ -97,6 +104,7 @@ def injector(cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace
     finally:
         op.stop()
         admission.delete_mutating_webhook_configuration(mwc["metadata"]["name"])
+        core.delete_namespace(release_ns, propagation_policy="Background")
         text = op.log_text()
         sys.stdout.write(text[-4000:])
         assert "Traceback" not in text, "the operator logged a traceback"
@@ -189,6 +197,12 @@ def test_with_the_injector_down_labelled_pods_are_refused_and_nothing_else(
         create(injector, "while-down", labels=LABEL)
     assert "inject.sidecar.kgroup.dev" in str(refused.value.body)
     assert not sidecars(create(injector, "unlabelled-while-down", labels={"app": "x"}))
+    # the operator's own namespace is never sent, whatever a pod's labels there
+    ours: Any = injector.core.create_namespaced_pod(injector.release_namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="operator-like", labels=LABEL),
+        spec=client.V1PodSpec(node_selector={"type": "kwok"}, containers=[
+            client.V1Container(name="operator", image="example.invalid/op:1")])))
+    assert not sidecars(ours)
     injector.op.start()  # a new certificate, its CA written again: the pod gets in
     pod = wait_for("the labelled pod admitted again", lambda: _try(injector, "after"),
                    timeout=90)
