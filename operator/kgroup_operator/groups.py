@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from kgroup import constants as C
 from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.planner import PodObservation
 
@@ -32,6 +33,8 @@ class GroupLoops:
         self.controllers: dict[GroupKey, GroupController] = {}
         self.watches: dict[GroupKey, LeaseWatch] = {}
         self.http: Http | None = None  # the Lease watches' aiohttp session, made lazily
+        self.missing_sidecar: set[str] = set()  # pods reported as SidecarMissing (uids)
+        self.bare_pods: dict[GroupKey, dict[str, str]] = {}  # to report: uid -> name
 
     async def start(self) -> None:
         """Initial listing of pods and StatefulSets, then let the group loops run (a
@@ -125,6 +128,42 @@ class GroupLoops:
             await c.stop()
         self.cache.group_removed(key)
         self.metrics.forget(key)
+
+    async def report_missing_sidecar(self, namespace: str, pod: dict[str, Any]) -> int:
+        """A Warning Event ``SidecarMissing`` on the group a pod is labelled with, once per
+        pod, when the pod runs without the sidecar (created while injection was off or
+        failing open): it takes no part in its group, and says so instead of idling. A pod
+        seen before its group is reported when the group is (:meth:`report_bare_pods`)."""
+        meta = pod.get("metadata") or {}
+        uid, name = str(meta.get("uid", "")), str(meta.get("name", ""))
+        group = str((meta.get("labels") or {}).get(C.LABEL_GROUP, ""))
+        if uid and uid not in self.missing_sidecar:
+            self.bare_pods.setdefault((namespace, group), {})[uid] = name
+        return await self.report_bare_pods((namespace, group))
+
+    async def report_bare_pods(self, key: GroupKey) -> int:
+        c = self.controllers.get(key)
+        pods = self.bare_pods.get(key)
+        if c is None or c.body is None or not pods:
+            return 0
+        body = c.body
+        self.bare_pods.pop(key, None)
+        for uid, name in pods.items():
+            self.missing_sidecar.add(uid)
+            await self.kube.post_event(
+                body, type_="Warning", reason="SidecarMissing",
+                message=f"pod {name} is labelled {C.LABEL_GROUP}={key[1]} but has no "
+                        f"{C.SIDECAR_CONTAINER} container, so it takes no part in the group "
+                        "(created while the sidecar injector was off or unreachable): "
+                        "delete it to have it re-created with the sidecar")
+        return len(pods)
+
+    def pod_gone(self, namespace: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        self.missing_sidecar.discard(uid)
+        group = str((meta.get("labels") or {}).get(C.LABEL_GROUP, ""))
+        self.bare_pods.get((namespace, group), {}).pop(uid, None)
 
     def poke(self, key: GroupKey) -> None:
         c = self.controllers.get(key)

@@ -20,6 +20,7 @@ import kopf
 import orjson
 
 from kgroup import constants as C
+from kgroup.core.operator.injection import needs_sidecar
 
 from .groups import GroupLoops
 
@@ -84,6 +85,7 @@ async def group_event(
         # a copy of its own (kopf's body is a view): orjson's round trip costs a tenth of
         # copy.deepcopy's, which showed in profiles at every status write of a large group
         rt.group_seen((namespace, name), orjson.loads(orjson.dumps(dict(body))))
+        await rt.report_bare_pods((namespace, name))
 
 
 @kopf.on.event("v1", "pods")
@@ -96,10 +98,13 @@ async def pod_event(
     if type == "DELETED":
         old = rt.cache.drop_pod(namespace, name)
         rt.poke_pod(namespace, old, None)
+        rt.pod_gone(namespace, dict(body))
     else:
         old, new = rt.cache.put_pod(namespace, body)
         if old != new:
             rt.poke_pod(namespace, old, new)
+        if needs_sidecar(body):
+            await rt.report_missing_sidecar(namespace, dict(body))
 
 
 @kopf.on.event("apps", "v1", "statefulsets")

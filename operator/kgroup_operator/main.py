@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -132,19 +133,41 @@ async def run(settings: OperatorSettings) -> int:
     from . import handlers  # noqa: F401
 
     log.info("kgroup-operator %s starting as %s", __version__, settings.identity)
+    injector = injector_settings(settings)
     api = _load_config()
     metrics = Metrics()
     metrics.set_leader(False)
     served = (await serve(metrics, settings.metrics_host, settings.metrics_port)
               if settings.metrics_port else None)
     try:
-        return await _run(settings, api, metrics)
+        return await _run(settings, api, metrics, injector)
     finally:
         if served is not None:
             await served.cleanup()
 
 
-async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics) -> int:
+def injector_settings(settings: OperatorSettings) -> object | None:
+    """The injector's state when ``KGROUP_INJECTOR`` is on (its module imported, which
+    registers its webhook handler); bad sidecar values stop the operator at start, with
+    the reason, rather than at the first pod."""
+    if not settings.injector:
+        return None
+    from kgroup.core.operator.injection import InjectionRefused, defaults_from_values
+
+    from .injector import Injector
+
+    if settings.injector_host in ("", "0.0.0.0", "::"):
+        raise SystemExit(f"KGROUP_INJECTOR_HOST {settings.injector_host!r}: "
+                         "an address, never a wildcard")
+    try:
+        values = json.loads(settings.injector_sidecar or "null")
+        return Injector(settings, defaults_from_values(values or {}))
+    except (ValueError, TypeError, KeyError, InjectionRefused) as exc:
+        raise SystemExit(f"KGROUP_INJECTOR_SIDECAR: {exc}") from None
+
+
+async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics,
+               injector: object | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -176,7 +199,7 @@ async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metri
     metrics.set_leader(True)
     kube = Kube(api, identity=settings.identity)
     groups = GroupLoops(kube=kube, settings=settings, metrics=metrics)
-    memo = kopf.Memo(groups=groups)
+    memo = kopf.Memo(groups=groups, injector=injector)
     lost = False
     try:
         await kopf.operator(
@@ -217,6 +240,9 @@ def configure_logging(settings: OperatorSettings) -> None:
     if not settings.verbose:
         # "Handler 'pod_event' succeeded." for every pod update is noise at INFO
         logging.getLogger("kopf.objects").setLevel(
+            max(logging.WARNING, logging.getLogger().level))
+        # one access line per admitted pod (the injector's webhook) is noise too
+        logging.getLogger("aiohttp.access").setLevel(
             max(logging.WARNING, logging.getLogger().level))
 
 

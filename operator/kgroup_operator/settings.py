@@ -63,6 +63,37 @@ class OperatorSettings:
     """``KGROUP_LOG_FORMAT``: ``text`` or ``json`` (one JSON object per line, kopf's
     formatter)."""
 
+    injector: bool = False
+    """``KGROUP_INJECTOR`` (1/true): serve the sidecar injector (a mutating webhook for pods
+    labelled ``kgroup.dev/group``; ``kgroup_operator.injector``)."""
+
+    injector_host: str = "127.0.0.1"
+    """``KGROUP_INJECTOR_HOST``: the webhook's bind address, and a name in its self-made
+    certificate (the chart: the pod's IP; never a wildcard)."""
+
+    injector_port: int = 9443
+    """``KGROUP_INJECTOR_PORT``: the webhook's port."""
+
+    injector_dns_names: list[str] = field(default_factory=list)
+    """``KGROUP_INJECTOR_DNS_NAMES`` (comma-separated): the names the API server calls the
+    webhook by (the chart: its Service's), in the self-made certificate."""
+
+    injector_webhook: str = ""
+    """``KGROUP_INJECTOR_WEBHOOK``: the MutatingWebhookConfiguration whose caBundle the
+    operator writes with its self-made CA (empty: it writes none)."""
+
+    injector_cert_dir: str = ""
+    """``KGROUP_INJECTOR_CERT_DIR``: tls.crt, tls.key and ca.crt (cert-manager's Secret);
+    empty: the operator makes its own at start."""
+
+    injector_cert_seconds: float = 365 * 86400.0
+    """``KGROUP_INJECTOR_CERT_SECONDS``: validity of the self-made certificate (a year);
+    renewed with a third of it left."""
+
+    injector_sidecar: str = ""
+    """``KGROUP_INJECTOR_SIDECAR``: the chart's sidecar values as JSON (what the injected
+    sidecar is made of; ``kgroup.core.operator.injection.defaults_from_values``)."""
+
     @classmethod
     def from_env(cls) -> OperatorSettings:
         ident = os.environ.get("KGROUP_IDENTITY") or os.environ.get("POD_NAME") or ""
@@ -83,4 +114,13 @@ class OperatorSettings:
             verbose=os.environ.get("KGROUP_LOG_LEVEL", "INFO").upper() == "DEBUG",
             log_level=os.environ.get("KGROUP_LOG_LEVEL", "INFO").upper(),
             log_format=os.environ.get("KGROUP_LOG_FORMAT", "text").lower(),
+            injector=os.environ.get("KGROUP_INJECTOR", "").lower() in ("1", "true", "yes"),
+            injector_host=os.environ.get("KGROUP_INJECTOR_HOST", "127.0.0.1"),
+            injector_port=int(os.environ.get("KGROUP_INJECTOR_PORT", "9443")),
+            injector_dns_names=_env_list("KGROUP_INJECTOR_DNS_NAMES"),
+            injector_webhook=os.environ.get("KGROUP_INJECTOR_WEBHOOK", ""),
+            injector_cert_dir=os.environ.get("KGROUP_INJECTOR_CERT_DIR", ""),
+            injector_cert_seconds=float(os.environ.get("KGROUP_INJECTOR_CERT_SECONDS",
+                                                       str(365 * 86400))),
+            injector_sidecar=os.environ.get("KGROUP_INJECTOR_SIDECAR", ""),
         )

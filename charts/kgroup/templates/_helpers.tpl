@@ -92,3 +92,12 @@ container; a refused connection (a standby replica, kopf not started) passes.
   import urllib.request
   urllib.request.urlopen("http://127.0.0.1:{{ .Values.operator.healthPort }}/healthz", timeout=3)
 {{- end -}}
+
+{{/*
+The injector's sidecar values as JSON (KGROUP_INJECTOR_SIDECAR): what
+kgroup.sidecarContainer renders from, with the image resolved
+(kgroup.core.operator.injection.defaults_from_values reads it).
+*/}}
+{{- define "kgroup.injectorSidecarValues" -}}
+{{- dict "sidecar" .Values.sidecar "image" (include "kgroup.sidecar.image" .) "kubernetesApi" .Values.kubernetesApi "serviceAccountName" .Values.workerRbac.serviceAccountName | toJson -}}
+{{- end -}}
