@@ -80,6 +80,13 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "gets none; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
+    "spec.sizing": {"description": "How the group's recommended size (status.load."
+                                   "recommendedMembers) is computed."},
+    "spec.sizing.catchUpSeconds": {
+        "description": "Seconds within which the recommended members should work off the "
+                       "present backlog while keeping up with the input: members = "
+                       "ceil((rate + lag / catchUpSeconds) / one member's measured "
+                       "capacity); 1 to 86400. Default: 300."},
     "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
                                    "from its sidecar (GET /v1/group): stream name, Redis "
                                    "URL, ... Default: {}."},
@@ -117,6 +124,30 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
     "status.members[].acknowledgedEpoch": {
         "description": "The last epoch whose target it held entirely (its member Lease's "
                        "kgroup.dev/epoch); 0: none yet."},
+    "status.members[].load": {
+        "description": "Events/s its app reports processing on the partitions it holds "
+                       "(the member Lease's kgroup.dev/load); absent: not reported."},
+    "status.load": {"description": "The group's load as its apps report it (rate and lag "
+                                   "per partition, carried on the member Leases' "
+                                   "renewals), refreshed at most every 30 s; absent while "
+                                   "no app reports a rate (docs/design.md, \"Load\")."},
+    "status.load.rate": {"description": "Events/s processed, the whole group."},
+    "status.load.lag": {"description": "Events behind, the whole group (the sum of what "
+                                       "each member reports)."},
+    "status.load.busiestOverMean": {
+        "description": "The busiest member's rate over the mean member's: 1 is perfect "
+                       "balance."},
+    "status.load.bound": {
+        "description": "The lowest busiestOverMean any assignment of these partitions to "
+                       "these members can reach (a hot partition alone may exceed a "
+                       "member's share)."},
+    "status.load.recommendedMembers": {
+        "description": "Members needed to keep up with the rate and work off the lag "
+                       "within spec.sizing.catchUpSeconds, at one member's capacity as "
+                       "measured; never more than the partitions, and rounded up to a count "
+                       "whose busiest member keeps up. Absent: no capacity measured yet."},
+    "status.load.measuredAt": {"description": f"When these figures were taken "
+                                              f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},
     "status.lastRebalance.epoch": {"description": "The epoch the rebalance produced."},
     "status.lastRebalance.reason": {"description": "Why it happened (member joined, left, "
