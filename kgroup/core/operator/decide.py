@@ -44,6 +44,7 @@ from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.load_status import LoadTracker, measure_load
 from kgroup.core.operator.planner import (
     Decision,
     GroupPlanner,
@@ -136,6 +137,7 @@ class Memory:
     planned_generation: int | None = None  # spec generation the target reflects
     # partition -> why the name its lock must have is held by someone else's Lease
     squatted: dict[int, str] = field(default_factory=dict)
+    load: LoadTracker = field(default_factory=LoadTracker)  # status.load as last taken
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
@@ -510,12 +512,15 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         last_rebalance = LastRebalance(epoch=epoch, reason=decision.reason,
                                        moved=decision.moved, started_at=format_timestamp(wall))
     last_change = max(memory.last_target_change, memory.planner.last_membership_change)
+    member_leases = leases.member_observations()
     new_status, seen = aggregate_status(
         spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
-        members=members, member_leases=leases.member_observations(), holders=holders,
+        members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance,
     )
+    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall))
+    new_status = memory.load.apply(new_status)
     wire = new_status.to_wire()
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
     # when unowned partitions become "unowned too long" (the Degraded condition): a moment
@@ -529,7 +534,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         decision.next_check,
         leases.next_expiry(now),
         unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
-        recheck,
+        recheck, memory.load.deadline(),
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
     uids, identity_change = memory.identities.resolve(
