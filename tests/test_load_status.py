@@ -12,10 +12,12 @@ from test_operator_logic import Op, held_lease, member_lease
 from kgroup.core.load import encode_load
 from kgroup.core.operator.load_status import (
     LOAD_REFRESH_SECONDS,
+    LoadTracker,
     group_load,
     load_status,
 )
 from kgroup.core.operator.status import MemberLeaseObservation
+from kgroup.crd_models import LoadStatus
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -115,3 +117,34 @@ def test_the_operator_takes_the_figures_at_most_every_refresh_and_writes_them() 
     op.leases.put(member_lease("b", str(next(rv))), op.now)
     later = op.decide()
     assert later.status is not None and later.status["load"]["rate"] == 40.0
+
+
+def test_a_changed_setting_takes_the_figures_again_at_once() -> None:
+    tracker = LoadTracker()
+    taken: list[float] = []
+
+    def measure() -> tuple[LoadStatus, dict[str, float]]:
+        taken.append(1.0)
+        return LoadStatus(rate=1.0), {}
+
+    tracker.refresh(0.0, measure, "catch-up 300")
+    tracker.refresh(10.0, measure, "catch-up 300")
+    assert len(taken) == 1 and tracker.deadline() == LOAD_REFRESH_SECONDS
+    tracker.refresh(11.0, measure, "catch-up 30")
+    assert len(taken) == 2 and tracker.deadline() == 11.0 + LOAD_REFRESH_SECONDS
+
+
+def test_a_member_that_starts_reporting_is_counted_at_once() -> None:
+    op = Op("a", "b")
+    op.write(op.decide(), "11")
+    for p, m in enumerate(["a", "a", "b", "b"]):
+        op.leases.put(held_lease(p, str(40 + p), m, f"s-{m}"), op.now)
+    op.leases.put(member_with_load("a", "50", {0: 10.0, 1: 10.0}), op.now)
+    op.now += 1
+    first = op.decide()
+    assert first.status is not None and first.status["load"]["rate"] == 20.0
+    op.write(first, "12")
+    assert op.leases.put(member_with_load("b", "51", {2: 5.0, 3: 5.0}), op.now)  # material
+    op.now += 1
+    second = op.decide()
+    assert second.status is not None and second.status["load"]["rate"] == 30.0

@@ -44,7 +44,7 @@ from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
-from kgroup.core.operator.load_status import LoadTracker, measure_load
+from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
 from kgroup.core.operator.planner import (
     Decision,
     GroupPlanner,
@@ -519,7 +519,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance,
     )
-    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall))
+    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
+                        load_settings(spec, member_leases))
     new_status = memory.load.apply(new_status)
     wire = new_status.to_wire()
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())

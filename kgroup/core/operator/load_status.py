@@ -14,8 +14,9 @@ measured.
 
 How often (:class:`LoadTracker`): the figures change with every renewal, and writing
 them into the status each time would make the status follow the members' renewals. The
-operator takes them at most once per :data:`LOAD_REFRESH_SECONDS` (and the status
-write's own rate limit applies), so a group whose apps report load costs one status
+operator takes them at most once per :data:`LOAD_REFRESH_SECONDS`, or at once when a
+member starts or stops reporting or the sizing settings change (and the status write's
+own rate limit applies), so a group whose apps report load costs one status
 write per 30 s at most, whatever its members and partitions; a group without load
 reports has no ``status.load`` and no extra pass.
 """
@@ -33,8 +34,15 @@ from kgroup.core.operator.sizing import busiest_share, member_capacity, recommen
 from kgroup.core.operator.status import MemberLeaseObservation, format_timestamp
 from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LoadStatus
 
-__all__ = ["LOAD_REFRESH_SECONDS", "GroupLoad", "LoadTracker", "group_load", "load_status",
-           "measure_load"]
+__all__ = [
+    "LOAD_REFRESH_SECONDS",
+    "GroupLoad",
+    "LoadTracker",
+    "group_load",
+    "load_settings",
+    "load_status",
+    "measure_load",
+]
 
 LOAD_REFRESH_SECONDS = 30.0
 """The status's load figures are taken at most this often."""
@@ -126,6 +134,14 @@ def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
         catch_up_seconds=spec.sizing.catch_up_seconds, wall=wall)
 
 
+def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
+                  ) -> object:
+    """What, when it changes, makes the figures due at once: the sizing settings and which
+    members report load (a member that starts reporting is counted without waiting for
+    the next refresh)."""
+    return spec.sizing, frozenset(m for m, o in member_leases.items() if o.load_annotation)
+
+
 @dataclass
 class LoadTracker:
     """The load figures last taken, kept between passes (the operator's memory)."""
@@ -134,15 +150,19 @@ class LoadTracker:
     next_at: float = -math.inf
     status: LoadStatus | None = None
     members: dict[str, float] = field(default_factory=dict)
+    settings: object = None
 
     def refresh(self, now: float,
-                measure: Callable[[], tuple[LoadStatus, dict[str, float]] | None]) -> None:
-        """Take the figures again (``measure``) when they are due; while the group reports
-        no load, at every pass (load reports that start wake the loop: the first figures
-        come at once)."""
-        if self.status is not None and now < self.next_at:
+                measure: Callable[[], tuple[LoadStatus, dict[str, float]] | None],
+                settings: object = None) -> None:
+        """Take the figures again (``measure``) when they are due, or when ``settings``
+        (what the figures are computed with, e.g. the spec's catch-up time) changed; while
+        the group reports no load, at every pass (load reports that start wake the loop:
+        the first figures come at once)."""
+        if self.status is not None and now < self.next_at and settings == self.settings:
             return
         self.next_at = now + self.interval
+        self.settings = settings
         taken = measure()
         self.status, self.members = taken if taken is not None else (None, {})
 
