@@ -84,6 +84,14 @@ class HandoffSettings(_Model):
                                        ge=DRAIN_TIMEOUT_SECONDS[1], le=DRAIN_TIMEOUT_SECONDS[2])
 
 
+class BalanceSettings(_Model):
+    mode: Literal["count", "load"] = "count"
+    tolerance: float = Field(default=0.15, ge=0, le=10)
+    margin: float = Field(default=0.05, ge=0, le=10)
+    dwell_seconds: int = Field(default=60, ge=0, le=86400)
+    count_slack: float = Field(default=2.0, ge=1, le=1000)
+
+
 class SizingSettings(_Model):
     catch_up_seconds: int = Field(default=300, ge=1, le=86400)
 
@@ -99,6 +107,7 @@ class ConsumerGroupSpec(_Model):
     restart_grace_seconds: int = Field(default=0, ge=0, le=86400)
     stateful_set_restart_grace_seconds: int = Field(default=30, ge=0, le=86400)
     paused: bool = False
+    balance: BalanceSettings = Field(default_factory=BalanceSettings)
     sizing: SizingSettings = Field(default_factory=SizingSettings)
     source: dict[str, Any] = Field(default_factory=dict)
 

@@ -123,9 +123,9 @@ def test_a_changed_setting_takes_the_figures_again_at_once() -> None:
     tracker = LoadTracker()
     taken: list[float] = []
 
-    def measure() -> tuple[LoadStatus, dict[str, float]]:
+    def measure() -> tuple[LoadStatus, dict[str, float], dict[int, float]]:
         taken.append(1.0)
-        return LoadStatus(rate=1.0), {}
+        return LoadStatus(rate=1.0), {}, {0: 1.0}
 
     tracker.refresh(0.0, measure, "catch-up 300")
     tracker.refresh(10.0, measure, "catch-up 300")

@@ -80,6 +80,28 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "gets none; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
+    "spec.balance": {"description": "What the assignment balances: partition counts, or the "
+                                    "load the apps report (docs/load-balancing.md)."},
+    "spec.balance.mode": {
+        "description": "count: every partition weighs the same (the assignor's balance); "
+                       "load: partitions move so that the busiest member's reported "
+                       "events/s comes near the mean, with hysteresis. Default: count."},
+    "spec.balance.tolerance": {
+        "description": "mode load: a rebalance brings the busiest member to at most "
+                       "(1 + tolerance) x the mean, or the best any assignment can do; "
+                       "0 to 10. Default: 0.15."},
+    "spec.balance.margin": {
+        "description": "mode load: the dead zone above the tolerance; nothing moves while "
+                       "the busiest member is at most (1 + tolerance + margin) x the mean, "
+                       "and a rebalance must lower it by more than margin x the mean; 0 to "
+                       "10. Default: 0.05."},
+    "spec.balance.dwellSeconds": {
+        "description": "mode load: seconds after its last move during which a partition "
+                       "does not move again for load; 0 to 86400. Default: 60."},
+    "spec.balance.countSlack": {
+        "description": "mode load: a member holds at most ceil(countSlack x its fair "
+                       "count) partitions, so partitions without load do not pile up on "
+                       "one member; 1 to 1000. Default: 2."},
     "spec.sizing": {"description": "How the group's recommended size (status.load."
                                    "recommendedMembers) is computed."},
     "spec.sizing.catchUpSeconds": {

@@ -471,12 +471,16 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         ))
 
     generation = md.get("generation")
+    member_leases = leases.member_observations()
+    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
+                        load_settings(spec, member_leases))
     if decision is None:
         decision = memory.planner.plan(
             spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
             now=now, pods=obs.pods, sessions=live.keys(), kept_ordinals=obs.kept_ordinals,
             spec_changed=(memory.planned_generation is not None
                           and generation != memory.planned_generation),
+            loads=memory.load.rates if spec.balance.mode == "load" else None,
         )
     if decision.target is None:
         memory.planned_generation = generation
@@ -512,15 +516,12 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         last_rebalance = LastRebalance(epoch=epoch, reason=decision.reason,
                                        moved=decision.moved, started_at=format_timestamp(wall))
     last_change = max(memory.last_target_change, memory.planner.last_membership_change)
-    member_leases = leases.member_observations()
     new_status, seen = aggregate_status(
         spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
         members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance,
     )
-    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
-                        load_settings(spec, member_leases))
     new_status = memory.load.apply(new_status)
     wire = new_status.to_wire()
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())

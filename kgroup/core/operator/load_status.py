@@ -124,14 +124,21 @@ def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
     return status, per_member
 
 
+Taken = tuple[LoadStatus, dict[str, float], dict[int, float]]
+"""status.load, each member's load, each reported partition's rate."""
+
+
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
-                 wall: datetime) -> tuple[LoadStatus, dict[str, float]] | None:
-    """The load figures for the status from one pass's observations; None: no reports."""
+                 wall: datetime) -> Taken | None:
+    """The load figures from one pass's observations; None: no reports."""
     load = group_load(member_leases, holders, spec.partitions)
-    return None if load is None else load_status(
-        load, sorted(members), spec.partitions,
-        catch_up_seconds=spec.sizing.catch_up_seconds, wall=wall)
+    if load is None:
+        return None
+    status, per_member = load_status(
+        load, sorted(members), spec.partitions, catch_up_seconds=spec.sizing.catch_up_seconds,
+        wall=wall, count_balanced=spec.balance.mode == "count")
+    return status, per_member, load.partition_rates
 
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
@@ -151,9 +158,11 @@ class LoadTracker:
     status: LoadStatus | None = None
     members: dict[str, float] = field(default_factory=dict)
     settings: object = None
+    # each partition's rate as last reported by its holder, kept while a moved partition
+    # waits for its new holder's first report (load balancing plans on these)
+    rates: dict[int, float] = field(default_factory=dict)
 
-    def refresh(self, now: float,
-                measure: Callable[[], tuple[LoadStatus, dict[str, float]] | None],
+    def refresh(self, now: float, measure: Callable[[], Taken | None],
                 settings: object = None) -> None:
         """Take the figures again (``measure``) when they are due, or when ``settings``
         (what the figures are computed with, e.g. the spec's catch-up time) changed; while
@@ -164,7 +173,11 @@ class LoadTracker:
         self.next_at = now + self.interval
         self.settings = settings
         taken = measure()
-        self.status, self.members = taken if taken is not None else (None, {})
+        if taken is None:
+            self.status, self.members, self.rates = None, {}, {}
+            return
+        self.status, self.members = taken[0], taken[1]
+        self.rates = {**self.rates, **taken[2]}
 
     def deadline(self) -> float | None:
         """When to look again for the next figures (None: the group reports no load)."""
