@@ -92,3 +92,12 @@ def test_a_join_in_load_mode_gets_its_share_by_the_membership_rules() -> None:
     d = plan(p, s, TWO, 10, {}, members={"a", "b", "c"})
     assert d.target is not None and len(d.target["c"]) == 2  # floor(8 / 3)
     assert d.reason == "member joined: c"
+
+
+def test_a_new_groups_first_target_starts_no_dwell() -> None:
+    p, s = GroupPlanner(), spec(dwellSeconds=600)
+    first = p.plan(spec=s, target={}, epoch=0, members={"a", "b"}, holders={}, now=0,
+                   loads={})
+    assert first.target == TWO
+    d = plan(p, s, TWO, 1, HOT)  # held, loads reported: balanced at once
+    assert d.target is not None and d.target["a"] == [0]

@@ -26,6 +26,7 @@ from test_operator import (
     operator,
     patch_spec,
     status_where,
+    stays,
 )
 
 from kgroup.client import Report, SidecarClient
@@ -229,3 +230,29 @@ def test_load_reports_ride_the_renewals_into_the_status_the_column_and_the_cli(
     table = kgroup_status(cluster, namespace)
     assert "recommended members 6" in table
     assert re.search(r"Load: 120(\.0)? events/s, lag 6000", table), table
+
+
+def test_load_mode_moves_the_cold_partitions_off_the_hot_member_and_then_rests(
+        kube: client.ApiClient, namespace: str, sidecars: dict[str, SidecarProcess]) -> None:
+    st = status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
+                      timeout=60)
+    assert st["assignment"] == {"w-0": "0-2", "w-1": "3-5"}
+    epoch = st["epoch"]
+    patch_spec(kube, namespace, {"balance": {"mode": "load"}})
+    hot = {0: 30.0}  # partition 0 carries 30/s, every other one 1/s: w-0 32, w-1 3
+    for sc in sidecars.values():
+        c = SidecarClient(sc.url)
+        c.report_health([Report(p.partition, p.token, "1-0", lag=0,
+                                rate=hot.get(p.partition, 1.0))
+                         for p in c.assignment().partitions])
+    st = status_where(kube, namespace, "a load rebalance, held and acknowledged",
+                      lambda s: s.get("epoch", 0) > epoch
+                      and condition(s, "Ready")[0] == "True", timeout=60)
+    assert st["lastRebalance"]["reason"] == "load: busiest member 1.83x the mean, 1.71x after"
+    # the hot partition stays; the cold ones went through the revoke-before-assign hand-off
+    assert st["assignment"] == {"w-0": "0", "w-1": "1-5"}
+    assert st["epoch"] == epoch + 1
+    assert st["load"]["bound"] == pytest.approx(1.714, abs=1e-3)
+    # one more refresh of the figures (30 s): nothing moves (w-0 alone is the bound)
+    stays("no further rebalance",
+          lambda: get_status(kube, namespace).get("epoch") == epoch + 1, seconds=35)

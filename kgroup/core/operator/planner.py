@@ -360,11 +360,12 @@ class GroupPlanner:
             next_check=next_check)
 
     def _stamp(self, before: Target, after: Target, now: float) -> None:
-        """Remember when each partition whose target owner changed moved (the dwell)."""
+        """Remember when each partition whose target owner changed moved (the dwell); a
+        partition's first owner is no move (a new group balances its load at once)."""
         owner = {p: m for m, ps in before.items() for p in ps}
         for m, ps in after.items():
             for p in ps:
-                if owner.get(p) != m:
+                if owner.get(p, m) != m:
                     self._last_moved[p] = now
 
     def _flapping(self, member: str, sessions: Collection[str] | None) -> bool:
