@@ -146,3 +146,14 @@ def test_the_book_gives_fresh_rates_and_lags_of_held_partitions_only() -> None:
 def test_a_rate_more_than_32_octaves_below_the_top_reads_as_the_smallest_code() -> None:
     assert encode_rate(1e-6, 123_456.0) == 1
     assert 0 < decode_rate(1, 123_456.0) < 1e-4
+
+
+def test_the_batch_encoding_gives_each_rates_own_code() -> None:
+    rates = {p: [0.0, 1e-12, 0.37, 5.0, 41.7, 99.9][p % 6] for p in range(60)}
+    text = encode_load(rates, {})
+    assert text is not None
+    q = json.loads(text)["q"]
+    top = float(json.loads(text)["max"])
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    got = [alphabet.index(q[2 * i]) * 64 + alphabet.index(q[2 * i + 1]) for i in range(60)]
+    assert got == [encode_rate(rates[p], top) for p in range(60)]

@@ -78,6 +78,20 @@ def decode_rate(code: int, top: float) -> float:
     return float(top * 2.0 ** ((code - TOP_CODE) / STEPS_PER_OCTAVE))
 
 
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]  # code -> its two characters
+_PER_LOG = STEPS_PER_OCTAVE / math.log(2)
+
+
+def _codes(values: list[float], top: float) -> str:
+    """:func:`encode_rate` of each value as two characters, in one pass (a renewal of
+    1,000 partitions encodes 1,000 of them: per-item calls cost 5 us each)."""
+    if top <= 0:
+        return "AA" * len(values)
+    log, log_top, per_log, pairs = math.log, math.log(top), _PER_LOG, _PAIRS
+    return "".join([pairs[max(1, TOP_CODE - round(per_log * (log_top - log(v))))]
+                    if v > 0 else "AA" for v in values])
+
+
 def _figure(value: float) -> float:
     """A rate as written: six significant digits (the text stays short and stable)."""
     return float(f"{value:.6g}")
@@ -96,8 +110,7 @@ def encode_load(rates: Mapping[int, float], lags: Mapping[int, int]) -> str | No
         base["rate"] = _figure(sum(rates.values()))
         base["max"] = _figure(top)
         order = sorted(rates)
-        codes = "".join(_ALPHABET[c >> 6] + _ALPHABET[c & 63]
-                        for c in (encode_rate(rates[p], base["max"]) for p in order))
+        codes = _codes([rates[p] for p in order], base["max"])
         full = dict(base, p=format_ranges(order), q=codes)
         text = json.dumps(full, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) <= MAX_LOAD_BYTES:
