@@ -185,7 +185,7 @@ def test_status_watch_prints_again_when_the_group_changes(
 
 
 def test_load_reports_ride_the_renewals_into_the_status_the_column_and_the_cli(
-        cluster: Cluster, kube: client.ApiClient, namespace: str,
+        cluster: Cluster, kube: client.ApiClient, namespace: str, operator: Any,
         sidecars: dict[str, SidecarProcess]) -> None:
     status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
                  timeout=60)
@@ -227,6 +227,9 @@ def test_load_reports_ride_the_renewals_into_the_status_the_column_and_the_cli(
                          capture_output=True, text=True, timeout=60, check=True).stdout
     header, row = out.splitlines()[:2]
     assert row.split()[header.split().index("RECOMMENDED")] == "6"
+    wait_for("the operator's gauge", lambda: operator.metric("kgroup_recommended_members") == 6,
+             timeout=10)
+    assert operator.metric("kgroup_load_lag_events") == 6000
     table = kgroup_status(cluster, namespace)
     assert "recommended members 6" in table
     assert re.search(r"Load: 120(\.0)? events/s, lag 6000", table), table
