@@ -157,3 +157,9 @@ def test_the_batch_encoding_gives_each_rates_own_code() -> None:
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
     got = [alphabet.index(q[2 * i]) * 64 + alphabet.index(q[2 * i + 1]) for i in range(60)]
     assert got == [encode_rate(rates[p], top) for p in range(60)]
+
+
+def test_the_protocol_documents_a_real_encoding() -> None:
+    # docs/protocol.md quotes this text for partitions 3 (40/s) and 7 (20/s)
+    assert encode_load({3: 40.0, 7: 20.0}, {3: 100, 7: 20}) == (
+        '{"lag":120,"max":40.0,"p":"3,7","q":"__9_","rate":60.0,"v":1}')
