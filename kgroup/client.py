@@ -229,9 +229,11 @@ def _release_body(token: int, position: str | None, completed: bool) -> dict[str
 
 
 def _reports_body(reports: Iterable[Report]) -> dict[str, Any]:
+    # "rate" only when said: a report without it reads the same to any sidecar
     return {"partitions": [
         {"partition": r.partition, "token": r.token, "position": r.position, "lag": r.lag,
-         "stalled": r.stalled, "reason": r.reason} for r in reports]}
+         "stalled": r.stalled, "reason": r.reason}
+        | ({} if r.rate is None else {"rate": r.rate}) for r in reports]}
 
 
 def _per_partition(assigned: Callback, revoked: Callback, lost: Callback

@@ -29,6 +29,9 @@ ANNOTATION_TOKEN = "kgroup.dev/token"
 ANNOTATION_HEALTH = "kgroup.dev/health"
 """On a member Lease: the app's per-partition health summary (kgroup.core.health),
 carried by the renewals the sidecar writes anyway."""
+ANNOTATION_LOAD = "kgroup.dev/load"
+"""On a member Lease: the app's per-partition rates and the member's lag (kgroup.core.load),
+carried by the renewals the sidecar writes anyway."""
 ANNOTATION_ASSIGNED = "kgroup.dev/assigned"
 """On a partition Lease: the member the operator assigned the partition to (its target
 owner); only that member may acquire the lock (the chart's admission policy checks it)."""

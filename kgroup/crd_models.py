@@ -84,6 +84,18 @@ class HandoffSettings(_Model):
                                        ge=DRAIN_TIMEOUT_SECONDS[1], le=DRAIN_TIMEOUT_SECONDS[2])
 
 
+class BalanceSettings(_Model):
+    mode: Literal["count", "load"] = "count"
+    tolerance: float = Field(default=0.15, ge=0, le=10)
+    margin: float = Field(default=0.05, ge=0, le=10)
+    dwell_seconds: int = Field(default=60, ge=0, le=86400)
+    count_slack: float = Field(default=2.0, ge=1, le=1000)
+
+
+class SizingSettings(_Model):
+    catch_up_seconds: int = Field(default=300, ge=1, le=86400)
+
+
 class ConsumerGroupSpec(_Model):
     partitions: int = Field(ge=1, le=100_000)
     selector: LabelSelector
@@ -95,6 +107,8 @@ class ConsumerGroupSpec(_Model):
     restart_grace_seconds: int = Field(default=0, ge=0, le=86400)
     stateful_set_restart_grace_seconds: int = Field(default=30, ge=0, le=86400)
     paused: bool = False
+    balance: BalanceSettings = Field(default_factory=BalanceSettings)
+    sizing: SizingSettings = Field(default_factory=SizingSettings)
     source: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -104,6 +118,7 @@ class MemberStatus(_Model):
     assigned_count: int = 0
     owned_count: int = 0
     acknowledged_epoch: int = 0
+    load: float | None = None
 
 
 class LastRebalance(_Model):
@@ -113,6 +128,15 @@ class LastRebalance(_Model):
     started_at: str | None = None
     completed_at: str | None = None
     duration_seconds: float | None = None
+
+
+class LoadStatus(_Model):
+    rate: float = 0.0
+    lag: int | None = None
+    busiest_over_mean: float | None = None
+    bound: float | None = None
+    recommended_members: int | None = None
+    measured_at: str | None = None
 
 
 class Condition(_Model):
@@ -135,4 +159,5 @@ class ConsumerGroupStatus(_Model):
     assignment: dict[str, str] = Field(default_factory=dict)
     members: list[MemberStatus] = Field(default_factory=list)
     last_rebalance: LastRebalance | None = None
+    load: LoadStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)

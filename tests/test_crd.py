@@ -72,6 +72,7 @@ def test_crd_names_scope_subresource_and_columns() -> None:
         "Members": ".status.memberCount",
         "Unowned": ".status.unowned",
         "Stalled": ".status.stalled",
+        "Recommended": ".status.load.recommendedMembers",
         "Age": ".metadata.creationTimestamp",
     }
 

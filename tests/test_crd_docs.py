@@ -52,7 +52,8 @@ def test_timestamps_carry_format_date_time() -> None:
     stamps = {p for p, node in fields(crdgen.openapi_schema())
               if node.get("format") == "date-time"}
     assert stamps == {"status.conditions[].lastTransitionTime",
-                      "status.lastRebalance.startedAt", "status.lastRebalance.completedAt"}
+                      "status.lastRebalance.startedAt", "status.lastRebalance.completedAt",
+                      "status.load.measuredAt"}
 
 
 def test_every_description_names_an_existing_field() -> None:

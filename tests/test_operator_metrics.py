@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kgroup.crd_models import LoadStatus
 from kgroup_operator.main import parse_args
 from kgroup_operator.metrics import Metrics
 from kgroup_operator.settings import OperatorSettings
@@ -81,3 +82,19 @@ def test_all_namespaces_overrides_the_environment() -> None:
 
 def test_the_metrics_server_binds_loopback_by_default() -> None:
     assert OperatorSettings().metrics_host == "127.0.0.1"
+
+
+def test_the_load_gauges_follow_the_status_and_go_with_it() -> None:
+    m = Metrics()
+    m.loaded(("ns", "g"), LoadStatus(rate=120.5, lag=6000, recommended_members=3))
+    text = m.render()
+    labels = 'group="g",group_namespace="ns"'
+    assert f"kgroup_recommended_members{{{labels}}} 3.0" in text
+    assert f"kgroup_load_events_per_second{{{labels}}} 120.5" in text
+    assert f"kgroup_load_lag_events{{{labels}}} 6000.0" in text
+    m.loaded(("ns", "g"), LoadStatus(rate=1.0))  # no lag, no recommendation yet
+    text = m.render()
+    assert f"kgroup_recommended_members{{{labels}}}" not in text
+    assert f"kgroup_load_lag_events{{{labels}}}" not in text
+    m.loaded(("ns", "g"), None)
+    assert f"kgroup_load_events_per_second{{{labels}}}" not in m.render()

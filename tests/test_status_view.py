@@ -91,13 +91,27 @@ def test_the_table_reads_like_kubectl() -> None:
         "2           a       revoking   7       20-0       -",
         "3           -       free       3       30-0       -",
         "",
-        "MEMBER   ASSIGNED   OWNED   ACK-EPOCH   LAG   STALLED",
-        "a        2          2       3           15    1",
-        "b        2          1       2           -     0",
+        "MEMBER   ASSIGNED   OWNED   ACK-EPOCH   LAG   STALLED   LOAD/S",
+        "a        2          2       3           15    1         -",
+        "b        2          1       2           -     0         -",
         "",
         "CONDITION   STATUS   REASON              SINCE                  MESSAGE",
         "Ready       False    PartitionsStalled   2026-01-01T00:00:00Z   1 partitions stalled: 1",
     ])
+
+
+def test_the_load_and_the_recommended_size_are_shown_when_the_status_has_them() -> None:
+    load = {"rate": 120.5, "lag": 3000, "busiestOverMean": 1.4, "bound": 1.1,
+            "recommendedMembers": 3, "measuredAt": "2026-01-01T00:00:30Z"}
+    g = group(load=load)
+    g["status"]["members"][0]["load"] = 84.3
+    view = build_view(g, LEASES)
+    assert view.load == load and [m.load for m in view.members] == [84.3, None]
+    lines = render_table(view).splitlines()
+    assert lines[1] == ("Load: 120.5 events/s, lag 3000, busiest/mean 1.4 (best possible "
+                        "1.1), recommended members 3 (measured 2026-01-01T00:00:30Z)")
+    assert "a        2          2       3           15    1         84.3" in lines
+    assert build_view(group(), LEASES).load is None
 
 
 @pytest.mark.parametrize("output", ["json", "yaml"])

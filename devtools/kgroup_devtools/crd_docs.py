@@ -80,6 +80,35 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "gets none; 0 to 86400. Default: 30."},
     "spec.paused": {"description": "true freezes the target assignment (no rebalance); "
                                    "owners keep what they hold. Default: false."},
+    "spec.balance": {"description": "What the assignment balances: partition counts, or the "
+                                    "load the apps report (docs/load-balancing.md)."},
+    "spec.balance.mode": {
+        "description": "count: every partition weighs the same (the assignor's balance); "
+                       "load: partitions move so that the busiest member's reported "
+                       "events/s comes near the mean, with hysteresis. Default: count."},
+    "spec.balance.tolerance": {
+        "description": "mode load: a rebalance brings the busiest member to at most "
+                       "(1 + tolerance) x the mean, or the best any assignment can do; "
+                       "0 to 10. Default: 0.15."},
+    "spec.balance.margin": {
+        "description": "mode load: the dead zone above the tolerance; nothing moves while "
+                       "the busiest member is at most (1 + tolerance + margin) x the mean, "
+                       "and a rebalance must lower it by more than margin x the mean; 0 to "
+                       "10. Default: 0.05."},
+    "spec.balance.dwellSeconds": {
+        "description": "mode load: seconds after its last move during which a partition "
+                       "does not move again for load; 0 to 86400. Default: 60."},
+    "spec.balance.countSlack": {
+        "description": "mode load: a member holds at most ceil(countSlack x its fair "
+                       "count) partitions, so partitions without load do not pile up on "
+                       "one member; 1 to 1000. Default: 2."},
+    "spec.sizing": {"description": "How the group's recommended size (status.load."
+                                   "recommendedMembers) is computed."},
+    "spec.sizing.catchUpSeconds": {
+        "description": "Seconds within which the recommended members should work off the "
+                       "present backlog while keeping up with the input: members = "
+                       "ceil((rate + lag / catchUpSeconds) / one member's measured "
+                       "capacity); 1 to 86400. Default: 300."},
     "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
                                    "from its sidecar (GET /v1/group): stream name, Redis "
                                    "URL, ... Default: {}."},
@@ -117,6 +146,30 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
     "status.members[].acknowledgedEpoch": {
         "description": "The last epoch whose target it held entirely (its member Lease's "
                        "kgroup.dev/epoch); 0: none yet."},
+    "status.members[].load": {
+        "description": "Events/s its app reports processing on the partitions it holds "
+                       "(the member Lease's kgroup.dev/load); absent: not reported."},
+    "status.load": {"description": "The group's load as its apps report it (rate and lag "
+                                   "per partition, carried on the member Leases' "
+                                   "renewals), refreshed at most every 30 s; absent while "
+                                   "no app reports a rate (docs/design.md, \"Load\")."},
+    "status.load.rate": {"description": "Events/s processed, the whole group."},
+    "status.load.lag": {"description": "Events behind, the whole group (the sum of what "
+                                       "each member reports)."},
+    "status.load.busiestOverMean": {
+        "description": "The busiest member's rate over the mean member's: 1 is perfect "
+                       "balance."},
+    "status.load.bound": {
+        "description": "The lowest busiestOverMean any assignment of these partitions to "
+                       "these members can reach (a hot partition alone may exceed a "
+                       "member's share)."},
+    "status.load.recommendedMembers": {
+        "description": "Members needed to keep up with the rate and work off the lag "
+                       "within spec.sizing.catchUpSeconds, at one member's capacity as "
+                       "measured; never more than the partitions, and rounded up to a count "
+                       "whose busiest member keeps up. Absent: no capacity measured yet."},
+    "status.load.measuredAt": {"description": f"When these figures were taken "
+                                              f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},
     "status.lastRebalance.epoch": {"description": "The epoch the rebalance produced."},
     "status.lastRebalance.reason": {"description": "Why it happened (member joined, left, "

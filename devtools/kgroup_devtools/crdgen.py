@@ -192,6 +192,8 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Members", "type": "integer", "jsonPath": ".status.memberCount"},
     {"name": "Unowned", "type": "integer", "jsonPath": ".status.unowned"},
     {"name": "Stalled", "type": "integer", "jsonPath": ".status.stalled"},
+    {"name": "Recommended", "type": "integer",
+     "jsonPath": ".status.load.recommendedMembers"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -18,7 +19,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_harness import GROUP
-from test_operator import get_status, make_group, make_pods, operator, status_where
+from test_operator import (
+    get_status,
+    make_group,
+    make_pods,
+    operator,
+    patch_spec,
+    status_where,
+    stays,
+)
 
 from kgroup.client import Report, SidecarClient
 from kgroup_devcluster import Cluster
@@ -173,3 +182,80 @@ def test_status_watch_prints_again_when_the_group_changes(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_load_reports_ride_the_renewals_into_the_status_the_column_and_the_cli(
+        cluster: Cluster, kube: client.ApiClient, namespace: str, operator: Any,
+        sidecars: dict[str, SidecarProcess]) -> None:
+    status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
+                 timeout=60)
+    assert "load" not in get_status(kube, namespace)  # no rate reported: no figures
+    rates = {"w-0": 10.0, "w-1": 30.0}  # events/s per partition
+    lags = {"w-0": 0, "w-1": 2000}  # w-1 is behind: 6,000 events, > 10 s of its 90/s
+    clients = {pod: SidecarClient(sc.url) for pod, sc in sidecars.items()}
+    held = {pod: c.assignment().partitions for pod, c in clients.items()}
+    before = {pod: writes(sc) for pod, sc in sidecars.items()}
+    t0 = time.monotonic()
+    for _ in range(50):  # traffic: 50 reports per member
+        for pod, c in clients.items():
+            answer = c.report_health([Report(p.partition, p.token, "1-0", lag=lags[pod],
+                                             rate=rates[pod]) for p in held[pod]])
+            assert answer["accepted"] == 3
+    st = status_where(kube, namespace, "status.load",
+                      lambda s: (s.get("load") or {}).get("rate") == 120.0, timeout=30)
+    seconds = time.monotonic() - t0
+    for pod, sc in sidecars.items():  # the reports rode on the renewals (1 s apart)
+        assert writes(sc) - before[pod] <= seconds / 1.0 + 2
+    load = st["load"]
+    assert load["lag"] == 6000 and load["busiestOverMean"] == 1.5 and load["bound"] == 1.0
+    # 120/s + 6,000 / 300 s = 140/s at 90/s (w-1 is behind: its rate is its capacity)
+    assert load["recommendedMembers"] == 2 and load["measuredAt"].endswith("Z")
+    assert {m["name"]: m["load"] for m in st["members"]} == {"w-0": 30.0, "w-1": 90.0}
+    lease: Any = client.CoordinationV1Api(kube).read_namespaced_lease(
+        f"{GROUP}-member-w-1", namespace)
+    carried = json.loads(lease.metadata.annotations["kgroup.dev/load"])
+    assert carried["rate"] == 90.0 and carried["lag"] == 6000
+
+    # catch up within 30 s instead: 320/s; 4 or 5 members leave one with 2 of the 6
+    # partitions (107/s > 90), so 6
+    patch_spec(kube, namespace, {"sizing": {"catchUpSeconds": 30}})
+    st = status_where(kube, namespace, "recommendation for 30 s",
+                      lambda s: (s.get("load") or {}).get("recommendedMembers") == 6,
+                      timeout=30)
+    out = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
+                          str(cluster.kubeconfig), "get", "cg", GROUP, "-n", namespace],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    header, row = out.splitlines()[:2]
+    assert row.split()[header.split().index("RECOMMENDED")] == "6"
+    wait_for("the operator's gauge", lambda: operator.metric("kgroup_recommended_members") == 6,
+             timeout=10)
+    assert operator.metric("kgroup_load_lag_events") == 6000
+    table = kgroup_status(cluster, namespace)
+    assert "recommended members 6" in table
+    assert re.search(r"Load: 120(\.0)? events/s, lag 6000", table), table
+
+
+def test_load_mode_moves_the_cold_partitions_off_the_hot_member_and_then_rests(
+        kube: client.ApiClient, namespace: str, sidecars: dict[str, SidecarProcess]) -> None:
+    st = status_where(kube, namespace, "Ready", lambda s: condition(s, "Ready")[0] == "True",
+                      timeout=60)
+    assert st["assignment"] == {"w-0": "0-2", "w-1": "3-5"}
+    epoch = st["epoch"]
+    patch_spec(kube, namespace, {"balance": {"mode": "load"}})
+    hot = {0: 30.0}  # partition 0 carries 30/s, every other one 1/s: w-0 32, w-1 3
+    for sc in sidecars.values():
+        c = SidecarClient(sc.url)
+        c.report_health([Report(p.partition, p.token, "1-0", lag=0,
+                                rate=hot.get(p.partition, 1.0))
+                         for p in c.assignment().partitions])
+    st = status_where(kube, namespace, "a load rebalance, held and acknowledged",
+                      lambda s: s.get("epoch", 0) > epoch
+                      and condition(s, "Ready")[0] == "True", timeout=60)
+    assert st["lastRebalance"]["reason"] == "load: busiest member 1.83x the mean, 1.71x after"
+    # the hot partition stays; the cold ones went through the revoke-before-assign hand-off
+    assert st["assignment"] == {"w-0": "0", "w-1": "1-5"}
+    assert st["epoch"] == epoch + 1
+    assert st["load"]["bound"] == pytest.approx(1.714, abs=1e-3)
+    # one more refresh of the figures (30 s): nothing moves (w-0 alone is the bound)
+    stays("no further rebalance",
+          lambda: get_status(kube, namespace).get("epoch") == epoch + 1, seconds=35)

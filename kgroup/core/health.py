@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeGuard
@@ -78,6 +79,7 @@ class Report(NamedTuple):
     lag: int | None = None
     stalled: bool = False
     reason: str = ""
+    rate: float | None = None  # events/s processed lately (kgroup.core.load); None: not said
 
 
 def parse_report(item: Any) -> Report | str:
@@ -88,6 +90,7 @@ def parse_report(item: Any) -> Report | str:
     partition, token = get("partition"), get("token")
     position, lag = get("position"), get("lag")
     stalled, reason = get("stalled", False), get("reason", "")
+    rate = get("rate")
     # type(x) is int: a bool is not a number here (isinstance would take True as 1)
     if type(partition) is not int or partition < 0:
         return "partition must be a non-negative integer"
@@ -99,13 +102,17 @@ def parse_report(item: Any) -> Report | str:
         return f"partition {partition}: lag must be a non-negative integer or null"
     if type(stalled) is not bool:
         return f"partition {partition}: stalled must be true or false"
+    if rate is not None and (type(rate) not in (int, float) or not math.isfinite(rate)
+                             or rate < 0):
+        return f"partition {partition}: rate must be a finite number >= 0 (events/s) or null"
     if reason is None:
         reason = ""
     elif type(reason) is not str:
         return f"partition {partition}: reason must be a string"
     elif len(reason) > MAX_REASON_CHARS:
         reason = reason[:MAX_REASON_CHARS]
-    return Report(partition, token, position, lag, stalled, reason)
+    return Report(partition, token, position, lag, stalled, reason,
+                  None if rate is None else float(rate))
 
 
 def parse_reports(items: list[Any]) -> list[Report] | str:
@@ -200,6 +207,24 @@ class HealthBook:
             assert why is not None  # refused, and report() says why
             refused.append((report.partition, why))
         return refused
+
+    def loads(self, held: Mapping[int, int], now: float, fresh_for: float
+              ) -> tuple[dict[int, float], dict[int, int]]:
+        """The held partitions' rates and lags as last reported, of reports at most
+        ``fresh_for`` seconds old (an app that stopped reporting a partition's rate is not
+        taken to process at its last pace forever): what ``kgroup.core.load`` encodes."""
+        self.prune(held)
+        rates: dict[int, float] = {}
+        lags: dict[int, int] = {}
+        for p, e in self.entries.items():
+            if now - e.reported_at > fresh_for:
+                continue
+            r = e.report
+            if r.rate is not None:
+                rates[p] = r.rate
+            if r.lag is not None:
+                lags[p] = r.lag
+        return rates, lags
 
     def prune(self, held: Mapping[int, int]) -> None:
         """Forget partitions no longer held under their reported token."""

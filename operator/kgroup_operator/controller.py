@@ -243,6 +243,7 @@ class GroupController:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
                                   stalled=plan.new_status.stalled)
+            self.metrics.loaded(self.key, plan.new_status.load)
         await self._post(body, plan.events)
         if plan.status is None:
             self._send_marks(plan)

@@ -6,7 +6,10 @@ is the scraper's own target label for the operator pod's namespace):
 ``kgroup_status_writes_total``, ``kgroup_planning_passes_total`` (counters),
 ``kgroup_rebalance_duration_seconds`` (histogram: from the epoch written to every member
 settled), ``kgroup_unowned_partitions``, ``kgroup_members``, ``kgroup_partitions``
-(gauges); ``kgroup_operator_leader`` (1 on the active replica, 0 on a standby);
+(gauges); ``kgroup_recommended_members``, ``kgroup_load_events_per_second``,
+``kgroup_load_lag_events`` (gauges from ``status.load``, present only while the group's
+apps report load: what an HPA on an external metric, or KEDA's prometheus scaler, reads);
+``kgroup_operator_leader`` (1 on the active replica, 0 on a standby);
 ``kgroup_build_info{component="operator",version=...}``; and the default process, platform
 and GC collectors.
 
@@ -35,6 +38,7 @@ from prometheus_client import (
 )
 
 from kgroup import __version__
+from kgroup.crd_models import LoadStatus
 from kgroup.metrics_http import serve_registry
 
 log = logging.getLogger(__name__)
@@ -79,9 +83,19 @@ class Metrics:
         self.stalled = Gauge("kgroup_stalled_partitions",
                              "Partitions whose owner's app reports no progress (status.stalled).",
                              LABELS, registry=r)
+        self.recommended = Gauge("kgroup_recommended_members",
+                                 "Members the group needs (status.load.recommendedMembers).",
+                                 LABELS, registry=r)
+        self.rate = Gauge("kgroup_load_events_per_second",
+                          "Events/s the group's apps report processing (status.load.rate).",
+                          LABELS, registry=r)
+        self.lag = Gauge("kgroup_load_lag_events",
+                         "Events behind, as the group's apps report (status.load.lag).",
+                         LABELS, registry=r)
+        self._load = (self.recommended, self.rate, self.lag)
         self._families: tuple[Counter | Gauge | Histogram, ...] = (
             self.rebalances, self.moved, self.status_writes, self.passes, self.durations,
-            self.unowned, self.members, self.partitions, self.stalled)
+            self.unowned, self.members, self.partitions, self.stalled, *self._load)
 
     def set_leader(self, leader: bool) -> None:
         self.leader.set(1 if leader else 0)
@@ -106,6 +120,17 @@ class Metrics:
         self.members.labels(*key).set(members)
         if partitions is not None:
             self.partitions.labels(*key).set(partitions)
+
+    def loaded(self, key: Key, load: LoadStatus | None) -> None:
+        """``status.load`` as last taken; None: the group reports no load (no series)."""
+        figures = (None, None, None) if load is None else (
+            load.recommended_members, load.rate, load.lag)
+        for gauge, value in zip(self._load, figures, strict=True):
+            if value is None:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)
+            else:
+                gauge.labels(*key).set(value)
 
     def forget(self, key: Key) -> None:
         """A deleted group: every series of it goes (a counter reset is what Prometheus'

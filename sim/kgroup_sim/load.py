@@ -5,18 +5,26 @@ must keep between plans (the target and each partition's last-moved time) and pl
 fixed period of simulated seconds, as an operator's loop would. Randomness comes only from
 the ``random.Random`` passed in, so a seed replays a run. Used by the tests and by
 bench/bench_load_assignor.py.
+
+:class:`LoadFeed` is the other use: the apps' load reports in the whole simulation
+(``SimConfig.load``), so the operator's load mode (``spec.balance.mode: load``) runs there
+on the shipped decision code, fed through the member Leases' ``kgroup.dev/load`` as on a
+cluster.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from kgroup.core.load import encode_load
 from kgroup.core.operator.assignors import Member, get_assignor
 from kgroup.core.operator.load_balance import LoadBalance, LoadPlan, plan_load_balance
+from kgroup.core.ranges import parse_ranges
 
-__all__ = ["Balancer", "jitter", "zipf_loads"]
+__all__ = ["Balancer", "LoadFeed", "jitter", "moves_between", "zipf_loads"]
 
 
 def zipf_loads(partitions: int, s: float, rng: random.Random) -> list[float]:
@@ -81,3 +89,28 @@ class Balancer:
             self.plan(loads_at(self.now))
             self.now += period
         return self.moves - before
+
+
+@dataclass(frozen=True)
+class LoadFeed:
+    """What every simulated app reports: each partition's rate (events/s), times an
+    independent uniform factor in ``[1 - noise, 1 + noise]`` drawn at each renewal."""
+
+    rates: tuple[float, ...]
+    noise: float = 0.0
+
+    def summary(self, held: Iterable[int], rng: random.Random | Any) -> str | None:
+        """The ``kgroup.dev/load`` annotation of a member holding ``held``."""
+        rates = {p: self.rates[p] * (rng.uniform(1 - self.noise, 1 + self.noise)
+                                     if self.noise else 1.0)
+                 for p in sorted(held) if p < len(self.rates)}
+        return encode_load(rates, {})
+
+
+def moves_between(before: Mapping[str, str], after: Mapping[str, str], partitions: int) -> int:
+    """Partitions whose target owner differs between two ``status.assignment`` maps."""
+    def owners(target: Mapping[str, str]) -> dict[int, str]:
+        return {p: m for m, ranges in target.items()
+                for p in parse_ranges(ranges, limit=partitions)}
+    old, new = owners(before), owners(after)
+    return sum(1 for p, m in new.items() if old.get(p) != m)

@@ -35,6 +35,7 @@ from kgroup_sim.control import GROUP_KEY, SimOperator
 from kgroup_sim.faults import FAULT_KINDS, Fault
 from kgroup_sim.hand_edits import HAND_EDIT_KINDS
 from kgroup_sim.kernel import Kernel, Process
+from kgroup_sim.load import LoadFeed
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup_sim.store import Obj, Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
@@ -103,6 +104,7 @@ class SimConfig:
     # the sidecar judges an app that reports by its reports (a partition it stopped
     # reporting on is stalled); False: the broken variant a blind app is caught with
     report_silence: bool = True
+    load: LoadFeed | None = None  # the apps' load reports (kgroup_sim.load); None: none
     verbose: bool = False
 
 

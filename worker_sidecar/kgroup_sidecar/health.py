@@ -16,10 +16,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kgroup.core.health import HealthBook, PartitionHealth, parse_reports
+from kgroup.core.load import encode_load
 from kgroup_sidecar.metrics import IDENTITY
 
 Held = Callable[[], Mapping[int, int]]
 """-> partition: token of every partition the member holds now."""
+LOAD_FRESH_SECONDS = 60.0
+"""A partition's rate counts on the renewals for this long after the app reported it."""
 Observed = Callable[[Mapping[int, int], float, Container[int] | None], Mapping[int, str]]
 """(held, now, reported) -> partition: why, for each held partition the sidecar sees
 stalled (``kgroup.core.member.app_presence.AppPresence.stalls``)."""
@@ -53,7 +56,8 @@ class SidecarHealth(Collector):
         if not isinstance(items, list):
             return 400, {"error": 'body must be {"partitions": [{"partition": int, '
                                   '"token": int, "position": str|null, "lag": int|null, '
-                                  '"stalled": bool, "reason": str}, ...]}'}
+                                  '"stalled": bool, "reason": str, '
+                                  '"rate": number|null}, ...]}'}
         reports = parse_reports(items)
         if isinstance(reports, str):
             return 400, {"error": reports}
@@ -80,6 +84,12 @@ class SidecarHealth(Collector):
                 self.on_stalled(stalled[p])
         self._stalled = set(stalled)
         return text
+
+    def load(self) -> str | None:
+        """The ``kgroup.dev/load`` annotation for the next renewal: the held partitions'
+        fresh rates and lags (``kgroup.core.load``)."""
+        rates, lags = self.book.loads(self.held(), self.clock(), LOAD_FRESH_SECONDS)
+        return encode_load(rates, lags)
 
     def collect(self) -> Iterable[Metric]:
         lag = GaugeMetricFamily(

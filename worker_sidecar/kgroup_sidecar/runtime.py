@@ -76,6 +76,7 @@ class Sidecar:
             f"partition {h.partition} (token {h.token}) makes no progress: "
             f"{h.reason or 'no reason given'}")
         self.logic.health_summary = self.health.summary
+        self.logic.load_summary = self.health.load
         self.release_waiters: dict[tuple[int, int], list[asyncio.Future[bool]]] = {}
         self.kube: KubeAdapter | None = None
         # Events on this pod (main sets it; None in tests and the swarm: nothing posted)

@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from kgroup.constants import member_lease_name, partition_lease_name
-from kgroup.core import health
+from kgroup.core import health, load
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
@@ -160,6 +160,7 @@ class SidecarLogic:
         self._audited_release: set[tuple[str, int, int]] = set()
         self.health_summary: Callable[[], str | None] = lambda: None
         """The app's health summary carried by each renewal (``kgroup.core.health``)."""
+        self.load_summary: Callable[[], str | None] = lambda: None  # kgroup.core.load
 
     # ---- decisions a variant may change -------------------------------------------------
 
@@ -433,6 +434,7 @@ class SidecarLogic:
         body = codec.renewed_member_lease(self.my_lease, duration=action.timing.duration,
                                           epoch=action.epoch, now=self.wall())
         health.annotate(body, self.health_summary())
+        load.annotate_load(body, self.load_summary())
         sent = self.clock()
         answer = yield ReplaceLease(body, self.request_timeout())
         if isinstance(answer, Ok) and answer.obj is not None:

@@ -44,6 +44,7 @@ from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
 from kgroup.core.operator.planner import (
     Decision,
     GroupPlanner,
@@ -136,6 +137,7 @@ class Memory:
     planned_generation: int | None = None  # spec generation the target reflects
     # partition -> why the name its lock must have is held by someone else's Lease
     squatted: dict[int, str] = field(default_factory=dict)
+    load: LoadTracker = field(default_factory=LoadTracker)  # status.load as last taken
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
@@ -469,12 +471,16 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         ))
 
     generation = md.get("generation")
+    member_leases = leases.member_observations()
+    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
+                        load_settings(spec, member_leases))
     if decision is None:
         decision = memory.planner.plan(
             spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
             now=now, pods=obs.pods, sessions=live.keys(), kept_ordinals=obs.kept_ordinals,
             spec_changed=(memory.planned_generation is not None
                           and generation != memory.planned_generation),
+            loads=memory.load.rates if spec.balance.mode == "load" else None,
         )
     if decision.target is None:
         memory.planned_generation = generation
@@ -512,10 +518,11 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     last_change = max(memory.last_target_change, memory.planner.last_membership_change)
     new_status, seen = aggregate_status(
         spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
-        members=members, member_leases=leases.member_observations(), holders=holders,
+        members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance,
     )
+    new_status = memory.load.apply(new_status)
     wire = new_status.to_wire()
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
     # when unowned partitions become "unowned too long" (the Degraded condition): a moment
@@ -529,7 +536,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         decision.next_check,
         leases.next_expiry(now),
         unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
-        recheck,
+        recheck, memory.load.deadline(),
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
     uids, identity_change = memory.identities.resolve(

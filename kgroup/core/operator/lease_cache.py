@@ -112,8 +112,9 @@ class GroupLeases:
         Returns whether the change is *material*: whether it can change what the operator
         plans or writes (:func:`material_member_change`, :func:`material_lock_change`). A
         member's renewal whose only news is its marker (resourceVersion, renewTime) and
-        its lag figures is not: it only restarts the session's clock in the tracker, and
-        the group's loop is not woken (it still wakes at the earliest session expiry)."""
+        its lag or load figures is not (load reports that start or stop are): it only
+        restarts the session's clock in the tracker, and the group's loop is not woken (it
+        still wakes at the earliest session expiry, and every 30 s for the load figures)."""
         name = str(codec.meta(body).get("name", ""))
         old = self.bodies.get(name)
         if old is not None and not codec.not_older(body, old):
@@ -131,12 +132,16 @@ class GroupLeases:
             old_raw, old_health = self._health.get(name, (None, None))
             health = old_health if raw_health == old_raw else health_key(raw_health)
             self._health[name] = (raw_health, health)
+            # load reports that start or stop: the status's load figures appear or go
+            load_news = old is not None and (C.ANNOTATION_LOAD in codec.annotations_of(body)) \
+                != (C.ANNOTATION_LOAD in codec.annotations_of(old))
             self.bodies[name] = body
             self.members[ml.member] = ml
             if ml.session:
                 self.tracker.observe(ml.member, ml.session, ml.marker, ml.duration, now)
-            return material_member_change(previous, ml, was_live=was_live,
-                                          old_health=old_health, new_health=health)
+            return load_news or material_member_change(previous, ml, was_live=was_live,
+                                                       old_health=old_health,
+                                                       new_health=health)
         if codec.is_partition(body):
             lock = codec.parse_partition_lease(body).value
             if lock is None:
@@ -240,12 +245,13 @@ class GroupLeases:
         return self._locks
 
     def member_observations(self) -> dict[str, MemberLeaseObservation]:
-        return {
-            m: MemberLeaseObservation(
-                m, v.session, v.epoch_annotation,
-                codec.annotations_of(self.bodies.get(v.name) or {}).get(C.ANNOTATION_HEALTH))
-            for m, v in self.members.items()
-        }
+        out: dict[str, MemberLeaseObservation] = {}
+        for m, v in self.members.items():
+            notes = codec.annotations_of(self.bodies.get(v.name) or {})
+            out[m] = MemberLeaseObservation(m, v.session, v.epoch_annotation,
+                                            notes.get(C.ANNOTATION_HEALTH),
+                                            notes.get(C.ANNOTATION_LOAD))
+        return out
 
 
 def health_key(raw: str | None) -> Any:

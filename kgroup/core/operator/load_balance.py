@@ -2,8 +2,9 @@
 
 Rule of this module: pure. No clock (``now`` and every last-moved time are seconds on the
 caller's clock), no I/O, deterministic: the same inputs, in any dict order, give the same
-plan. Nothing here is wired into the operator yet; docs/load-balancing.md holds the
-proposal for the wiring.
+plan. The operator's planner calls it when ``spec.balance.mode`` is load
+(:class:`kgroup.core.operator.planner.GroupPlanner`; docs/load-balancing.md, "The
+wiring").
 
 Why a separate planner that runs *after* the sticky rules, not a mode inside
 :class:`~kgroup.core.operator.assignors.StickyAssignor`: the sticky assignor promises

@@ -40,6 +40,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kgroup.core.operator.assignors import Member, get_assignor, moved_partitions
+from kgroup.core.operator.load_balance import (
+    LoadBalance,
+    busiest_ratio,
+    effective_loads,
+    plan_load_balance,
+)
 from kgroup.core.operator.rollout import replacements, restart_grace
 from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
@@ -49,6 +55,7 @@ __all__ = [
     "LockObservation",
     "PodObservation",
     "Target",
+    "balance_config",
     "correct_hand_edit",
     "current_members",
     "eligible_pods",
@@ -211,6 +218,9 @@ class GroupPlanner:
     _departed: dict[str, float] = field(default_factory=dict)
     _pods: dict[str, PodObservation] = field(default_factory=dict)  # last seen, by name
     _present: frozenset[str] | None = None  # names of the pods that exist (None: unknown)
+    # partition -> when (caller's clock) its target owner last changed: the dwell time of
+    # load balancing (lost on a restart: at worst one early move)
+    _last_moved: dict[int, float] = field(default_factory=dict)
 
     @property
     def last_membership_change(self) -> float:
@@ -230,6 +240,7 @@ class GroupPlanner:
         pods: Iterable[PodObservation] | None = None,
         sessions: Collection[str] | None = None,
         kept_ordinals: Mapping[str, range] | None = None,
+        loads: Mapping[int, float] | None = None,
     ) -> Decision:
         """Decide whether the target changes now; see the module docstring.
 
@@ -241,7 +252,8 @@ class GroupPlanner:
         known and ``restartGraceSeconds`` applies to every departed member). `sessions`:
         the members whose session is live (None: unknown). `kept_ordinals`: the ordinals
         each StatefulSet keeps now (see :func:`kgroup.core.operator.rollout.restart_grace`; None:
-        unknown). A departed member whose
+        unknown). `loads`: per partition, events/s as reported (``spec.balance.mode`` load
+        only; see :meth:`_load_step`). A departed member whose
         session is live and whose pod is still there, not terminating, only turned
         unready (its app container restarting, a flapping probe): its departure waits
         for the window, as joins do, rather than moving its partitions at once.
@@ -268,6 +280,9 @@ class GroupPlanner:
         )
         if not membership_pending and not structure_pending:
             self._pending_since = None
+            if spec.balance.mode == "load":
+                return self._load_step(spec, current, epoch, holders, loads or {}, now,
+                                       grace_deadline)
             return Decision(epoch=epoch, next_check=grace_deadline)
 
         rollout = replacements(current=current, members=effective, pods=self._pods)
@@ -287,21 +302,19 @@ class GroupPlanner:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
         seeded = not current and epoch == 0 and bool(holders)
-        assignor = get_assignor(spec.assignor)
-        after = normalize_target(
-            {
-                **assignor.assign(
-                    spec.partitions,
-                    [Member(id=m) for m in sorted(effective - rollout.waiting)],
-                    rollout.current,
-                    dict(holders),
-                ),
-                **{m: [] for m in rollout.waiting},
-            }
-        )
+        ids = [Member(id=m) for m in sorted(effective - rollout.waiting)]
+        if spec.balance.mode == "load":
+            assigned = plan_load_balance(spec.partitions, ids, rollout.current, dict(holders),
+                                         loads or {}, self._last_moved, now,
+                                         balance_config(spec)).target
+        else:
+            assigned = get_assignor(spec.assignor).assign(spec.partitions, ids,
+                                                          rollout.current, dict(holders))
+        after = normalize_target({**assigned, **{m: [] for m in rollout.waiting}})
         self._pending_since = None
         if after == current:
             return Decision(epoch=epoch, next_check=grace_deadline)
+        self._stamp(current, after, now)
         before: Mapping[str, Sequence[int]] = current
         if seeded:
             before = _by_member(holders)
@@ -318,6 +331,42 @@ class GroupPlanner:
             moved=moved_partitions(before, after),
             next_check=grace_deadline,
         )
+
+    def _load_step(self, spec: ConsumerGroupSpec, current: Target, epoch: int,
+                   holders: Mapping[int, str], loads: Mapping[int, float], now: float,
+                   next_check: float | None) -> Decision:
+        """Membership settled, ``spec.balance.mode`` load: move partitions for load
+        (:func:`~kgroup.core.operator.load_balance.plan_load_balance`, with its hysteresis
+        and dwell time), only once every partition is held by its target member (a
+        hand-off in flight finishes first; its moves are not judged on half-moved load).
+        Members with an empty target (a rollout's new pod waiting) stay as they are."""
+        none = Decision(epoch=epoch, next_check=next_check)
+        if any(holders.get(p) != m for m, ps in current.items() for p in ps):
+            return none
+        ids = [Member(id=m) for m in sorted(current) if current[m]]
+        if not ids:
+            return none
+        result = plan_load_balance(spec.partitions, ids, current, dict(holders), loads,
+                                   self._last_moved, now, balance_config(spec))
+        after = normalize_target({**{m: [] for m in current}, **result.target})
+        if not result.moved or after == current:
+            return none
+        self._stamp(current, after, now)
+        load = effective_loads(spec.partitions, loads)
+        return Decision(
+            target=after, epoch=epoch + 1, moved=moved_partitions(current, after),
+            reason=(f"load: busiest member {busiest_ratio(current, load, ids):.2f}x the mean, "
+                    f"{busiest_ratio(after, load, ids):.2f}x after"),
+            next_check=next_check)
+
+    def _stamp(self, before: Target, after: Target, now: float) -> None:
+        """Remember when each partition whose target owner changed moved (the dwell); a
+        partition's first owner is no move (a new group balances its load at once)."""
+        owner = {p: m for m, ps in before.items() for p in ps}
+        for m, ps in after.items():
+            for p in ps:
+                if owner.get(p, m) != m:
+                    self._last_moved[p] = now
 
     def _flapping(self, member: str, sessions: Collection[str] | None) -> bool:
         """Departed with its session live and its pod there, not terminating: unready."""
@@ -358,6 +407,13 @@ class GroupPlanner:
                 graced.add(m)
                 deadline = _earliest(deadline, left_at + grace)
         return members | graced, deadline
+
+
+def balance_config(spec: ConsumerGroupSpec) -> LoadBalance:
+    """The knobs of load balancing from ``spec.balance``."""
+    b = spec.balance
+    return LoadBalance(tolerance=b.tolerance, margin=b.margin,
+                       dwell_seconds=float(b.dwell_seconds), count_slack=b.count_slack)
 
 
 def window_end(

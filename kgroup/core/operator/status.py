@@ -79,6 +79,7 @@ class MemberLeaseObservation:
     session: str | None
     epoch_annotation: str | None
     health_annotation: str | None = None  # raw kgroup.dev/health (kgroup.core.health)
+    load_annotation: str | None = None  # raw kgroup.dev/load (kgroup.core.load)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class MemberRow:
     acknowledged_epoch: int
     lag: int | None
     stalled: int
+    load: float | None = None  # events/s, as the status last took it
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class GroupView:
     stalled: int = 0
     stalled_partitions: str = ""
     unowned: int = 0
+    load: Obj | None = None  # status.load as written (rate, lag, recommendedMembers, ...)
 
     def to_dict(self) -> Obj:
         return asdict(self)
@@ -138,6 +140,7 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
             acknowledged_epoch=int(m.get("acknowledgedEpoch") or 0),
             lag=report.lag if report else None,
             stalled=report.stalled_count if report else 0,
+            load=m.get("load") if isinstance(m.get("load"), (int, float)) else None,
         ))
     return GroupView(
         name=str(md.get("name", "")), namespace=str(md.get("namespace", "")),
@@ -146,6 +149,7 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
         stalled=int(status.get("stalled") or 0),
         stalled_partitions=str(status.get("stalledPartitions") or ""),
         unowned=int(status.get("unowned") or 0),
+        load=status["load"] if isinstance(status.get("load"), dict) else None,
     )
 
 
@@ -159,19 +163,31 @@ def _dash(value: object) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def _load_line(load: Obj) -> str:
+    """status.load in one line: rate, lag, balance and the recommended size."""
+    recommended = load.get("recommendedMembers")
+    return (f"Load: {_dash(load.get('rate'))} events/s, lag {_dash(load.get('lag'))}, "
+            f"busiest/mean {_dash(load.get('busiestOverMean'))} "
+            f"(best possible {_dash(load.get('bound'))}), recommended members "
+            f"{_dash(recommended)} (measured {_dash(load.get('measuredAt'))})")
+
+
 def render_table(view: GroupView) -> str:
     """The human view: a header line, partitions, members, conditions (kubectl style)."""
     lines = [f"ConsumerGroup {view.namespace}/{view.name}: {view.phase}, epoch {view.epoch}, "
              f"{len(view.partitions)} partitions, {len(view.members)} members, "
              f"unowned {view.unowned}, stalled {view.stalled}"
-             + (f" ({view.stalled_partitions})" if view.stalled_partitions else ""), ""]
+             + (f" ({view.stalled_partitions})" if view.stalled_partitions else "")]
+    if view.load is not None:
+        lines.append(_load_line(view.load))
+    lines.append("")
     lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG"), [
         (str(r.partition), _dash(r.owner), r.state, str(r.token), _dash(r.position),
          _dash(r.lag)) for r in view.partitions])
     lines.append("")
-    lines += _table(("MEMBER", "ASSIGNED", "OWNED", "ACK-EPOCH", "LAG", "STALLED"), [
+    lines += _table(("MEMBER", "ASSIGNED", "OWNED", "ACK-EPOCH", "LAG", "STALLED", "LOAD/S"), [
         (m.name, str(m.assigned), str(m.owned), str(m.acknowledged_epoch), _dash(m.lag),
-         str(m.stalled)) for m in view.members])
+         str(m.stalled), _dash(m.load)) for m in view.members])
     lines.append("")
     lines += _table(("CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE"), [
         (str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason", "")),
