@@ -1,4 +1,5 @@
-"""Hypothesis profiles for the unit tier.
+"""Hypothesis profiles for every test tier, loaded as a pytest plugin (pyproject.toml
+``addopts``: ``-p kgroup_testing.hypothesis_profiles``).
 
 Under CI (the environment variable ``CI`` set, as `.ci/run` is run) every property test
 draws a fixed set of examples (``derandomize``): CI judges a submission by what it
