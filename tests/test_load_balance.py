@@ -283,3 +283,11 @@ def test_load_never_empties_a_member_the_sticky_rules_give_a_share() -> None:
     first = plan(current, loads, members=[A, heavy])
     assert first.target["a"], "a member with a fair count of one keeps a partition"
     assert plan(first.target, loads, members=[A, heavy], now=5000.0).moved == ()
+
+
+def test_a_load_whose_mean_underflows_counts_as_no_load() -> None:
+    # found by the brute-force property: a total of one denormal, halved over two members,
+    # is 0.0, and the ratio divided by it
+    tiny = [0.0, 5e-324]
+    assert busiest_ratio({"a": [0, 1], "b": []}, tiny, [A, B]) == 1.0
+    assert load_bound(tiny, [A, B]) == 1.0

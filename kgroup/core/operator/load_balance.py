@@ -173,6 +173,8 @@ def busiest_ratio(
     if total <= 0 or not weight:
         return 1.0
     mean = total / sum(weight.values())
+    if mean <= 0:  # a total so small that the mean underflows: nothing to balance
+        return 1.0
     busiest = max(sum(loads[p] for p in target.get(mid, ())) / w for mid, w in weight.items())
     return busiest / mean
 
@@ -190,6 +192,8 @@ def load_bound(loads: Sequence[float], members: Sequence[Member]) -> float:
     if not ordered or total <= 0:
         return 1.0
     mean = total / sum(m.weight for m in ordered)
+    if mean <= 0:  # underflow, as in busiest_ratio
+        return 1.0
     w_max = max(m.weight for m in ordered)
     heavy = sorted(loads, reverse=True)
     m = len(ordered)

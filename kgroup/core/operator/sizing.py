@@ -79,8 +79,8 @@ class _Shares:
         if m <= 0 or self.n == 0:
             raise ValueError("busiest_share needs at least one member and one partition")
         share = 1.0
-        if self.total > 0:
-            mean = self.total / m
+        mean = self.total / m
+        if mean > 0:  # not "total > 0": a denormal total over m members underflows to 0
             j = 0
             while j * m < self.n:  # of the j*m + 1 heaviest, some member holds j + 1
                 top = j * m
