@@ -43,8 +43,10 @@ lint: setup ## ruff, mypy and the import contracts (pyproject.toml [tool.importl
 	$(PY) -m mypy
 	.venv/bin/lint-imports
 
-check: setup tools lint ## the inner loop, a few minutes: lint, tests/ but Spark and the long seed sweeps (marks spark, slow), 20 simulated seeds
-	$(PY) -m pytest tests -q -m "not spark and not slow"
+# The inner loop's tests mostly wait (on the scripted sidecar's 3 s lease, its long polls):
+# four workers overlap the waits even on two cores.
+check: setup tools lint ## the inner loop, under 3 minutes: lint, tests/ but Spark and the long seed sweeps (marks spark, slow), 20 simulated seeds
+	$(PY) -m pytest tests -q -n 4 --dist worksteal -m "not spark and not slow"
 	$(PY) -m kgroup_sim --seeds 20 --jobs 2
 
 unit: setup ## the tests that need no cluster (Spark and the seed sweeps included)

@@ -1,4 +1,4 @@
-"""The Lease policies allow exactly the fields the code writes (issue 26): no cluster, the
+"""The Lease policies allow exactly the fields the code writes: no cluster, the
 chart rendered with `helm` (tests/chart_render.py) and compared with kgroup.core.
 
 Why: the worker policy lists, per transition, the annotations a worker may change on a

@@ -199,7 +199,7 @@ def operator_calls() -> set[tuple[str, str, str]]:
 
 
 def test_every_verb_the_operator_is_granted_is_one_its_code_calls_and_no_more() -> None:
-    """Issue 26: the operator's RBAC listed verbs its code never called (patching
+    """The operator's RBAC once listed verbs its code never called (patching
     ConsumerGroups and Events). Granted == called, resource by resource."""
     granted = {(g, res, v) for g, res, verbs, _ in rule_table(one(render(), "ClusterRole")[
         "rules"]) for v in verbs}
@@ -254,7 +254,7 @@ def render_error(*sets: str) -> str:
 
 
 def test_worker_rbac_without_the_admission_policy_is_refused() -> None:
-    """Issue 26: the chart's values must not leave the workers' writes unchecked."""
+    """The chart's values must not leave the workers' writes unchecked."""
     err = render_error("workerRbac.namespaces={orders}", "admissionPolicy.enabled=false")
     assert "workerRbac.namespaces [orders] grants the workers Lease and Event writes that " \
            "only the admission policies limit" in err

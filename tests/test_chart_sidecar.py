@@ -152,7 +152,7 @@ TOKEN_MOUNT = {"name": "kgroup-sidecar-token", "readOnly": True,
 
 
 def test_only_the_sidecar_mounts_an_api_token(tmp_path: Path) -> None:
-    """Issue 26: the app container held the worker's token. The token volume is a
+    """The app container must not hold the worker's token. The token volume is a
     projected, pod-bound service-account token (what automount would give), mounted at
     the standard path into the sidecar alone."""
     spec = app_pod(tmp_path, "")["spec"]

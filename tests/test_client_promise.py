@@ -17,9 +17,8 @@ from kgroup.client import (
     AsyncSidecarClient,
     Rebalance,
     SidecarClient,
-    _Listening,
-    _Releases,
 )
+from kgroup.rebalance import _Listening, _Releases
 
 __all__ = ["scripted"]  # the fixture, imported for the tests below
 

@@ -15,8 +15,8 @@ from kgroup.client import (
     Rebalance,
     Report,
     SidecarClient,
-    after_release_error,
 )
+from kgroup.rebalance import after_release_error
 from tests.test_client import Scripted, raw, scripted, wait
 
 __all__ = ["scripted"]

@@ -53,7 +53,7 @@ def test_a_partition_is_stalled_when_the_app_says_so_or_makes_no_progress_with_l
 
 
 def test_time_spent_idle_is_not_time_without_progress() -> None:
-    """Issue 26: after a quiet period (lag 0, position unchanged) the first events made
+    """After a quiet period (lag 0, position unchanged) the first events made
     the sidecar post PartitionStalled at once. Stalled means the lag stayed above zero
     without progress for the stall time; the clock starts when the lag rises."""
     book = HealthBook(stall_after=120)
@@ -97,7 +97,7 @@ def test_the_summary_is_compact_deterministic_and_bounded() -> None:
 
 
 def test_the_summary_lists_the_stalled_then_the_most_behind_and_no_more_rows() -> None:
-    """A renewal's size must not follow the partitions a member holds (issue 25): the
+    """A renewal's size must not follow the partitions a member holds: the
     figures of at most MAX_SUMMARY_ROWS partitions, the stalled first, then the most
     behind."""
     held = {p: 1 for p in range(1000)}

@@ -1,6 +1,7 @@
 """A renewal's health text read without parsing it when it says no stall
-(``group_cache.says_no_stall``, issue 25): the shortcut must give what parsing gives
-(``health_key``), for every summary the sidecar writes and for hostile texts."""
+(``group_cache.says_no_stall``: parsing it cost the operator most of a renewal's CPU): the
+shortcut must give what parsing gives (``health_key``), for every summary the sidecar
+writes and for hostile texts."""
 
 from __future__ import annotations
 

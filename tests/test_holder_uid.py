@@ -1,4 +1,4 @@
-"""A lock's holder is a pod, not a name (issue 26, item 4): the acquisition writes the
+"""A lock's holder is a pod, not a name: the acquisition writes the
 holder's pod uid (``kgroup.dev/holder-uid``), and the holder's later writes (release,
 position) are judged against it. Pure: the codec as the sidecar calls it, and the
 simulation's store (``kgroup_sim.store``), which refuses what the chart's admission policy

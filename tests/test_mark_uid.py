@@ -1,4 +1,4 @@
-"""The assignment mark binds the pod's uid (issue 26): which uid the operator marks
+"""The assignment mark binds the pod's uid: which uid the operator marks
 (``kgroup.core.operator.pod_identity``), the locks it re-marks, the member that waits for a mark
 naming its own pod, and the marks of an older operator (no uid) rewritten."""
 

@@ -162,7 +162,7 @@ def test_a_statefulset_s_kept_ordinals_follow_its_spec_and_its_deletion() -> Non
 
 
 def test_leases_of_a_group_that_does_not_exist_are_not_kept() -> None:
-    """Issue 26: a worker can create member Leases naming any group; the operator keeps
+    """A worker can create member Leases naming any group; the operator keeps
     only those of ConsumerGroups that exist, and forgets a group's when it is deleted."""
     world = World(known={("ns", "g")})
     for i in range(100):

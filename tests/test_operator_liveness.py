@@ -1,5 +1,5 @@
 """The operator's liveness (kopf's /healthz, the pod's liveness probe) fails while a group
-loop cannot do its job, and only then (issue 26: an operator must not say healthy while it
+loop cannot do its job, and only then (an operator must not say healthy while it
 plans nothing). The loop and the probe handler are the shipped ones; reconcile passes are
 replaced by ones that fail as a bug would, or as an unreachable API server would."""
 

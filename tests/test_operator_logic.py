@@ -263,7 +263,7 @@ def test_the_quorum_read_feeds_the_tracker_a_renewal_the_watch_missed_saves_the_
 
 
 def test_a_status_naming_partitions_beyond_spec_is_corrected_without_expanding() -> None:
-    """Issue 26: ``"0-99999999"`` in the status OOM-killed the operator; now the range is
+    """``"0-99999999"`` in the status once OOM-killed the operator; now the range is
     refused by the bounded parse (nothing expanded) and the status written again from
     the written target, with a Warning Event."""
     op = Op("a", "b")
@@ -291,7 +291,7 @@ def test_a_restarted_operator_replans_an_unusable_assignment_above_its_epoch() -
 
 
 def test_a_lock_name_taken_by_someone_else_s_lease_degrades_the_group_naming_it() -> None:
-    """Issue 26: a squatted Lease name (not kgroup's, or another group's) was retried in
+    """A squatted Lease name (not kgroup's, or another group's) was retried in
     silence for ever; now the group is Degraded with a condition naming the Lease, the
     create is tried again every 30 s (not 5), and the problem clears once it is gone."""
     op = Op("a", "b")
@@ -335,7 +335,7 @@ def test_another_group_s_lease_under_the_name_is_a_squatter_too() -> None:
 
 def test_an_empty_groups_locks_are_created_in_slices_each_with_the_target_as_of_its_pass(
 ) -> None:
-    """Issue 25: 10,000 locks in one pass held the first target back for minutes and left
+    """10,000 locks in one pass once held the first target back for minutes and left
     every lock to be marked by a second write; in slices of CREATES_PER_PASS, the next pass
     follows at once and the locks created after the first target carry their owner."""
     n = 2 * CREATES_PER_PASS + 7

@@ -55,7 +55,7 @@ def test_parse_refuses_malformed_text_naming_the_piece(text: str, message: str) 
         parse_ranges(text)
 
 
-# -- bounded parsing (issue 26: "0-99999999" in a status OOM-killed the operator) --------
+# -- bounded parsing ("0-99999999" in a status once OOM-killed the operator) ------------
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""A member's renewal is taken without parsing its Lease again (``GroupLeases._renewal``,
-issue 25): whatever sequence of Lease versions arrives, the cache must end up exactly as
-parsing every version gives, and say "material" exactly when parsing says so."""
+"""A member's renewal is taken without parsing its Lease again (``GroupLeases._renewal``:
+parsing every renewal cost the operator most of its CPU): whatever sequence of Lease
+versions arrives, the cache must end up exactly as parsing every version gives, and say
+"material" exactly when parsing says so."""
 
 from __future__ import annotations
 

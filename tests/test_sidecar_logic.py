@@ -495,7 +495,7 @@ def test_a_replayed_acquisition_does_not_bring_a_released_holder_back(
 
 
 def test_an_assignment_beyond_spec_partitions_keeps_the_previous_target_unexpanded() -> None:
-    """Issue 26: ``"0-99999999"`` in the status OOM-killed the named member's sidecar. The
+    """``"0-99999999"`` in the status once OOM-killed the named member's sidecar. The
     parse is bounded by spec.partitions (2 here): the bad target is refused, warned about
     once, and the previous one kept until the operator corrects the status."""
     case = Case()

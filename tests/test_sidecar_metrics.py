@@ -66,7 +66,7 @@ class CountedPartitions(tuple[PartitionView, ...]):
 
 def test_publishing_costs_nothing_per_partition_and_a_scrape_reads_the_view() -> None:
     """A member publishes after every request chain: 1,000 acquisitions must not cost
-    1,000 x 1,000 series writes, nor 2,000 gauge children kept (issue 25). Publishing
+    1,000 x 1,000 series writes, nor 2,000 gauge children kept. Publishing
     walks no partition; a scrape walks them once and shows the last view's values."""
     m = metrics()
     held = CountedPartitions(PartitionView(p, p + 100, "active", None, None)

@@ -159,7 +159,7 @@ def test_the_operator_marks_a_lock_expired_only_after_a_quorum_read_of_its_holde
     Its watch misses many renewals here, so live holders look expired on its cache. The
     shipped rule re-reads the holder's member Lease and feeds it to the tracker before it
     marks; one that marks on the cache alone hands a live holder's lock to another."""
-    for seed in (1, 4):  # re-picked when retries began to back off, spread (issue 25)
+    for seed in (1, 4):  # re-picked when retries began to back off with spread
         assert run_seed(seed, LOSSY).ok, seed
         broken = run_seed(seed, detector(NoRereadExpiry))
         assert "safety" in {v.kind for v in broken.violations}, seed
@@ -180,7 +180,7 @@ def test_an_operator_counting_half_a_lease_duration_is_caught() -> None:
     renewTime, or with a shortened timeout, would): a member whose renewal is late but
     within its fencing deadline still claims its partitions when the next owner takes
     them. The quorum re-read does not save it: the renewal was not written yet."""
-    for seed in (4, 14):  # re-picked when retries began to back off, spread (issue 25)
+    for seed in (4, 14):  # re-picked when retries began to back off with spread
         assert run_seed(seed, SMALL).ok, seed
         broken = run_seed(seed, detector(EarlyExpiry, SMALL))
         assert "safety" in {v.kind for v in broken.violations}, seed
@@ -261,7 +261,7 @@ def test_an_acquisition_applied_after_its_timeout_is_adopted() -> None:
     it reports failed), then the write is applied: the lock carries the member's live
     session. The core adopts it (rule 2); without adoption it is skipped for ever and the
     group never converges."""
-    for seed in (3, 39):  # re-picked when retries began to back off, spread (issue 25)
+    for seed in (3, 39):  # re-picked when retries began to back off with spread
         assert run_seed(seed, SMALL).ok, seed
         stuck = run_seed(seed, SimConfig(**{**SMALL.__dict__,
                                             "member_factory": NoAdoptionMember}))
@@ -285,7 +285,7 @@ def test_a_release_on_a_cache_older_than_our_acquisition_re_reads_it() -> None:
     old runtime (the list replaced the newer cached lock, and the release then gave the
     lock up unwritten: still held by the live session, forgotten by the member) the group
     never converges; the cache now never goes back in time."""
-    for seed in (32, 84):  # re-picked when retries began to back off, spread (issue 25)
+    for seed in (32, 84):  # re-picked when retries began to back off with spread
         assert run_seed(seed, FAST_RELIST).ok, seed
         old = run_seed(seed, SimConfig(**{**FAST_RELIST.__dict__,
                                            "regressions": frozenset({"stale-relist"})}))

@@ -47,7 +47,7 @@ Schema = dict[str, Any]
 # readers never meet an overflow; the rules below and the readers compare them with
 # spec.partitions), and at most _RANGES_MAX_CHARS characters: every other partition of
 # 100,000 listed one by one ("0,2,4,...") takes 288,894, the longest a real target can be.
-# The shape is checked by CEL rules with a message a person reads (issue 26), not by an
+# The shape is checked by CEL rules with a message a person reads, not by an
 # OpenAPI ``pattern``, whose refusal quotes the regular expression: on stalledPartitions
 # (one string) in the CRD; on status.assignment and status.members[].assigned in the
 # chart's status policy (a CRD rule there would be estimated at maxProperties x

@@ -1,5 +1,5 @@
 """A worker posts Events only about its own pod: a table of (request, expected answer) on
-the real API server, with the chart's RBAC and policies as installed (issue 26).
+the real API server, with the chart's RBAC and policies as installed.
 
 The caller is pod-a's pod-bound token (service account kgroup-worker); pod-b is another
 member of its namespace. Each row is one request; ``allowed`` rows are stored (the test's

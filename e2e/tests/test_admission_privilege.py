@@ -7,15 +7,16 @@ server-side dry runs (admission runs, nothing is stored).
 
 Callers: a worker pod (service account kgroup-worker, a pod-bound token of pod-a; pod-b is
 another member) and the operator (its service account, a plain token), with the chart as
-installed by default: operator.watchNamespaces empty, so a ClusterRole. Findings of issue
-17 these rows answer: a worker writing another app's Lease or the operator's leader Lease;
-a worker taking a lock assigned to another member; the operator writing kube-system's or
-kube-node-lease's Leases or another app's. Issue 25 (the operator is the failure detector):
-a worker taking a held lock whose session the operator has not marked expired, or writing
-that expiry mark itself; the operator marking only a lock's own session. Issue 26: a
-worker changing the owner references, finalizers, labels or other annotations of a lock
-(held by another, by itself, or while acquiring it), or writing an unbounded member Lease
-(duration, annotation sizes, finalizers, owners); the operator creating a lock already
+installed by default: operator.watchNamespaces empty, so a ClusterRole. What the rows
+refuse: a worker writing another app's Lease or the operator's leader Lease; a worker
+taking a lock assigned to another member; the operator writing kube-system's or
+kube-node-lease's Leases or another app's. The operator is the failure detector, so: a
+worker taking a held lock whose session the operator has not marked expired, or writing
+that expiry mark itself; the operator marking only a lock's own session. A lock's
+metadata and a member Lease are bounded: a worker changing the owner references,
+finalizers, labels or other annotations of a lock (held by another, by itself, or while
+acquiring it), or writing an unbounded member Lease (duration, annotation sizes,
+finalizers, owners); the operator creating a lock already
 held or changing a lock's owners, finalizers or labels; the mark binds the pod's uid: a
 pod of the mark's name but another uid (a pod re-created under that name) or a mark
 without a uid (an older operator's) acquires nothing.
@@ -365,7 +366,7 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
         f"{P}78", labels=_partition_labels(78), holder="pod-a", token=1,
         notes={"kgroup.dev/assigned": "pod-a", "kgroup.dev/session": "s-a"})),
      "may not create partition Lease"),
-    # issue 26: a lock the caller does not hold is untouchable; a holder or an acquirer
+    # a lock the caller does not hold is untouchable; a holder or an acquirer
     # changes only what the protocol writes (docs/design.md, "Least privilege")
     ("give pod-b's lock an owner that does not exist", put("worker", f"{P}4", set_meta(
         "ownerReferences", [owner("gone")])), "may not change the owner references"),
@@ -390,7 +391,7 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
         "ownerReferences", [])), "allowed"),  # it had none: nothing changes
     ("holder: stretch its own lock to 2^31-1 s", put("worker", f"{P}5", set_spec(
         "leaseDurationSeconds", 2**31 - 1)), "must be at most 3600"),
-    # issue 26: the holder is a pod, not a name (kgroup.dev/holder-uid)
+    # the holder is a pod, not a name (kgroup.dev/holder-uid)
     ("acquire a lock assigned to it naming another pod as holder uid",
      put("worker", f"{P}1", acquire("pod-a", 1, uid=OTHER_UID)),
      "must write its pod's uid"),
@@ -435,7 +436,7 @@ WORKER_TABLE: list[tuple[str, Request, str]] = [
     ("acquirer: also label the lock", put("worker", f"{P}7", both(
         acquire("pod-a", 4), set_meta("labels", {**_partition_labels(7), "x": "y"}))),
      "may not change the owner references"),
-    # issue 26: its own member Lease is bounded
+    # its own member Lease is bounded
     ("member Lease as the sidecar writes it (owner: its group)", create("worker", member(
         {"kgroup.dev/epoch": "3", "kgroup.dev/health": "h" * 4096},
         labels={**MEMBER, "app.kubernetes.io/managed-by": "kgroup-sidecar"},
@@ -470,7 +471,7 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
     ("create a partition lock, marked", create("operator", lock(
         80, notes={"kgroup.dev/assigned": "pod-a"})),
      "allowed"),
-    # issue 26: it creates locks free, and never changes their metadata but the marks
+    # it creates locks free, and never changes their metadata but the marks
     ("create a lock held by pod-a", create("operator", lock(82, holder="pod-a")),
      'only free: no holderIdentity (got "pod-a")'),
     ("create a lock with a token and a session", create("operator", lock(

@@ -1,4 +1,4 @@
-"""A bad status edit on the real API server (issue 26).
+"""A bad status edit on the real API server.
 
 An admin's ``kubectl patch cg orders --subresource=status -p
 '{"status":{"assignment":{"<member>":"0-99999999"}}}'`` was stored, and within 6 s the

@@ -166,7 +166,7 @@ def test_group_becomes_stable_with_every_partition_owned(env: Env) -> None:
 
 
 def test_only_the_sidecar_holds_an_api_token(env: Env) -> None:
-    """Issue 26: the app container held the worker's token. The pods turn automount off
+    """The app container must not hold the worker's token. The pods turn automount off
     and mount a projected token into the sidecar alone; the runner, like the kubelet,
     gives the app process no credentials at all (its environment, read from /proc)."""
     workers = {k: v for k, v in env.runner_state().items()

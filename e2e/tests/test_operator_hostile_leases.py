@@ -1,4 +1,4 @@
-"""Leases the operator did not ask for, on the real API server (issue 26).
+"""Leases the operator did not ask for, on the real API server.
 
 - Thousands of member Leases naming groups that do not exist (a worker may create them in
   its namespace): the operator neither keeps them nor lists them at start-up, so its

@@ -1,4 +1,4 @@
-"""The operator's lock creates for a large group, on the real API server (issue 25).
+"""The operator's lock creates for a large group, on the real API server.
 
 An empty group of 10,000 partitions used to wait minutes for its locks: the operator
 created them one request after the other, then marked each for its owner with a second

@@ -60,8 +60,8 @@ member's partitions: the stalled ones first, then the most behind (highest lag),
 lowest numbers. A fixed number, so a renewal's size (which the API server sends to the
 operator's watch) does not grow or shrink with the partitions a member holds: whether a
 group has 10 members of 1,000 partitions or 200 of 50, each renewal carries the same
-shape (issue 25: bytes sent grew as members^1.22 from 10 to 200 members of a 10,000-
-partition group while every row fitted in 4 KiB). The figures of every partition stay in
+shape (with a row per partition, bytes sent grew as members^1.22 from 10 to 200 members
+of a 10,000-partition group while every row fitted in 4 KiB). The figures of every partition stay in
 the sidecar's gauges, and each lock carries its committed position."""
 MAX_REASON_CHARS = 120
 DEFAULT_STALL_AFTER_SECONDS = 120.0

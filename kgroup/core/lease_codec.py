@@ -110,7 +110,7 @@ class PackedLeases(Mapping[int, Obj]):
     decoded when read: a member keeps its locks whole only for the PUTs it builds from
     them (acquisition, release: rare), and a decoded lock is ≈ 4.2 KB of Python objects
     where its text is ≈ 0.9 KB (at 1,000 partitions per member, 4 MB of the sidecar's
-    RSS; issue 25). Each read decodes a fresh copy: a caller may change it."""
+    RSS). Each read decodes a fresh copy: a caller may change it."""
 
     __slots__ = ("_texts",)
 

@@ -7,8 +7,8 @@ Rule: parsing is bounded. Whoever can write a status or an annotation controls t
 so :func:`parse_ranges` never expands a range past ``limit`` (the group's
 ``spec.partitions``, at most :data:`MAX_PARTITIONS`): a text naming a partition at or
 beyond it, or longer than any list of ``limit`` partitions can be, is refused before
-anything is allocated (``"0-99999999"`` once OOM-killed the operator and the sidecar,
-issue 26). :func:`clip_ranges` is the lenient reader for figures that only inform (a
+anything is allocated (``"0-99999999"`` in a status once OOM-killed the operator and
+the sidecar). :func:`clip_ranges` is the lenient reader for figures that only inform (a
 member's stalled list): what lies beyond ``limit`` is dropped, never expanded.
 
 :func:`format_sequence` and :func:`parse_sequence` are the ordered form (a partition

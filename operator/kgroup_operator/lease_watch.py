@@ -2,7 +2,7 @@
 
 Why not a kopf handler on every Lease, as for the other resources:
 
-* **Memory** (issue 26): kopf watches a resource whole (a label filter is applied in the
+* **Memory**: kopf watches a resource whole (a label filter is applied in the
   process) and keeps a memory per object it sees, so every Lease a worker creates naming
   a group that does not exist (a member Lease is theirs to create) would cost the one
   operator memory: 5,000 of them grew it by 76 MB, and a restart listed them all (271 MB,
@@ -10,7 +10,7 @@ Why not a kopf handler on every Lease, as for the other resources:
   selected by ``kgroup.dev/group=<name>`` on the server, reads only the Leases of groups
   that exist; it starts when the group is seen and stops when it is deleted, and its first
   listing is what the group's loop waits for (no pass plans against a half-listed group).
-* **CPU** (issue 25): a group's member Leases are renewed by every member every renew
+* **CPU**: a group's member Leases are renewed by every member every renew
   interval (1,000 members at the default 2 s: 500 events/s), and kopf spends far more per
   event than the cache does (its body wrappers, a deep copy of the body for its diff base,
   per-object loggers and throttler). A renewal that changes nothing material must cost

@@ -51,8 +51,8 @@ class HeldPartitions(Collector):
 
     Not prometheus-client gauges with a child per partition: a child costs ≈ 750 bytes
     and a write per change, so 1,000 held partitions kept 1.5 MB of children and every
-    publish (after each request chain) compared 2,000 values (issue 25: a sidecar's memory
-    and CPU at 1,000 partitions). A scrape costs what it shows; publishing costs nothing
+    publish (after each request chain) compared 2,000 values (a sidecar's memory and CPU at
+    1,000 partitions). A scrape costs what it shows; publishing costs nothing
     per partition. A released partition is absent from the next scrape."""
 
     def __init__(self, identity: tuple[str, str, str]) -> None:

@@ -362,7 +362,7 @@ def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases,
     from it: no pod known, a lock marked for it keeps its uid), less those already sent
     for the lock as it is cached (an answer or watch event still to come). A partition
     without an owner in the target keeps its mark (nobody is targeted to acquire it). A
-    mark without a uid (an operator before issue 26 wrote it) is rewritten with one."""
+    mark without a uid (an older operator wrote it) is rewritten with one."""
     marks: list[Mark] = []
     for p, member in owners.items():  # the few marks are sorted, not the 10,000 owners
         lock = leases.partitions.get(p)

@@ -281,7 +281,7 @@ def says_no_stall(raw: str) -> bool:
     (``kgroup.core.health.encode_summary``: compact JSON, sorted keys, so ``stalled`` then
     ``stalledCount`` come last), read without parsing it: a member's renewal carries up
     to 4 KiB of it, changed at every renewal (lags and positions), and decoding it cost
-    the operator more than the rest of the renewal (issue 25).
+    the operator more than the rest of the renewal.
 
     True only if: no backslash (so every ``"`` is JSON's own, not one inside a string);
     no ``"reason":`` key anywhere; the text ends with ``"stalledCount":0}`` (the last
