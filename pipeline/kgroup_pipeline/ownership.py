@@ -118,9 +118,10 @@ class SidecarOwnership:
                 else self.client.assignment()
         return a
 
-    def release(self, partition: int, token: int, position: str | None) -> bool:
+    def release(self, partition: int, token: int, position: str | None, *,
+                completed: bool = False) -> bool:
         try:
-            return self.client.release(partition, token, position)
+            return self.client.release(partition, token, position, completed=completed)
         except SidecarError as e:
             if e.status in (404, 409):
                 return False
@@ -130,15 +131,8 @@ class SidecarOwnership:
                 self.follower.forget()
 
     def complete(self, partition: int, token: int, position: str) -> bool:
-        try:
-            return self.client.release(partition, token, position, completed=True)
-        except SidecarError as e:
-            if e.status in (404, 409):
-                return False
-            raise
-        finally:
-            if self.follower is not None:
-                self.follower.forget()
+        """Release a sealed partition read to its seal marker (``position``) as completed."""
+        return self.release(partition, token, position, completed=True)
 
     def report_health(self, reports: list[Report]) -> None:
         """Per-partition position, lag, stall to the sidecar (``kgroup_pipeline.health``);
