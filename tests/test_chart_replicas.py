@@ -78,6 +78,17 @@ def test_the_values_schema_refuses_an_unknown_spread() -> None:
         render("operator.spreadAcrossNodes=sometimes")
 
 
+def test_with_the_injector_a_stopping_pod_serves_a_few_seconds_more() -> None:
+    c = pod_spec(render("injector.enabled=true"))["containers"][0]
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert "lifecycle" not in pod_spec(render())["containers"][0]  # no webhook, no wait
+    c = pod_spec(render("injector.enabled=true", "injector.drainSeconds=0"))["containers"][0]
+    assert "lifecycle" not in c
+    # within the pod's termination grace (Kubernetes' default 30 s): the schema's bound
+    with pytest.raises(AssertionError, match="drainSeconds"):
+        render("injector.enabled=true", "injector.drainSeconds=40")
+
+
 # -- readiness ---------------------------------------------------------------------------
 
 
