@@ -277,11 +277,6 @@ class Kube:
 
         await asyncio.to_thread(call)
 
-    async def publish_webhook_ca(self, name: str, ca_pem: bytes) -> int:
-        """:func:`publish_webhook_ca` in a thread."""
-        return await asyncio.to_thread(publish_webhook_ca, self.api, name, ca_pem)
-
-
 def publish_webhook_ca(api: client.ApiClient, name: str, ca_pem: bytes) -> int:
     """Write ``ca_pem`` as the ``caBundle`` of every webhook of the
     MutatingWebhookConfiguration ``name`` (the chart's injector configuration): a JSON
