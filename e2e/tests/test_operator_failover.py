@@ -36,7 +36,7 @@ PODS = ("w-0", "w-1", "w-2")
 PARTITIONS = 6
 LEASE_SECONDS = 6  # the group's lease duration (renewal every 2 s)
 LEADER_LEASE_SECONDS = 6  # the operator harness's --leader-lease-seconds
-SLACK = 3.0  # the new leader's start and first plan, the survivors' acquisition
+SLACK = 4.0  # the new leader's start and first plan, the survivors' acquisition
 
 
 def make_pods(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
