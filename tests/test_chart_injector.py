@@ -71,6 +71,29 @@ def test_the_operator_listens_on_its_pod_ip_and_may_write_only_its_webhooks_ca()
     assert binding["subjects"][0]["name"] == "kg-kgroup-operator"
 
 
+def test_the_replicas_share_one_certificate_secret_with_rights_on_it_alone() -> None:
+    objs = render("injector.enabled=true")
+    env = operator_env(objs)
+    assert env["KGROUP_INJECTOR_SECRET"]["value"] == "kg-kgroup-injector-tls"
+    secret = one(objs, "Secret", "kg-kgroup-injector-tls")
+    assert secret["metadata"]["namespace"] == "kgroup-system"
+    assert "data" not in secret and "stringData" not in secret  # the operator fills it
+    role = one(objs, "Role", "kg-kgroup-injector")
+    assert role["metadata"]["namespace"] == "kgroup-system"
+    assert_no_wildcards(role["rules"])
+    # no create: the chart renders the Secret; only that one name, read and replaced
+    assert rule_table(role["rules"]) == {
+        ("", "secrets", ("get", "update"), ("kg-kgroup-injector-tls",))}
+    binding = one(objs, "RoleBinding", "kg-kgroup-injector")
+    assert binding["roleRef"]["name"] == "kg-kgroup-injector"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kg-kgroup-operator",
+                                    "namespace": "kgroup-system"}]
+    # with cert-manager, cert-manager writes that Secret: the operator gets no right on it
+    cm = render("injector.enabled=true", "injector.certManager.enabled=true")
+    assert not [r for r in by_kind(cm, "Role") if r["metadata"]["name"] == "kg-kgroup-injector"]
+    assert not by_kind(cm, "Secret")
+
+
 def test_cert_manager_issues_the_certificate_and_injects_the_ca() -> None:
     objs = render("injector.enabled=true", "injector.certManager.enabled=true")
     mwc = one(objs, "MutatingWebhookConfiguration")

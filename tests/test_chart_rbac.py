@@ -85,8 +85,11 @@ def test_leader_election_role_is_scoped_to_its_lease() -> None:
 
 
 def test_standalone_operator_has_no_leader_election() -> None:
-    objs = render("operator.leaderElection.enabled=false")
+    objs = render("operator.leaderElection.enabled=false", "operator.replicas=1")
     assert not [o for o in by_kind(objs, "Role") if "leader" in o["metadata"]["name"]]
+    # more than one replica always elects, whatever leaderElection.enabled says
+    assert [o for o in by_kind(render("operator.leaderElection.enabled=false"), "Role")
+            if "leader" in o["metadata"]["name"]]
     env = {e["name"]: e.get("value")
            for e in one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KGROUP_PEERING"] == "none"

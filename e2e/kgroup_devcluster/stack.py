@@ -46,8 +46,10 @@ def helm_install(cluster: Cluster, *, release: str, namespace: str,
                  "--set", f"operator.metricsPort={free_port()}",
                  "--set", f"operator.healthPort={free_port()}"]
     else:
+        # one operator pod: the local runner runs pods as processes on one loopback, where
+        # two replicas would want the same health and metrics ports
         where = ["--set", "operator.image.repository=kgroup-operator",
-                 "--set", "operator.image.tag=dev"]
+                 "--set", "operator.image.tag=dev", "--set", "operator.replicas=1"]
     out = cluster.helm(
         "upgrade", "--install", release, str(CHART), "--namespace", namespace,
         "--take-ownership",

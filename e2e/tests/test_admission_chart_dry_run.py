@@ -12,8 +12,11 @@ whether a field is spelt right, a CEL expression compiles, or a native sidecar i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from kubernetes import client
 
 from kgroup_devcluster.cluster import Cluster
 
@@ -62,3 +65,39 @@ def test_an_invalid_consumergroup_is_refused(cluster: Cluster, crd: list[str],
                           input=text.replace("partitions: 16", "partitions: 0"), check=False)
     assert out.returncode != 0
     assert "partitions" in out.stderr
+
+
+def test_two_replicas_and_the_injector_are_accepted_and_its_secret_is_all_it_may_touch(
+        cluster: Cluster, crd: list[str], namespace: str, kube: client.ApiClient) -> None:
+    """The default two replicas (PDB, anti-affinity) with the injector on, dry-run; then
+    the injector's Role and RoleBinding applied for real, and the API server's authorizer
+    asked what the operator's service account may do with Secrets."""
+    rendered = cluster.helm("template", "kgroup", str(CHART), "--namespace", namespace,
+                            "--kube-version", "1.35.4", "--set", "injector.enabled=true",
+                            "--set", f"workerRbac.namespaces={{{namespace}}}").stdout
+    out = _dry_run(cluster, namespace, rendered)
+    for what in ("poddisruptionbudget.policy/kgroup-operator", "secret/kgroup-injector-tls",
+                 "role.rbac.authorization.k8s.io/kgroup-injector",
+                 "rolebinding.rbac.authorization.k8s.io/kgroup-injector"):
+        assert what in out, out
+    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in (
+        "Role", "RoleBinding") and d["metadata"]["name"] == "kgroup-injector"]
+    assert len(rbac) == 2
+    applied = cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                              input=yaml.safe_dump_all(rbac), check=False)
+    assert applied.returncode == 0, applied.stderr
+    authz = client.AuthorizationV1Api(kube)
+    user = f"system:serviceaccount:{namespace}:kgroup-operator"
+
+    def allowed(verb: str, name: str | None) -> bool:
+        review: Any = authz.create_subject_access_review(client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(user=user, resource_attributes=(
+                client.V1ResourceAttributes(namespace=namespace, verb=verb, resource="secrets",
+                                            name=name)))))
+        return bool(review.status.allowed)
+
+    assert allowed("get", "kgroup-injector-tls") and allowed("update", "kgroup-injector-tls")
+    assert not allowed("get", "another-secret")
+    assert not allowed("update", "another-secret")
+    assert not allowed("create", None) and not allowed("list", None)
+    assert not allowed("delete", "kgroup-injector-tls")

@@ -277,26 +277,22 @@ class Kube:
 
         await asyncio.to_thread(call)
 
-    async def publish_webhook_ca(self, name: str, ca_pem: bytes) -> int:
-        """Write ``ca_pem`` as the ``caBundle`` of every webhook of the
-        MutatingWebhookConfiguration ``name`` (the chart's injector configuration): a JSON
-        patch that tests each webhook's name, so a configuration edited in between is not
-        written blind. Returns how many webhooks it set."""
-        bundle = base64.b64encode(ca_pem).decode("ascii")
-        api = client.AdmissionregistrationV1Api(self.api)
-
-        def call() -> int:
-            cfg = api.read_mutating_webhook_configuration(name)
-            ops: list[dict[str, Any]] = []
-            for i, hook in enumerate(cfg.webhooks or []):
-                ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook.name})
-                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
-                            "value": bundle})
-            if ops:
-                api.patch_mutating_webhook_configuration(name, ops)
-            return len(ops) // 2
-
-        return await asyncio.to_thread(call)
+def publish_webhook_ca(api: client.ApiClient, name: str, ca_pem: bytes) -> int:
+    """Write ``ca_pem`` as the ``caBundle`` of every webhook of the
+    MutatingWebhookConfiguration ``name`` (the chart's injector configuration): a JSON
+    patch that tests each webhook's name, so a configuration edited in between is not
+    written blind. Returns how many webhooks it set (blocking)."""
+    bundle = base64.b64encode(ca_pem).decode("ascii")
+    admission = client.AdmissionregistrationV1Api(api)
+    cfg = admission.read_mutating_webhook_configuration(name)
+    ops: list[dict[str, Any]] = []
+    for i, hook in enumerate(cfg.webhooks or []):
+        ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook.name})
+        ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
+                    "value": bundle})
+    if ops:
+        admission.patch_mutating_webhook_configuration(name, ops)
+    return len(ops) // 2
 
 
 def _json(response: Any) -> dict[str, Any]:

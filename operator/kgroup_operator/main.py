@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import kopf
 from aiohttp import web
@@ -32,6 +33,9 @@ from .kube import Kube
 from .leader import LeaseElector
 from .metrics import Metrics, serve
 from .settings import OperatorSettings
+
+if TYPE_CHECKING:
+    from .injector import Injector
 
 log = logging.getLogger("kgroup_operator")
 
@@ -139,14 +143,22 @@ async def run(settings: OperatorSettings) -> int:
     metrics.set_leader(False)
     served = (await serve(metrics, settings.metrics_host, settings.metrics_port)
               if settings.metrics_port else None)
+    if injector is not None:  # every replica, from now on, whatever its role
+        from .injector import start as start_injector
+
+        start_injector(injector, api)
     try:
-        return await _run(settings, api, metrics, injector)
+        return await _run(settings, api, metrics)
     finally:
+        if injector is not None:
+            from .injector import stop as stop_injector
+
+            await stop_injector(injector)
         if served is not None:
             await served.cleanup()
 
 
-def injector_settings(settings: OperatorSettings) -> object | None:
+def injector_settings(settings: OperatorSettings) -> Injector | None:
     """The injector's state when ``KGROUP_INJECTOR`` is on (its module imported, which
     registers its webhook handler); bad sidecar values stop the operator at start, with
     the reason, rather than at the first pod."""
@@ -166,8 +178,7 @@ def injector_settings(settings: OperatorSettings) -> object | None:
         raise SystemExit(f"KGROUP_INJECTOR_SIDECAR: {exc}") from None
 
 
-async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics,
-               injector: object | None = None) -> int:
+async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -199,7 +210,7 @@ async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metri
     metrics.set_leader(True)
     kube = Kube(api, identity=settings.identity)
     groups = GroupLoops(kube=kube, settings=settings, metrics=metrics)
-    memo = kopf.Memo(groups=groups, injector=injector)
+    memo = kopf.Memo(groups=groups)
     lost = False
     try:
         await kopf.operator(

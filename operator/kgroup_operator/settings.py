@@ -82,9 +82,14 @@ class OperatorSettings:
     """``KGROUP_INJECTOR_WEBHOOK``: the MutatingWebhookConfiguration whose caBundle the
     operator writes with its self-made CA (empty: it writes none)."""
 
+    injector_secret: str = ""
+    """``KGROUP_INJECTOR_SECRET``: the Secret (in ``KGROUP_LEADER_NAMESPACE``, the
+    operator's) through which every replica shares the self-made certificate; empty:
+    ``<KGROUP_INJECTOR_WEBHOOK>-tls``."""
+
     injector_cert_dir: str = ""
     """``KGROUP_INJECTOR_CERT_DIR``: tls.crt, tls.key and ca.crt (cert-manager's Secret);
-    empty: the operator makes its own at start."""
+    empty: the replicas make one and share it (``injector_secret``)."""
 
     injector_cert_seconds: float = 365 * 86400.0
     """``KGROUP_INJECTOR_CERT_SECONDS``: validity of the self-made certificate (a year);
@@ -119,6 +124,7 @@ class OperatorSettings:
             injector_port=int(os.environ.get("KGROUP_INJECTOR_PORT", "9443")),
             injector_dns_names=_env_list("KGROUP_INJECTOR_DNS_NAMES"),
             injector_webhook=os.environ.get("KGROUP_INJECTOR_WEBHOOK", ""),
+            injector_secret=os.environ.get("KGROUP_INJECTOR_SECRET", ""),
             injector_cert_dir=os.environ.get("KGROUP_INJECTOR_CERT_DIR", ""),
             injector_cert_seconds=float(os.environ.get("KGROUP_INJECTOR_CERT_SECONDS",
                                                        str(365 * 86400))),

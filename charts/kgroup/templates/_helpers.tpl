@@ -94,6 +94,25 @@ container; a refused connection (a standby replica, kopf not started) passes.
 {{- end -}}
 
 {{/*
+The operator's readiness probe: the liveness probe's check, then (with the injector) a TLS
+handshake with the webhook at KGROUP_INJECTOR_HOST:KGROUP_INJECTOR_PORT (the pod's IP; the
+certificate is not verified here: the point is that the server is up with one loaded).
+*/}}
+{{- define "kgroup.operator.readyProbe" -}}
+- python3
+- -c
+- |
+  import os, socket, ssl, urllib.request
+  urllib.request.urlopen("http://127.0.0.1:{{ .Values.operator.healthPort }}/healthz", timeout=3)
+  if os.environ.get("KGROUP_INJECTOR") == "true":
+      ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+      ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+      addr = (os.environ["KGROUP_INJECTOR_HOST"], int(os.environ["KGROUP_INJECTOR_PORT"]))
+      with socket.create_connection(addr, timeout=3) as s, ctx.wrap_socket(s):
+          pass
+{{- end -}}
+
+{{/*
 The injector's sidecar values as JSON (KGROUP_INJECTOR_SIDECAR): what
 kgroup.sidecarContainer renders from, with the image resolved
 (kgroup.core.operator.injection.defaults_from_values reads it).
