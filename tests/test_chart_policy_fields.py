@@ -17,7 +17,7 @@ from typing import Any
 from chart_render import one, render
 
 from kgroup import constants as C
-from kgroup.core import health, lease_codec
+from kgroup.core import health, lease_codec, load
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GROUP: dict[str, Any] = {"metadata": {"name": "g", "uid": "u-1"}}
@@ -99,6 +99,7 @@ def test_a_member_lease_as_the_sidecar_writes_it_fits_the_policys_bounds() -> No
     body = lease_codec.renewed_member_lease(body, duration=C.LEASE_DURATION_SECONDS[2],
                                             epoch=7, now=NOW)
     health.annotate(body, "{}")
+    load.annotate_load(body, "x")  # a renewal of a member whose app reports rates
     assert set(lease_codec.annotations_of(body)) == notes
     assert set(lease_codec.labels_of(body)) == labels
     assert [r["name"] for r in body["metadata"]["ownerReferences"]] == ["g"]
@@ -106,7 +107,8 @@ def test_a_member_lease_as_the_sidecar_writes_it_fits_the_policys_bounds() -> No
     text = yaml_text(policy)
     low, high = C.LEASE_DURATION_SECONDS[1], C.LEASE_DURATION_SECONDS[2]
     assert f"variables.newDuration >= {low} && variables.newDuration <= {high}" in text
-    assert f"'kgroup.dev/health' ? {health.MAX_SUMMARY_BYTES} : 512" in text
+    assert (f"'kgroup.dev/health' ? {health.MAX_SUMMARY_BYTES} : "
+            f"k == 'kgroup.dev/load' ? {load.MAX_LOAD_BYTES} : 512") in text
 
 
 def test_a_lock_as_the_operator_creates_it_is_free_with_only_its_mark() -> None:
