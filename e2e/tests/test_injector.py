@@ -62,7 +62,8 @@ def chart_objects(cluster: Cluster, release_ns: str, mark: str,
         "--set", f"injector.url=https://127.0.0.1:{port}/inject",
         # the two namespaces of this test only (its own and the release's, which the
         # chart excludes by name): the cluster's other tests never meet this webhook
-        "--set", f"injector.namespaceSelector.matchLabels.{MARK}={mark}",
+        # --set-string: a mark of digits only ("62262612") would be read as a number
+        "--set-string", f"injector.namespaceSelector.matchLabels.{MARK}={mark}",
         check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
