@@ -8,8 +8,10 @@ executor's Python, i.e. with ``SPARK_EXECUTOR_DIRS`` set).
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -143,3 +145,37 @@ def test_the_bare_python_keeps_the_package_for_driver_side_processes(tmp_path: P
     out = subprocess.run([str(bare_python(tmp_path)), "-c", "import kgroup_pipeline"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_waiting_for_the_master_rides_over_an_html_answer_to_its_json_url(
+        tmp_path: Path) -> None:
+    # A master just started once answered /json/ with its HTML page (CI, stop 42); the
+    # wait must take that as "not up yet", not fail the cluster's start.
+    answers = [b"<!DOCTYPE html><html></html>", b"<!DOCTYPE html><html></html>",
+               b'{"status": "ALIVE", "aliveworkers": 0}']
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = answers[min(len(asked), len(answers)) - 1]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        state = ClusterState(master_url="spark://127.0.0.1:1",
+                             ui_url=f"http://127.0.0.1:{server.server_address[1]}",
+                             workers=0, cores=1, memory="1g")
+        SparkCluster(tmp_path)._wait(state, lambda doc: doc.get("status") == "ALIVE",
+                                     "the master", timeout=10.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/json/"] * 3

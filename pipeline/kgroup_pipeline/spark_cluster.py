@@ -341,7 +341,9 @@ class SparkCluster:
                 if ready(doc):
                     return
                 last = {k: doc.get(k) for k in ("status", "aliveworkers", "cores")}
-            except OSError as e:
+            except (OSError, ValueError) as e:
+                # ValueError: a master just started once answered /json/ with its HTML
+                # page (CI, stop 42); it is not up yet, ask again
                 last = e
             time.sleep(0.2)
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
