@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,7 @@ class ScriptedCoordinator:
         self.releases: list[tuple[str, int, int, str | None]] = []  # member, p, token, pos
         # GET /v1/assignment served by serve_sidecar: "ask" (plain), "poll" (since=V)
         self.requests: Counter[str] = Counter()
+        self.first_asked_at: float | None = None  # time.monotonic() of the first GET
         self.completed: dict[int, str | None] = {}  # released as read to its seal: position
 
     def _grant(self, p: int) -> None:
@@ -155,6 +157,8 @@ def serve_sidecar(coordinator: ScriptedCoordinator, member: str) -> tuple[Thread
                 query = parse_qs(url.query)
                 since = query.get("since")
                 coordinator.requests["poll" if since else "ask"] += 1
+                if coordinator.first_asked_at is None:
+                    coordinator.first_asked_at = time.monotonic()
                 if since:  # a long-poll: answered on a change, or after its wait
                     wait = float(query.get("wait", ["0"])[0])
                     coordinator.wait_for_change(int(since[0]), min(wait, 30.0))

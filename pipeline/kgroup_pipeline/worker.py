@@ -30,7 +30,7 @@ from kgroup.client import SidecarError
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.handoff import HandoffController
 from kgroup_pipeline.keys import StreamKeys
-from kgroup_pipeline.ownership import SidecarOwnership, ownership_from_spec
+from kgroup_pipeline.ownership import Ownership, SidecarOwnership, ownership_from_spec
 from kgroup_pipeline.range_reader import RESULT_DDL, results_from_rows
 from kgroup_pipeline.worker_cli import add_source_arguments, ownership_spec, stop_on_signals
 
@@ -237,25 +237,36 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
             print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
                   flush=True)
         if warm and read_on == "tasks":
-            warm_up(spark)
+            warm_up(spark).join(timeout=120.0)
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,
                         max_rows=max_rows, fused=fused, async_progress=async_progress,
                         read_on=read_on)
-    # The hand-off loop steps every 0.2 s: it follows the sidecar (one long-poll kept
-    # open) rather than asking at each step.
-    owned = ownership_from_spec(ownership, follow=True)
-    handoff = HandoffController(owned, sink.store, drain_timeout)
     if not quiet:
         print(f"worker: query started {time.monotonic() - started:.1f}s after launch", flush=True)
+    owned: Ownership | None = None
     try:
-        while not stop.wait(0.2):
+        # Nothing is asked of the sidecar until the query's first batch (which plans
+        # nothing: KgroupStreamReader.latestOffset) is done. The sidecar joins the group
+        # at the app's first ask, so a new pod takes partitions once its pipeline is warm.
+        while query.lastProgress is None and not stop.wait(0.2):
+            if query.exception() is not None:
+                raise RuntimeError(f"streaming query failed: {query.exception()}")
+        if not stop.is_set():
+            if not quiet:
+                print(f"worker: warm {time.monotonic() - started:.1f}s after launch",
+                      flush=True)
+            # The hand-off loop steps every 0.2 s: it follows the sidecar (one long-poll
+            # kept open) rather than asking at each step.
+            owned = ownership_from_spec(ownership, follow=True)
+        handoff = HandoffController(owned, sink.store, drain_timeout) if owned else None
+        while handoff is not None and not stop.wait(0.2):
             if query.exception() is not None:
                 raise RuntimeError(f"streaming query failed: {query.exception()}")
             handoff.step(time.monotonic())
         deadline = time.monotonic() + drain_timeout
-        while time.monotonic() < deadline and held(handoff):
+        while handoff is not None and time.monotonic() < deadline and held(handoff):
             handoff.step(time.monotonic(), everything=True)
             time.sleep(0.1)
     finally:
