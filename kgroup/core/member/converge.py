@@ -304,9 +304,12 @@ class SidecarLogic:
 
     # ---- app requests and shutdown ------------------------------------------------------
 
-    def app_release(self, partition: int, token: int, position: str | None) -> None:
-        """The app released (or acknowledged the revocation of) a partition."""
-        self.app_releases[partition] = AppRelease(token=token, position=position)
+    def app_release(self, partition: int, token: int, position: str | None,
+                    completed: bool = False) -> None:
+        """The app released (or acknowledged the revocation of) a partition; ``completed``:
+        read to its seal marker (``position``), recorded on the lock with the release."""
+        self.app_releases[partition] = AppRelease(token=token, position=position,
+                                                  completed=completed)
 
     def begin_shutdown(self) -> bool:
         """SIGTERM: revoke everything, then end the session. False if already begun."""
@@ -550,7 +553,8 @@ class SidecarLogic:
         # assignment mark): release again at once from the fresh read, once.
         for retry in (True, False):
             body = codec.released_partition_lease(last, token=action.token,
-                                                  position=action.position)
+                                                  position=action.position,
+                                                  completed=action.completed)
             answer = yield ReplaceLease(body, self.request_timeout())
             if isinstance(answer, Ok) and answer.obj is not None:
                 self._store_partition(answer.obj)
