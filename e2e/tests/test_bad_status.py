@@ -178,7 +178,8 @@ ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("longer than any target can be", {"assignment": {"w-0": TOO_LONG}},
      "Too long: may not be more than 300000"),
     ("stalled partitions beyond spec.partitions", {"stalledPartitions": "2,40"},
-     "status.stalledPartitions names partition 40 but the group has 6 partitions (0-5)"),
+     "status.stalledPartitions names partition 40 but the group numbers its partitions "
+     "below 6"),
     ("a valid target", {"assignment": {"w-0": "0-2", "w-1": "3-5"}}, "allowed"),
     ("valid stalled partitions", {"stalledPartitions": "1,5"}, "allowed"),
 ]

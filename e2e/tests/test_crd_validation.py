@@ -2,7 +2,8 @@
 
 These run against the real kube-apiserver with the generated CRD applied (fixture
 `crd`): OpenAPI bounds, enums and required fields, the CEL rules with their messages,
-the partitions-never-shrink transition rule, defaulting, and the status subresource.
+partitions out of range (a change within range, either way, is a reshape), defaulting,
+and the status subresource.
 """
 
 from __future__ import annotations
@@ -139,17 +140,17 @@ def patch_spec(api: client.CustomObjectsApi, namespace: str, spec: Body) -> Body
     return typing.cast(Body, out)
 
 
-def test_shrinking_partitions_is_refused_and_growing_is_accepted(
+def test_partitions_shrink_and_grow_and_out_of_range_is_refused(
     api: client.CustomObjectsApi, namespace: str
 ) -> None:
     create(api, namespace, group(partitions=8))
-    message = refused(lambda: patch_spec(api, namespace, {"partitions": 4}))
-    assert "spec.partitions cannot be reduced (from 8 to 4)" in message
-    assert "create a new ConsumerGroup to shrink" in message
-    assert get(api, namespace, "orders")["spec"]["partitions"] == 8
+    assert patch_spec(api, namespace, {"partitions": 4})["spec"]["partitions"] == 4
     assert patch_spec(api, namespace, {"partitions": 16})["spec"]["partitions"] == 16
-    message = refused(lambda: patch_spec(api, namespace, {"partitions": 15}))
-    assert "(from 16 to 15)" in message
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 0}))
+    assert "spec.partitions" in message and "greater than or equal to 1" in message
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 100_001}))
+    assert "spec.partitions" in message and "less than or equal to 100000" in message
+    assert get(api, namespace, "orders")["spec"]["partitions"] == 16
 
 
 def test_an_update_breaking_the_lease_rule_is_refused(
