@@ -156,3 +156,22 @@ def test_a_target_naming_completed_partitions_is_written_without_them() -> None:
         spec=spec(4), target={"a": [0, 1], "b": [2, 3]}, epoch=3, members={"a", "b"},
         holders={}, now=1.0), {"a": [0, 1], "b": [2, 3]})
     assert untouched.target is None and untouched.epoch == 3
+
+
+def test_a_pass_that_changes_nothing_reuses_what_was_derived() -> None:
+    layouts = Layouts()
+    status = shrunk().status
+    first = layouts.derive(2, status, reported())
+    assert layouts.derive(2, dict(status), reported()) is first
+    later = layouts.derive(2, dict(status), reported(0))
+    assert later is not first and later.lineage.completed == {0}
+    assert layouts.derive(2, dict(later.status), reported(0)) is later  # its own write echoed
+
+
+@pytest.mark.parametrize("done", [(), (0,), (0, 1, 2), (0, 1, 2, 3)])
+def test_the_slots_are_exactly_the_lineages_assignable_partitions(done: tuple[int, ...]) -> None:
+    layout = layout_of(2, shrunk().status, reported(*done))
+    assert layout.assignable == tuple(sorted(layout.lineage.assignable()))
+    four = layout_of(4, layout_of(2, layout.status, reported(0, 1, 2, 3)).status, reported())
+    halfway = layout_of(4, four.status, reported(4))
+    assert halfway.assignable == tuple(sorted(halfway.lineage.assignable()))

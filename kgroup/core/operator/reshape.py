@@ -37,7 +37,7 @@ from typing import Any
 from kgroup.constants import partition_lease_name
 from kgroup.core.layout_status import layout_from_status, layout_to_status
 from kgroup.core.lease_codec import Obj, completed_token
-from kgroup.core.lineage import Lineage, LineageError, State, Uniform, initial
+from kgroup.core.lineage import Lineage, LineageError, Uniform, initial
 from kgroup.core.operator.planner import Decision
 from kgroup.core.ranges import format_ranges
 from kgroup.crd_models import ConsumerGroupSpec
@@ -54,8 +54,25 @@ class Layout:
 
     @cached_property
     def assignable(self) -> tuple[int, ...]:
-        """The partitions a member may be given now, ascending (the planner's slots)."""
-        return tuple(sorted(self.lineage.assignable()))
+        """The partitions a member may be given now, ascending (the planner's slots):
+        ``Lineage.is_assignable``, with the check of a predecessor tuple shared by many
+        partitions made once (after a modulo generation every successor has all N)."""
+        lineage = self.lineage
+        done = lineage.completed
+        if len(lineage.generations) == 1:
+            return tuple(sorted(lineage.partitions))
+        checked: dict[int, bool] = {}  # id of a predecessor tuple the lineage keeps
+        out = []
+        for p in sorted(lineage.partitions):
+            if p in done:
+                continue
+            preds = lineage.predecessors(p)
+            ok = checked.get(id(preds))
+            if ok is None:
+                ok = checked[id(preds)] = all(q in done for q in preds)
+            if ok:
+                out.append(p)
+        return tuple(out)
 
     @cached_property
     def _slot(self) -> dict[int, int]:
@@ -130,8 +147,11 @@ def _completed(lineage: Lineage, reported: Callable[[int], bool]) -> Lineage:
     """``lineage`` with every reported completion that it accepts: a sealed partition
     whose predecessors are all completed. Ascending order completes a chain in one go
     (a partition's predecessors always have lower numbers)."""
-    for p in sorted(lineage.partitions):
-        if lineage.state(p) is State.SEALED and reported(p) and lineage.is_assignable(p):
+    latest = lineage.latest
+    sealed = sorted({p for g in lineage.generations[:-1] for p in g.partitions
+                     if p not in latest and p not in lineage.completed})
+    for p in sealed:
+        if reported(p) and lineage.is_assignable(p):
             lineage = lineage.complete(p)
     return lineage
 
@@ -178,10 +198,12 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
 
 class Layouts:
     """One group's layouts across passes: the status' layout decoded once per change (a
-    decode of 2,000 partitions takes 0.1 s), and the last lineage derived."""
+    decode of 2,000 partitions takes 0.1 s; the layout the operator derived itself is
+    never decoded back), and the last layout derived, kept while nothing changes it."""
 
     def __init__(self) -> None:
         self._read: tuple[Any, Lineage | LineageError] | None = None
+        self._layout: Layout | None = None
         self.last: Lineage | None = None
 
     def derive(self, partitions: int, status_layout: object,
@@ -196,5 +218,11 @@ class Layouts:
                 self._read = (status_layout, read)
             decoded = self._read[1]
         layout = layout_of(partitions, decoded, reported, self.last)
-        self.last = layout.lineage
+        kept = self._layout
+        if kept is not None and kept.lineage is layout.lineage and \
+                kept.problem == layout.problem:
+            layout = kept  # nothing changed: what was derived from it stays
+        self._layout, self.last = layout, layout.lineage
+        if layout.lineage is not decoded:  # what the status will say: not decoded again
+            self._read = (layout.status, layout.lineage)
         return layout
