@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kgroup.core import lease_codec as codec
+from kgroup.core.member.group_spec import partition_bound
 from kgroup.core.member.reconcile import AppRelease, Member, Release, Target
 from tests.test_member import World, acquire_all, joined, of
 
@@ -80,3 +81,16 @@ def test_a_retried_release_keeps_the_completion() -> None:
     m.release_failed(0, first.session, now=0.6, still_ours=True)
     retries = [r for t in (0.7, 2.0, 4.0, 6.0) for r in of(m.step(w.snap(t)), Release)]
     assert retries and all(isinstance(r, Release) and r.completed for r in retries)
+
+
+@pytest.mark.parametrize(("status", "bound"), [
+    ({}, 4),
+    ({"layout": {"generation": 2, "nextPartition": 6}}, 6),
+    ({"layout": {"nextPartition": "6"}}, 4),  # not a number: spec.partitions
+    ({"layout": {"nextPartition": 2}}, 4),  # below spec.partitions: not a layout's
+    ({"layout": {"nextPartition": 10**10}}, 4),  # beyond nine digits
+    ({"layout": []}, 4),
+])
+def test_a_sidecar_reads_targets_up_to_the_layouts_next_partition(
+        status: dict[str, object], bound: int) -> None:
+    assert partition_bound(status, 4) == bound

@@ -10,6 +10,7 @@ with ``completed``: the release and ``kgroup.dev/completed`` in one update).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from kubernetes import client
 from operator_harness import GROUP, Members, OperatorProcess
 from test_operator import (  # noqa: F401 - fixtures
     get_status,
+    make_group,
+    make_pods,
     members_factory,
     operator,
     patch_spec,
@@ -27,8 +30,11 @@ from test_operator import (  # noqa: F401 - fixtures
 )
 
 from kgroup import constants as C
+from kgroup.client import SidecarClient, SidecarError
 from kgroup.core import lease_codec
+from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
+from kgroup_testing.sidecar_harness import SidecarProcess, read_audit, safety_violations
 
 pytestmark = pytest.mark.cluster
 
@@ -104,3 +110,46 @@ def test_four_to_two_partitions_waits_for_every_predecessors_completion(
     wait_for("locks of 4 and 5", lambda: {4, 5} <= partition_leases(kube, namespace))
     status_where(kube, namespace, "Stable on the new generation",
                  lambda s: s.get("phase") == "Stable" and s.get("unowned") == 0, timeout=60)
+
+
+def test_real_sidecars_complete_a_shrink_and_take_up_the_successors(
+    cluster: Cluster, kube: client.ApiClient, namespace: str,
+    operator: OperatorProcess, tmp_path: Path,  # noqa: F811
+) -> None:
+    """The whole group side with real sidecar processes: 4 -> 2, each owner's app
+    releases its sealed partitions with ``completed`` (the seal marker as position),
+    and the successors 4 and 5 are then assigned, locked and held by the sidecars."""
+    pods = ("w-0", "w-1")
+    make_pods(kube, namespace, *pods)
+    make_group(kube, namespace, partitions=4)
+    sidecars = {pod: SidecarProcess(pod=pod, group=GROUP, namespace=namespace,
+                                    kubeconfig=str(cluster.kubeconfig),
+                                    workdir=tmp_path).start() for pod in pods}
+    try:
+        apps = {pod: SidecarClient(sc.url) for pod, sc in sidecars.items()}
+
+        def held() -> dict[int, tuple[str, int]]:
+            try:
+                return {p.partition: (pod, p.token) for pod, app in apps.items()
+                        for p in app.assignment().active}
+            except SidecarError:  # not listening yet
+                return {}
+
+        wait_for("0-3 held", lambda: set(held()) == {0, 1, 2, 3}, timeout=60)
+        patch_spec(kube, namespace, {"partitions": 2})
+        status_where(kube, namespace, "generation 2",
+                     lambda s: s.get("layout", {}).get("generation") == 2)
+        owners = held()
+        for p in (0, 1, 2, 3):
+            pod, token = owners[p]
+            assert apps[pod].release(p, token, f"seal-{p}", completed=True) is True
+        st = status_where(kube, namespace, "4 and 5 assigned",
+                          lambda s: assigned(s) == {4, 5}, timeout=30)
+        assert st["layout"]["states"] == {"open": "4-5"}
+        wait_for("4 and 5 held by the sidecars", lambda: set(held()) == {4, 5}, timeout=60)
+    finally:
+        for sc in sidecars.values():
+            sc.stop()
+    records = read_audit([sc.audit_file for sc in sidecars.values()])
+    assert not safety_violations(records)
+    assert all("Traceback" not in sc.log_text() for sc in sidecars.values())

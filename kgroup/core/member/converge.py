@@ -42,7 +42,7 @@ from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
 from kgroup.core.member.app_presence import AppPresence, AppState
-from kgroup.core.member.group_spec import member_spec, spec_partitions
+from kgroup.core.member.group_spec import member_spec, partition_bound, spec_partitions
 from kgroup.core.member.journal import Journal
 from kgroup.core.member.reconcile import (
     Acquire,
@@ -260,9 +260,10 @@ class SidecarLogic:
             return
         assignment = status.get("assignment") or {}
         ranges = assignment.get(self.pod, "")
-        try:  # bounded: a range beyond spec.partitions is refused, never expanded
+        bound = partition_bound(status, self.partitions)
+        try:  # bounded: a range beyond the group's numbers is refused, never expanded
             partitions = frozenset(parse_ranges(str(ranges)[:max_ranges_chars(
-                self.partitions) + 1], limit=self.partitions))
+                bound) + 1], limit=bound))
         except ValueError as exc:
             self._warn_once(f"assign:{str(ranges)[:80]}",
                             f"ConsumerGroup {name}: bad assignment: {exc}")
