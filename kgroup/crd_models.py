@@ -96,6 +96,15 @@ class SizingSettings(_Model):
     catch_up_seconds: int = Field(default=300, ge=1, le=86400)
 
 
+ReshapePolicy = Literal["Generations", "Append"]
+
+
+class ReshapeSettings(_Model):
+    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy")."""
+
+    policy: ReshapePolicy = "Generations"
+
+
 class ConsumerGroupSpec(_Model):
     partitions: int = Field(ge=1, le=100_000)
     selector: LabelSelector
@@ -109,6 +118,7 @@ class ConsumerGroupSpec(_Model):
     paused: bool = False
     balance: BalanceSettings = Field(default_factory=BalanceSettings)
     sizing: SizingSettings = Field(default_factory=SizingSettings)
+    reshape: ReshapeSettings = Field(default_factory=ReshapeSettings)
     source: dict[str, Any] = Field(default_factory=dict)
 
 

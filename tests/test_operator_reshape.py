@@ -175,3 +175,43 @@ def test_the_slots_are_exactly_the_lineages_assignable_partitions(done: tuple[in
     four = layout_of(4, layout_of(2, layout.status, reported(0, 1, 2, 3)).status, reported())
     halfway = layout_of(4, four.status, reported(4))
     assert halfway.assignable == tuple(sorted(halfway.lineage.assignable()))
+
+
+# -- spec.reshape.policy ---------------------------------------------------------------------
+
+def test_generations_is_the_default_policy() -> None:
+    assert spec(4).reshape.policy == "Generations"
+    grown = layout_of(6, layout_of(4, None, reported()).status, reported())
+    assert grown.lineage.latest.number == 2 and grown.assignable == (0, 1, 2, 3)
+
+
+def test_append_grows_one_modulo_generation_and_assigns_the_new_partitions_at_once() -> None:
+    four = layout_of(4, None, reported())
+    six = layout_of(6, four.status, reported(), policy="Append")
+    assert six.problem is None
+    assert six.assignable == (0, 1, 2, 3, 4, 5)
+    assert six.status == {"generation": 1, "nextPartition": 6, "generations": [
+        {"generation": 1, "placement": "modulo", "partitions": "0-5"}],
+        "states": {"open": "0-5"}}
+    s = spec(6)
+    assert six.slot_spec(s) is s  # the planner sees 0..5 as they are
+    assert sorted(p for ps in _planned(six).values() for p in ps) == [0, 1, 2, 3, 4, 5]
+
+
+def test_append_refuses_a_shrink_keeps_the_layout_and_says_why() -> None:
+    four = layout_of(4, None, reported())
+    two = layout_of(2, four.status, reported(), policy="Append")
+    assert two.lineage == four.lineage and two.assignable == (0, 1, 2, 3)
+    assert two.problem is not None
+    assert "Append only grows" in two.problem and "Generations" in two.problem
+
+
+@pytest.mark.parametrize("retired", [False, True])
+def test_append_after_a_generations_reshape_waits_and_says_why(retired: bool) -> None:
+    ranges = shrunk()  # 4 modulo -> 2 ranges, under way
+    if retired:
+        ranges = layout_of(2, ranges.status, reported(0, 1, 2, 3))
+        assert len(ranges.lineage.generations) == 1
+    grown = layout_of(3, ranges.status, reported(), policy="Append")
+    assert grown.lineage == ranges.lineage
+    assert grown.problem is not None and "one modulo generation" in grown.problem

@@ -24,11 +24,13 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
     "spec": {"description": "What the group consumes and how its partitions are assigned "
                             "to member pods. Written by you; read by the operator and the "
                             "sidecars."},
-    "spec.partitions": {"description": "Number of partitions; 1 to 100000. A change "
-                                       "(up or down) is a reshape: a new generation of "
-                                       "partitions by key-hash ranges, each assigned only "
-                                       "once the partitions it replaces are read to their "
-                                       "end (status.layout). Required."},
+    "spec.partitions": {"description": "Number of partitions; 1 to 100000. What a change "
+                                       "does is spec.reshape.policy's: Generations (up or "
+                                       "down) makes a new generation of partitions by "
+                                       "key-hash ranges, each assigned only once the "
+                                       "partitions it replaces are read to their end "
+                                       "(status.layout); Append only grows, the new "
+                                       "partitions assigned at once. Required."},
     "spec.selector": {"description": "The member pods: a label selector "
                                      "(metav1.LabelSelector) that must select something. "
                                      "Required."},
@@ -112,6 +114,19 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "present backlog while keeping up with the input: members = "
                        "ceil((rate + lag / catchUpSeconds) / one member's measured "
                        "capacity); 1 to 86400. Default: 300."},
+    "spec.reshape": {"description": "What a change of spec.partitions does "
+                                    "(docs/reshape.md)."},
+    "spec.reshape.policy": {
+        "description": "Generations: a change (up or down) is a reshape that keeps each "
+                       "key's order: new partitions (new numbers) take key-hash ranges and "
+                       "wait until the partitions they replace are read to their seal; "
+                       "for producers that follow status.layout (kgroup.producer). "
+                       "Append: growth only, partitions N..M-1 added and assigned at "
+                       "once, keys re-hashed by crc32 % partitions (a key's new events may "
+                       "be read before its old ones); shrinking is refused, and so is a "
+                       "change once status.layout is not one modulo generation (after a "
+                       "Generations reshape). "
+                       "Default: Generations."},
     "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
                                    "from its sidecar (GET /v1/group): stream name, Redis "
                                    "URL, ... Default: {}."},

@@ -67,7 +67,22 @@ _BOUND = ("(has(self.status.layout) ? self.status.layout.nextPartition"
 # sort) number with spec.partitions costs ~0.2 per character. The same check over
 # status.assignment would be estimated at maxProperties x maxLength (10^4 x 3*10^5):
 # it lives in the chart's status admission policy instead (docs/design.md).
+# The Append rule reads status.layout's generations (at most 8) on a spec change only.
+_APPEND_LAYOUT = ("!has(self.status) || !has(self.status.layout)"
+                  " || (size(self.status.layout.generations) == 1"
+                  " && self.status.layout.generations[0].placement == 'modulo')")
 ROOT_VALIDATIONS: list[Schema] = [
+    {
+        "rule": "self.spec.reshape.policy != 'Append'"
+                " || self.spec.partitions == oldSelf.spec.partitions"
+                f" || {_APPEND_LAYOUT}",
+        "message": "spec.partitions cannot change under spec.reshape.policy Append while "
+                   "status.layout is not one modulo generation (crc32 % partitions): an "
+                   "earlier reshape placed keys by ranges, or one is under way; keep "
+                   "spec.reshape.policy: Generations for this group",
+        "fieldPath": ".spec.partitions",
+        "reason": "FieldValueForbidden",
+    },
     {
         "rule": "!has(self.status) || !has(self.status.stalledPartitions)"
                 " || size(self.status.stalledPartitions) == 0"
@@ -86,7 +101,23 @@ ROOT_VALIDATIONS: list[Schema] = [
 # Each entry is merged into the generated node; a path that does not exist is an error.
 # These belong in kgroup/crd_models.py (json_schema_extra / Field(description=...)) in time.
 SCHEMA_OVERLAY: dict[str, Schema] = {
-    "spec": {"description": "What the group consumes and how partitions are assigned."},
+    "spec": {
+        "description": "What the group consumes and how partitions are assigned.",
+        # a transition rule (oldSelf): checked on updates only
+        "x-kubernetes-validations": [{
+            "rule": "self.reshape.policy != 'Append' || self.partitions >= oldSelf.partitions",
+            "messageExpression": "'spec.partitions cannot shrink (from %d to %d) under "
+                                 "spec.reshape.policy Append: its producers place keys by "
+                                 "crc32 mod partitions and the partitions cut off would "
+                                 "never be read to their end; set spec.reshape.policy: "
+                                 "Generations to shrink through a reshape'"
+                                 ".format([oldSelf.partitions, self.partitions])",
+            "message": "spec.partitions cannot shrink under spec.reshape.policy Append; "
+                       "set spec.reshape.policy: Generations to shrink through a reshape",
+            "fieldPath": ".partitions",
+            "reason": "FieldValueForbidden",
+        }],
+    },
     "spec.partitions": {
         "description": "Number of partitions; a change is a reshape (status.layout).",
     },

@@ -11,8 +11,11 @@ Each pass the operator derives the group's layout (:func:`layout_of`) from what 
    counts; any other completion is ignored (an open partition's, a stale one's);
 3. the generations whose replaced partitions are all completed, retired
    (``Lineage.retire``: their Leases are no longer created or assigned);
-4. a new generation when ``spec.partitions`` differs from the newest generation's size:
-   a uniform reshape (N -> M even key-hash ranges), whose replaced partitions are sealed.
+4. when ``spec.partitions`` differs from the newest generation's size, what
+   ``spec.reshape.policy`` says: ``Generations`` (the default), a new generation, a
+   uniform reshape (N -> M even key-hash ranges) whose replaced partitions are sealed;
+   ``Append``, one modulo generation grown in place (:func:`appended`: N..M-1 added and
+   assignable at once, keys re-hashed by ``crc32 % M``; no shrink).
    A reshape the lineage refuses (eight generations kept, the oldest not read to its end)
    waits, and says why.
 
@@ -37,12 +40,12 @@ from typing import Any
 from kgroup.constants import partition_lease_name
 from kgroup.core.layout_status import layout_from_status, layout_to_status
 from kgroup.core.lease_codec import Obj, completed_token
-from kgroup.core.lineage import Lineage, LineageError, Uniform, initial
+from kgroup.core.lineage import Lineage, LineageError, Placement, Uniform, initial
 from kgroup.core.operator.planner import Decision
 from kgroup.core.ranges import format_ranges
-from kgroup.crd_models import ConsumerGroupSpec
+from kgroup.crd_models import ConsumerGroupSpec, ReshapePolicy
 
-__all__ = ["Layout", "Layouts", "completions_on", "layout_of", "premature"]
+__all__ = ["Layout", "Layouts", "appended", "completions_on", "layout_of", "premature"]
 
 
 @dataclass(frozen=True)
@@ -164,14 +167,35 @@ def completions_on(bodies: Mapping[str, Obj], group: str) -> Callable[[int], boo
     return reported
 
 
+def appended(lineage: Lineage, partitions: int) -> tuple[Lineage, str | None]:
+    """``spec.reshape.policy: Append``: ``lineage`` grown to ``partitions`` in place, and
+    None; or ``lineage`` unchanged and why not. Only one modulo generation grows so
+    (``crc32 % N`` -> ``crc32 % M``, partitions N..M-1 added, all open and assignable at
+    once: keys re-hashed, per-key order not kept); a shrink would cut partitions off
+    unread, and a layout of ranges has no ``% M`` to grow to."""
+    latest = lineage.latest
+    count = len(latest.partitions)
+    if partitions < count:
+        return lineage, (f"spec.partitions {partitions} waits: spec.reshape.policy Append "
+                         f"only grows (generation {latest.number} has {count}); set "
+                         f"spec.reshape.policy: Generations to shrink through a reshape")
+    if len(lineage.generations) != 1 or latest.placement is not Placement.MODULO:
+        return lineage, (f"spec.partitions {partitions} waits: spec.reshape.policy Append "
+                         f"grows one modulo generation only, and status.layout has "
+                         f"{len(lineage.generations)} generation(s), the newest placed by "
+                         f"{latest.placement.value}; set spec.reshape.policy: Generations")
+    return initial(partitions), None
+
+
 def layout_of(partitions: int, status_layout: object, reported: Callable[[int], bool],
-              last: Lineage | None = None) -> Layout:
+              last: Lineage | None = None, policy: ReshapePolicy = "Generations") -> Layout:
     """The layout for this pass: ``partitions`` is ``spec.partitions``, ``status_layout``
     the status' ``layout`` as read (None when absent; or already decoded, a
     :class:`Lineage` or the :class:`LineageError` decoding it raised), ``reported(p)``:
     partition ``p``'s Lease records a completion; ``last`` the lineage this operator
     last derived for the group (used when the status has no layout or one that does not
-    decode: it is written again)."""
+    decode: it is written again); ``policy`` is ``spec.reshape.policy``: what a change of
+    ``spec.partitions`` does (a new generation, or :func:`appended`)."""
     problem: str | None = None
     if status_layout is None and last is not None:
         lineage = last  # not written yet, or removed by hand: written again
@@ -187,7 +211,10 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
             problem = f"status.layout is not a layout ({exc}); written again"
             lineage = last if last is not None else initial(partitions)
     lineage = _completed(lineage, reported).retire()
-    if len(lineage.latest.partitions) != partitions:
+    if len(lineage.latest.partitions) != partitions and policy == "Append":
+        lineage, refused = appended(lineage, partitions)
+        problem = problem or refused
+    elif len(lineage.latest.partitions) != partitions:
         try:
             lineage = lineage.reshape(Uniform(partitions))
         except LineageError as exc:
@@ -207,7 +234,8 @@ class Layouts:
         self.last: Lineage | None = None
 
     def derive(self, partitions: int, status_layout: object,
-               reported: Callable[[int], bool]) -> Layout:
+               reported: Callable[[int], bool],
+               policy: ReshapePolicy = "Generations") -> Layout:
         decoded: object = None
         if status_layout is not None:
             if self._read is None or self._read[0] != status_layout:
@@ -217,7 +245,7 @@ class Layouts:
                     read = exc
                 self._read = (status_layout, read)
             decoded = self._read[1]
-        layout = layout_of(partitions, decoded, reported, self.last)
+        layout = layout_of(partitions, decoded, reported, self.last, policy)
         kept = self._layout
         if kept is not None and kept.lineage is layout.lineage and \
                 kept.problem == layout.problem:
