@@ -325,6 +325,29 @@ def test_growing_partitions_is_a_reshape_whose_new_partitions_wait(
         namespace, label_selector=f"{C.LABEL_ROLE}=partition").items) == 8
 
 
+def test_growing_partitions_under_append_assigns_new_ones_and_moves_none(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    """spec.reshape.policy Append: 8 -> 16 adds partitions 8-15 to the one modulo
+    generation, assigned at once; nothing held moves."""
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"),
+                 reshape={"policy": "Append"})
+    before = target(get_status(kube, namespace))
+    patch_spec(kube, namespace, {"partitions": 16})
+    st = status_where(kube, namespace, "16 partitions targeted",
+                      lambda s: sum(len(v) for v in target(s).values()) == 16)
+    for m, ps in before.items():
+        assert set(ps) <= set(target(st)[m])
+    assert st["lastRebalance"]["reason"] == "partitions grew 8\u219216"
+    assert st["layout"] == {"generation": 1, "nextPartition": 16, "generations": [
+        {"generation": 1, "placement": "modulo", "partitions": "0-15"}],
+        "states": {"open": "0-15"}}
+    coord = client.CoordinationV1Api(kube)
+    wait_for("16 partition Leases", lambda: len(coord.list_namespaced_lease(
+        namespace, label_selector=f"{C.LABEL_ROLE}=partition").items) == 16)
+
+
 def test_deleting_the_group_deletes_its_leases(
     kube: client.ApiClient, namespace: str, operator: OperatorProcess,
     members_factory: Callable[..., Members],
