@@ -444,6 +444,23 @@ def test_an_edited_spec_is_a_reshape_whose_new_partitions_wait() -> None:
     assert all(_owners(final)[p] == m for p, m in _owners(before).items()), "nothing moved"
 
 
+def test_an_edited_spec_under_append_assigns_the_new_partitions_at_once() -> None:
+    """spec.reshape.policy Append: 8 -> 12 grows the one modulo generation; partitions
+    8-11 get Leases and owners without any completion, and the old ones do not move."""
+    world = World(0, quiet(spec=spec(reshape={"policy": "Append"}),
+                           script=(Fault(15.0, "spec-change", member=4),)))
+    result = world.run()
+    assert result.ok, result.violations
+    layout = world.status()["layout"]
+    assert (layout["generation"], layout["nextPartition"], layout["states"]) == (
+        1, 12, {"open": "0-11"})
+    assert sorted(tokens(world)) == list(range(12))
+    final = world.epochs[-1][2]
+    assert sorted(p for p in _owners(final)) == list(range(12))
+    before = [a for t, _, a in world.epochs if t < 15.0][-1]
+    assert all(_owners(final)[p] == m for p, m in _owners(before).items()), "nothing moved"
+
+
 def test_a_lock_deleted_by_hand_is_recreated_and_retaken_with_a_higher_token() -> None:
     """kubectl delete lease: the holder loses the partition at once (its app view drops
     it), the operator creates the Lease again, and the new acquisition's token (the new
