@@ -215,3 +215,16 @@ def test_append_after_a_generations_reshape_waits_and_says_why(retired: bool) ->
     grown = layout_of(3, ranges.status, reported(), policy="Append")
     assert grown.lineage == ranges.lineage
     assert grown.problem is not None and "one modulo generation" in grown.problem
+
+
+def test_load_rates_reach_the_planner_by_slot_and_waiting_partitions_weigh_nothing() -> None:
+    """spec.balance.mode load: status.load's rates are per partition; the planner works
+    on slots, so a rate must follow its partition to its slot, and a partition that is
+    not assignable (completed, or waiting) has none."""
+    layout = layout_of(2, layout_of(2, shrunk().status, reported(0, 1, 2)).status,
+                       reported())
+    assert layout.assignable == (3,)  # 0-2 completed, 4 and 5 wait for 3
+    assert layout.loads_to_slots({0: 9.0, 3: 5.0, 4: 7.0}) == {0: 5.0}
+    done = layout_of(2, layout.status, reported(3))
+    assert done.assignable == (4, 5)
+    assert done.loads_to_slots({3: 1.0, 4: 7.0, 5: 2.0}) == {0: 7.0, 1: 2.0}
