@@ -30,7 +30,9 @@ class RealSidecars:
     and sent one after another for every app a join's ≈ 900 releases at 10,000 partitions
     took most of its 56 s (the old owners' apps, not kgroup, set the pace)."""
 
-    def __init__(self, st: Stage, pods: list[str], base_port: int) -> None:
+    def __init__(self, st: Stage, pods: list[str], base_port: int, *,
+                 app: bool = True) -> None:
+        """``app`` False: no tiny app; the caller's workers are the sidecars' apps."""
         self.st = st
         self.exe = str(Path(sys.executable).with_name("kgroup-sidecar"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -43,7 +45,8 @@ class RealSidecars:
                                                            thread_name_prefix="app-release")
         self._thread = threading.Thread(target=self._app, name="apps", daemon=True)
         self.add(pods)
-        self._thread.start()
+        if app:
+            self._thread.start()
 
     def add(self, pods: list[str]) -> None:
         for pod in pods:

@@ -23,6 +23,9 @@ ANNOTATION_SESSION = "kgroup.dev/session"
 ANNOTATION_EPOCH = "kgroup.dev/epoch"
 ANNOTATION_POSITION = "kgroup.dev/position"
 ANNOTATION_POSITION_TOKEN = "kgroup.dev/position-token"
+# a sealed partition read to its seal marker: the token its final release was written
+# under (equal to position-token while that release is the last one)
+ANNOTATION_COMPLETED = "kgroup.dev/completed"
 ANNOTATION_TOKEN = "kgroup.dev/token"
 """A partition lock's fencing token: the resourceVersion its acquisition replaced
 (kgroup.core.tokens)."""

@@ -96,6 +96,15 @@ class SizingSettings(_Model):
     catch_up_seconds: int = Field(default=300, ge=1, le=86400)
 
 
+ReshapePolicy = Literal["Generations", "Append"]
+
+
+class ReshapeSettings(_Model):
+    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy")."""
+
+    policy: ReshapePolicy = "Generations"
+
+
 class ConsumerGroupSpec(_Model):
     partitions: int = Field(ge=1, le=100_000)
     selector: LabelSelector
@@ -109,6 +118,7 @@ class ConsumerGroupSpec(_Model):
     paused: bool = False
     balance: BalanceSettings = Field(default_factory=BalanceSettings)
     sizing: SizingSettings = Field(default_factory=SizingSettings)
+    reshape: ReshapeSettings = Field(default_factory=ReshapeSettings)
     source: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -148,6 +158,28 @@ class Condition(_Model):
     observed_generation: int | None = None
 
 
+class LayoutGeneration(_Model):
+    generation: int = Field(ge=1)
+    placement: Literal["modulo", "range"]
+    partitions: str = Field(max_length=1_000_000)
+    widths: str | None = Field(default=None, max_length=4_800_000)
+
+
+class LayoutStates(_Model):
+    open: str | None = Field(default=None, max_length=1_000_000)
+    sealed: str | None = Field(default=None, max_length=1_000_000)
+    completed: str | None = Field(default=None, max_length=1_000_000)
+
+
+class Layout(_Model):
+    """The group's partition lineage (``kgroup.core.layout_status``; docs/reshape.md)."""
+
+    generation: int = Field(ge=1)
+    next_partition: int = Field(ge=1)
+    generations: list[LayoutGeneration] = Field(max_length=8)
+    states: LayoutStates = Field(default_factory=LayoutStates)
+
+
 class ConsumerGroupStatus(_Model):
     observed_generation: int | None = None
     epoch: int = 0
@@ -161,3 +193,4 @@ class ConsumerGroupStatus(_Model):
     last_rebalance: LastRebalance | None = None
     load: LoadStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    layout: Layout | None = None

@@ -73,8 +73,13 @@ def test_a_release_changes_only_the_annotations_the_policy_lets_a_holder_change(
     released = lease_codec.released_partition_lease(last, token=41, position="7-0")
     written = _changed(lease_codec.annotations_of(last), lease_codec.annotations_of(released))
     assert written <= holder
+    completed = lease_codec.released_partition_lease(last, token=41, position="7-0",
+                                                     completed=True)
+    written = _changed(lease_codec.annotations_of(last), lease_codec.annotations_of(completed))
+    assert C.ANNOTATION_COMPLETED in written and written <= holder
     assert holder == {C.ANNOTATION_SESSION, C.ANNOTATION_EXPIRED_SESSION,
-                      C.ANNOTATION_POSITION, C.ANNOTATION_POSITION_TOKEN}
+                      C.ANNOTATION_POSITION, C.ANNOTATION_POSITION_TOKEN,
+                      C.ANNOTATION_COMPLETED}
     assert released["metadata"]["labels"] == last["metadata"]["labels"]
     # the holder uid is the acquirer's alone: a holder never changes it, and its writes are
     # judged against it (annotation names as the codec spells them)

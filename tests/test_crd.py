@@ -68,6 +68,7 @@ def test_crd_names_scope_subresource_and_columns() -> None:
     assert columns == {
         "Phase": ".status.phase",
         "Epoch": ".status.epoch",
+        "Generation": ".status.layout.generation",
         "Partitions": ".spec.partitions",
         "Members": ".status.memberCount",
         "Unowned": ".status.unowned",
@@ -179,8 +180,14 @@ def test_validation_rules_carry_the_messages_people_read() -> None:
     }
     assert "selector must select something" in rules["selector"][0]
     assert rules["lease"] == ["lease.renewIntervalSeconds must be less than lease.durationSeconds"]
-    assert "spec.partitions cannot be reduced (from " in rules["partitions"][0]
-    assert spec["partitions"][crdgen.CEL_KEY][0]["rule"] == "self >= oldSelf"
+    assert "partitions" not in rules  # a change either way is a reshape (status.layout)
+
+
+def test_the_status_layout_is_in_the_schema() -> None:
+    layout = schema()["properties"]["status"]["properties"]["layout"]["properties"]
+    assert layout["generation"]["type"] == "integer"
+    assert set(layout["generations"]["items"]["properties"]) == {
+        "generation", "placement", "partitions", "widths"}
 
 
 def test_an_overlay_path_that_names_no_field_is_refused() -> None:

@@ -310,7 +310,16 @@ def test_the_rule_keeps_each_key_in_order_and_reads_everything(
 
 def test_admitting_a_successor_after_any_predecessor_is_caught_by_the_order_check() -> None:
     broken = starts(broken=True)[1]
-    schedule = find(steps, lambda s: bool(run(s, broken).out_of_order),
+
+    def reorders(schedule: list[tuple[str, int]]) -> bool:
+        # the variant's early completions can leave a lineage its own checks refuse (a
+        # completed partition with a predecessor not completed): not the schedule sought
+        try:
+            return bool(run(schedule, broken).out_of_order)
+        except LineageError:
+            return False
+
+    schedule = find(steps, reorders,
                     settings=settings(max_examples=5_000, database=None, deadline=None,
                                       phases=[Phase.generate]))
     assert run(schedule, broken).out_of_order

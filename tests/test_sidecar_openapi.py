@@ -62,7 +62,8 @@ def test_the_503_try_again_on_release_is_documented_and_answered(
     held_back: list[Any] = []
     original = scripted.sc.logic.app_release
 
-    def slow(partition: int, token: int, position: str | None) -> None:
+    def slow(partition: int, token: int, position: str | None,
+             completed: bool = False) -> None:
         held_back.append((partition, token, position))  # the release is not started
 
     monkeypatch.setattr(scripted.sc.logic, "app_release", slow)

@@ -426,13 +426,35 @@ def test_status_emptied_under_running_members_is_reseeded_without_moving_anythin
     assert tokens(old) != tokens(base)
 
 
-def test_an_edited_spec_is_planned_at_once_and_the_new_partitions_are_owned() -> None:
-    """The operator's spec-change path (a new generation) runs in the simulation too:
-    four more partitions get Leases and owners, and the old ones do not move."""
+def test_an_edited_spec_is_a_reshape_whose_new_partitions_wait() -> None:
+    """The operator's spec-change path runs in the simulation too: 8 -> 12 partitions is
+    a new generation in status.layout; the 12 new partitions (8-19) get neither Leases nor
+    owners while the 8 they replace are not read to their end (the simulated members
+    record no completion), and the old ones do not move."""
     world = World(0, quiet(script=(Fault(15.0, "spec-change", member=4),)))
     result = world.run()
     assert result.ok, result.violations
-    assert world.spec.partitions == 12 and sorted(tokens(world)) == list(range(12))
+    layout = world.status()["layout"]
+    assert (layout["generation"], layout["states"]) == (2, {"open": "8-19", "sealed": "0-7"})
+    assert world.spec.partitions == 12 and sorted(tokens(world)) == list(range(8))
+    assert world.lock(8) is None
+    final = world.epochs[-1][2]
+    assert sorted(p for p in _owners(final)) == list(range(8))
+    before = [a for t, _, a in world.epochs if t < 15.0][-1]
+    assert all(_owners(final)[p] == m for p, m in _owners(before).items()), "nothing moved"
+
+
+def test_an_edited_spec_under_append_assigns_the_new_partitions_at_once() -> None:
+    """spec.reshape.policy Append: 8 -> 12 grows the one modulo generation; partitions
+    8-11 get Leases and owners without any completion, and the old ones do not move."""
+    world = World(0, quiet(spec=spec(reshape={"policy": "Append"}),
+                           script=(Fault(15.0, "spec-change", member=4),)))
+    result = world.run()
+    assert result.ok, result.violations
+    layout = world.status()["layout"]
+    assert (layout["generation"], layout["nextPartition"], layout["states"]) == (
+        1, 12, {"open": "0-11"})
+    assert sorted(tokens(world)) == list(range(12))
     final = world.epochs[-1][2]
     assert sorted(p for p in _owners(final)) == list(range(12))
     before = [a for t, _, a in world.epochs if t < 15.0][-1]

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kgroup.core.layout_status import layout_to_status
+from kgroup.core.lineage import Uniform, initial
 from kgroup.core.operator.status_view import build_view, render_table
 from kgroup.status_cli import render
 
@@ -129,3 +131,27 @@ def test_a_group_with_no_status_yet_shows_every_partition_free() -> None:
     assert [(r.state, r.owner, r.token) for r in view.partitions] == [
         ("free", None, 0), ("free", None, 0)]
     assert view.phase == "Unknown" and view.members == []
+
+
+def test_a_reshape_under_way_shows_the_lineage_and_what_waits() -> None:
+    """4 -> 2 with partition 0 read to its end: 4 and 5 wait for 1-3."""
+    lineage = initial(4).reshape(Uniform(2)).complete(0)
+    g = group(layout=layout_to_status(lineage))
+    g["spec"]["partitions"] = 2
+    view = build_view(g, [member("a", "s-a"), lock(1, "a", "s-a", 2)])
+    rows = {r.partition: (r.lineage, r.waits_for) for r in view.partitions}
+    assert rows == {0: ("completed", ""), 1: ("sealed", ""), 2: ("sealed", ""),
+                    3: ("sealed", ""), 4: ("open", "1-3"), 5: ("open", "1-3")}
+    assert (view.generation, view.generations) == (2, 2)
+    text = render_table(view)
+    assert ", generation 2 (2 kept)" in text.splitlines()[0]
+    assert "WAITS-FOR" in text and any(
+        line.split()[:1] == ["4"] and line.split()[-2:] == ["open", "1-3"]
+        for line in text.splitlines())
+
+
+def test_one_generation_keeps_the_table_as_it_was_and_a_bad_layout_falls_back() -> None:
+    plain = render_table(build_view(group(), LEASES))
+    assert "LAYOUT" not in plain and "generation" not in plain.splitlines()[0]
+    garbled = build_view(group(layout={"generation": "x"}), LEASES)
+    assert [r.partition for r in garbled.partitions] == [0, 1, 2, 3]

@@ -24,8 +24,13 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
     "spec": {"description": "What the group consumes and how its partitions are assigned "
                             "to member pods. Written by you; read by the operator and the "
                             "sidecars."},
-    "spec.partitions": {"description": "Number of partitions, numbered 0..N-1; 1 to "
-                                       "100000. May grow, never shrink. Required."},
+    "spec.partitions": {"description": "Number of partitions; 1 to 100000. What a change "
+                                       "does is spec.reshape.policy's: Generations (up or "
+                                       "down) makes a new generation of partitions by "
+                                       "key-hash ranges, each assigned only once the "
+                                       "partitions it replaces are read to their end "
+                                       "(status.layout); Append only grows, the new "
+                                       "partitions assigned at once. Required."},
     "spec.selector": {"description": "The member pods: a label selector "
                                      "(metav1.LabelSelector) that must select something. "
                                      "Required."},
@@ -109,6 +114,19 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "present backlog while keeping up with the input: members = "
                        "ceil((rate + lag / catchUpSeconds) / one member's measured "
                        "capacity); 1 to 86400. Default: 300."},
+    "spec.reshape": {"description": "What a change of spec.partitions does "
+                                    "(docs/reshape.md)."},
+    "spec.reshape.policy": {
+        "description": "Generations: a change (up or down) is a reshape that keeps each "
+                       "key's order: new partitions (new numbers) take key-hash ranges and "
+                       "wait until the partitions they replace are read to their seal; "
+                       "for producers that follow status.layout (kgroup.producer). "
+                       "Append: growth only, partitions N..M-1 added and assigned at "
+                       "once, keys re-hashed by crc32 % partitions (a key's new events may "
+                       "be read before its old ones); shrinking is refused, and so is a "
+                       "change once status.layout is not one modulo generation (after a "
+                       "Generations reshape). "
+                       "Default: Generations."},
     "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
                                    "from its sidecar (GET /v1/group): stream name, Redis "
                                    "URL, ... Default: {}."},
@@ -198,4 +216,29 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
         "description": f"When status last changed ({_TIMESTAMP}).", "format": "date-time"},
     "status.conditions[].observedGeneration": {
         "description": "The metadata.generation this condition was computed from."},
+    "status.layout": {"description": "The partition lineage, written by the operator: "
+                                     "generations of key-hash layouts and each partition's "
+                                     "state (docs/reshape.md). Absent: partitions "
+                                     "0..spec.partitions-1, a key in crc32 % partitions."},
+    "status.layout.generation": {"description": "The newest generation's number."},
+    "status.layout.nextPartition": {"description": "The number the next new partition "
+                                                   "gets: numbers are never reused."},
+    "status.layout.generations": {"description": "The kept generations, oldest first (at "
+                                                 "most 8)."},
+    "status.layout.generations[]": {"description": "One generation."},
+    "status.layout.generations[].generation": {"description": "Its number."},
+    "status.layout.generations[].placement": {"description": "modulo (crc32 % N, the first "
+                                                             "generation only) or range "
+                                                             "(contiguous hash ranges)."},
+    "status.layout.generations[].partitions": {"description": "Its partitions in hash "
+                                                              "order, runs folded (4-7)."},
+    "status.layout.generations[].widths": {"description": "Range placement: each "
+                                                          "partition's share of the hash "
+                                                          "space (1/8*8: eight eighths)."},
+    "status.layout.states": {"description": "The partitions by state, as partition ranges."},
+    "status.layout.states.open": {"description": "In the newest generation: written to."},
+    "status.layout.states.sealed": {"description": "Replaced by a reshape, not yet read to "
+                                                   "its end."},
+    "status.layout.states.completed": {"description": "Replaced and read to its end: its "
+                                                      "successors no longer wait for it."},
 }

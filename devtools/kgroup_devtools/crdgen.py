@@ -57,48 +57,69 @@ _RANGES_PATTERN = r"^([0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*)?$"
 _RANGES_MAX_CHARS = 300_000
 _LAST_NUMBER = "find('[0-9]+$')"
 _RANGES_SHAPE = f"self.matches('{_RANGES_PATTERN}')"
+# every partition number is below this: status.layout's nextPartition (a reshaped group
+# numbers new partitions upwards), else spec.partitions
+_BOUND = ("(has(self.status.layout) ? self.status.layout.nextPartition"
+          " : self.spec.partitions)")
 # Rules on the whole object (they see spec and status; they run on status writes too).
 # Only a rule whose estimated cost is bounded fits (StaticEstimatedCostLimit 10^7 per
 # rule): stalledPartitions is one string, so comparing its last (largest, the writers
 # sort) number with spec.partitions costs ~0.2 per character. The same check over
 # status.assignment would be estimated at maxProperties x maxLength (10^4 x 3*10^5):
 # it lives in the chart's status admission policy instead (docs/design.md).
+# The Append rule reads status.layout's generations (at most 8) on a spec change only.
+_APPEND_LAYOUT = ("!has(self.status) || !has(self.status.layout)"
+                  " || (size(self.status.layout.generations) == 1"
+                  " && self.status.layout.generations[0].placement == 'modulo')")
 ROOT_VALIDATIONS: list[Schema] = [
+    {
+        "rule": "self.spec.reshape.policy != 'Append'"
+                " || self.spec.partitions == oldSelf.spec.partitions"
+                f" || {_APPEND_LAYOUT}",
+        "message": "spec.partitions cannot change under spec.reshape.policy Append while "
+                   "status.layout is not one modulo generation (crc32 % partitions): an "
+                   "earlier reshape placed keys by ranges, or one is under way; keep "
+                   "spec.reshape.policy: Generations for this group",
+        "fieldPath": ".spec.partitions",
+        "reason": "FieldValueForbidden",
+    },
     {
         "rule": "!has(self.status) || !has(self.status.stalledPartitions)"
                 " || size(self.status.stalledPartitions) == 0"
                 f" || !self.status.stalledPartitions.matches('{_RANGES_PATTERN}')"
-                f" || int(self.status.stalledPartitions.{_LAST_NUMBER}) < self.spec.partitions",
-        "messageExpression": "'status.stalledPartitions names partition %s but the group has"
-                             " %d partitions (0-%d)'.format([self.status.stalledPartitions."
-                             f"{_LAST_NUMBER}, self.spec.partitions, self.spec.partitions - 1])",
-        "message": "status.stalledPartitions names a partition beyond spec.partitions",
+                f" || int(self.status.stalledPartitions.{_LAST_NUMBER}) < {_BOUND}",
+        "messageExpression": "'status.stalledPartitions names partition %s but the group"
+                             " numbers its partitions below %d'.format([self.status."
+                             f"stalledPartitions.{_LAST_NUMBER}, {_BOUND}])",
+        "message": "status.stalledPartitions names a partition the group does not have",
         "fieldPath": ".status.stalledPartitions",
         "reason": "FieldValueInvalid",
     },
 ]
-# string(int) concatenation is estimated at an unbounded size and blows the CEL cost
-# budget (the API server refuses the CRD); format() with %d is estimated as bounded.
-_SHRINK_MESSAGE = (
-    "'spec.partitions cannot be reduced (from %d to %d): partition data would be orphaned;"
-    " create a new ConsumerGroup to shrink'.format([oldSelf, self])"
-)
 
 # Extra schema keys per field path ("spec.lease", "status.members[]" for list items).
 # Each entry is merged into the generated node; a path that does not exist is an error.
 # These belong in kgroup/crd_models.py (json_schema_extra / Field(description=...)) in time.
 SCHEMA_OVERLAY: dict[str, Schema] = {
-    "spec": {"description": "What the group consumes and how partitions are assigned."},
+    "spec": {
+        "description": "What the group consumes and how partitions are assigned.",
+        # a transition rule (oldSelf): checked on updates only
+        "x-kubernetes-validations": [{
+            "rule": "self.reshape.policy != 'Append' || self.partitions >= oldSelf.partitions",
+            "messageExpression": "'spec.partitions cannot shrink (from %d to %d) under "
+                                 "spec.reshape.policy Append: its producers place keys by "
+                                 "crc32 mod partitions and the partitions cut off would "
+                                 "never be read to their end; set spec.reshape.policy: "
+                                 "Generations to shrink through a reshape'"
+                                 ".format([oldSelf.partitions, self.partitions])",
+            "message": "spec.partitions cannot shrink under spec.reshape.policy Append; "
+                       "set spec.reshape.policy: Generations to shrink through a reshape",
+            "fieldPath": ".partitions",
+            "reason": "FieldValueForbidden",
+        }],
+    },
     "spec.partitions": {
-        "description": "Number of partitions (0..N-1). May grow, never shrink.",
-        "x-kubernetes-validations": [
-            {
-                "rule": "self >= oldSelf",
-                "messageExpression": _SHRINK_MESSAGE,
-                "message": "spec.partitions cannot be reduced: partition data would be "
-                "orphaned; create a new ConsumerGroup to shrink",
-            }
-        ],
+        "description": "Number of partitions; a change is a reshape (status.layout).",
     },
     "spec.selector": {
         "description": "Label selector of the member pods (metav1.LabelSelector).",
@@ -188,6 +209,7 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
 PRINTER_COLUMNS: list[Schema] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.epoch"},
+    {"name": "Generation", "type": "integer", "jsonPath": ".status.layout.generation"},
     {"name": "Partitions", "type": "integer", "jsonPath": ".spec.partitions"},
     {"name": "Members", "type": "integer", "jsonPath": ".status.memberCount"},
     {"name": "Unowned", "type": "integer", "jsonPath": ".status.unowned"},

@@ -150,8 +150,19 @@ def status_policy(cluster: Cluster, crd: list[str]) -> Iterator[str]:
 
 TOO_LONG = ",".join(str(i) for i in range(0, 2 * 60_000, 2))  # 60,000 partitions: 344 KB
 
+# six partitions reshaped to two: numbered 6 and 7
+RESHAPED = {"generation": 2, "nextPartition": 8, "generations": [
+    {"generation": 1, "placement": "modulo", "partitions": "0-5"},
+    {"generation": 2, "placement": "range", "partitions": "6-7", "widths": "1/2*2"}],
+    "states": {"open": "6-7", "sealed": "0-5"}}
+
 # (status patch, expected: "allowed" or a piece of the refusal's message)
 ROWS: list[tuple[str, dict[str, Any], str]] = [
+    ("beyond a reshaped layout's numbers", {"layout": RESHAPED, "assignment": {"w-0": "6-8"}},
+     "status.assignment of w-0 names partition 8 but the group numbers its partitions "
+     "below 8: a target may name only partitions that exist"),
+    ("a reshaped layout's new partitions",
+     {"layout": RESHAPED, "assignment": {"w-0": "0-2", "w-1": "6-7"}}, "allowed"),
     ("a typo'd range far beyond spec.partitions",
      {"assignment": {"w-0": "0-99999999"}},
      "status.assignment of w-0 names partition 99999999 but the group has 6 partitions "
@@ -178,7 +189,8 @@ ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("longer than any target can be", {"assignment": {"w-0": TOO_LONG}},
      "Too long: may not be more than 300000"),
     ("stalled partitions beyond spec.partitions", {"stalledPartitions": "2,40"},
-     "status.stalledPartitions names partition 40 but the group has 6 partitions (0-5)"),
+     "status.stalledPartitions names partition 40 but the group numbers its partitions "
+     "below 6"),
     ("a valid target", {"assignment": {"w-0": "0-2", "w-1": "3-5"}}, "allowed"),
     ("valid stalled partitions", {"stalledPartitions": "1,5"}, "allowed"),
 ]

@@ -2,7 +2,8 @@
 
 These run against the real kube-apiserver with the generated CRD applied (fixture
 `crd`): OpenAPI bounds, enums and required fields, the CEL rules with their messages,
-the partitions-never-shrink transition rule, defaulting, and the status subresource.
+partitions out of range (a change within range, either way, is a reshape), defaulting,
+and the status subresource.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_a_valid_group_is_accepted_and_defaulted(
     assert spec["restartGraceSeconds"] == 0
     assert spec["statefulSetRestartGraceSeconds"] == 30
     assert spec["paused"] is False
+    assert spec["reshape"] == {"policy": "Generations"}
     assert spec["source"] == {"stream": "orders", "redis": {"db": 3}}, "unknown fields kept"
 
 
@@ -85,6 +87,11 @@ def test_a_partly_given_lease_gets_the_other_default(
 
 
 INVALID: list[tuple[str, Body, list[str]]] = [
+    (
+        "unknown reshape policy",
+        {"reshape": {"policy": "Rehash"}},
+        ["spec.reshape.policy", "Unsupported value", "Generations", "Append"],
+    ),
     ("no partitions", {"partitions": 0}, ["spec.partitions", "greater than or equal to 1"]),
     ("too many", {"partitions": 100_001}, ["spec.partitions", "less than or equal to 100000"]),
     ("no selector", {"selector": None}, ["spec.selector", "Required value"]),
@@ -139,17 +146,62 @@ def patch_spec(api: client.CustomObjectsApi, namespace: str, spec: Body) -> Body
     return typing.cast(Body, out)
 
 
-def test_shrinking_partitions_is_refused_and_growing_is_accepted(
+def test_partitions_shrink_and_grow_and_out_of_range_is_refused(
     api: client.CustomObjectsApi, namespace: str
 ) -> None:
     create(api, namespace, group(partitions=8))
-    message = refused(lambda: patch_spec(api, namespace, {"partitions": 4}))
-    assert "spec.partitions cannot be reduced (from 8 to 4)" in message
-    assert "create a new ConsumerGroup to shrink" in message
-    assert get(api, namespace, "orders")["spec"]["partitions"] == 8
+    assert patch_spec(api, namespace, {"partitions": 4})["spec"]["partitions"] == 4
     assert patch_spec(api, namespace, {"partitions": 16})["spec"]["partitions"] == 16
-    message = refused(lambda: patch_spec(api, namespace, {"partitions": 15}))
-    assert "(from 16 to 15)" in message
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 0}))
+    assert "spec.partitions" in message and "greater than or equal to 1" in message
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 100_001}))
+    assert "spec.partitions" in message and "less than or equal to 100000" in message
+    assert get(api, namespace, "orders")["spec"]["partitions"] == 16
+
+
+def test_append_refuses_a_shrink_and_generations_takes_it(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group(partitions=8, reshape={"policy": "Append"}))
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 4}))
+    assert "spec.partitions cannot shrink (from 8 to 4) under spec.reshape.policy Append" \
+        in message
+    assert "set spec.reshape.policy: Generations" in message
+    assert patch_spec(api, namespace, {"partitions": 12})["spec"]["partitions"] == 12
+    both = patch_spec(api, namespace, {"partitions": 4, "reshape": {"policy": "Generations"}})
+    assert (both["spec"]["partitions"], both["spec"]["reshape"]) == (4, {"policy": "Generations"})
+
+
+TWO_GENERATIONS: Body = {"generation": 2, "nextPartition": 24, "generations": [
+    {"generation": 1, "placement": "modulo", "partitions": "0-7"},
+    {"generation": 2, "placement": "range", "partitions": "8-23", "widths": "1/16*16"}],
+    "states": {"open": "8-23", "sealed": "0-7"}}
+
+
+def test_append_refuses_a_change_once_the_layout_is_not_one_modulo_generation(
+    api: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(api, namespace, group(partitions=16))
+    api.patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders",
+        {"status": {"layout": TWO_GENERATIONS}})
+    message = refused(lambda: patch_spec(
+        api, namespace, {"partitions": 24, "reshape": {"policy": "Append"}}))
+    assert "spec.partitions cannot change under spec.reshape.policy Append while " \
+        "status.layout is not one modulo generation" in message
+    # the policy alone may change, and the status is still written under it
+    assert patch_spec(api, namespace, {"reshape": {"policy": "Append"}})["spec"]["reshape"] == {
+        "policy": "Append"}
+    api.patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"status": {"epoch": 2}})
+    assert get(api, namespace, "orders")["status"]["epoch"] == 2
+    message = refused(lambda: patch_spec(api, namespace, {"partitions": 20}))
+    assert "status.layout is not one modulo generation" in message
+    one = {"generation": 1, "nextPartition": 16, "generations": [
+        {"generation": 1, "placement": "modulo", "partitions": "0-15"}], "states": {"open": "0-15"}}
+    api.patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, "orders", {"status": {"layout": one}})
+    assert patch_spec(api, namespace, {"partitions": 20})["spec"]["partitions"] == 20
 
 
 def test_an_update_breaking_the_lease_rule_is_refused(

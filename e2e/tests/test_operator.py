@@ -306,11 +306,33 @@ def test_a_paused_group_keeps_its_target_until_resumed(
     assert resumed["epoch"] == st["epoch"] + 1
 
 
-def test_growing_partitions_assigns_new_ones_and_moves_none(
+def test_growing_partitions_is_a_reshape_whose_new_partitions_wait(
     kube: client.ApiClient, namespace: str, operator: OperatorProcess,
     members_factory: Callable[..., Members],
 ) -> None:
+    """8 -> 16 re-hashes keys: the 16 new partitions (8-23) wait for 0-7 to be read to
+    their end (e2e/tests/test_reshape_operator.py follows a reshape to its end)."""
     stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"))
+    before = target(get_status(kube, namespace))
+    patch_spec(kube, namespace, {"partitions": 16})
+    st = status_where(kube, namespace, "generation 2 in status.layout",
+                      lambda s: s.get("layout", {}).get("generation") == 2)
+    assert st["layout"]["states"] == {"open": "8-23", "sealed": "0-7"}
+    stays("the target moves nothing and gains nothing", lambda: target(
+        get_status(kube, namespace)) == before, seconds=3)
+    coord = client.CoordinationV1Api(kube)
+    assert len(coord.list_namespaced_lease(
+        namespace, label_selector=f"{C.LABEL_ROLE}=partition").items) == 8
+
+
+def test_growing_partitions_under_append_assigns_new_ones_and_moves_none(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,
+    members_factory: Callable[..., Members],
+) -> None:
+    """spec.reshape.policy Append: 8 -> 16 adds partitions 8-15 to the one modulo
+    generation, assigned at once; nothing held moves."""
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"),
+                 reshape={"policy": "Append"})
     before = target(get_status(kube, namespace))
     patch_spec(kube, namespace, {"partitions": 16})
     st = status_where(kube, namespace, "16 partitions targeted",
@@ -318,6 +340,9 @@ def test_growing_partitions_assigns_new_ones_and_moves_none(
     for m, ps in before.items():
         assert set(ps) <= set(target(st)[m])
     assert st["lastRebalance"]["reason"] == "partitions grew 8\u219216"
+    assert st["layout"] == {"generation": 1, "nextPartition": 16, "generations": [
+        {"generation": 1, "placement": "modulo", "partitions": "0-15"}],
+        "states": {"open": "0-15"}}
     coord = client.CoordinationV1Api(kube)
     wait_for("16 partition Leases", lambda: len(coord.list_namespaced_lease(
         namespace, label_selector=f"{C.LABEL_ROLE}=partition").items) == 16)

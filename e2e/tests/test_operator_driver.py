@@ -227,7 +227,7 @@ def test_queued_marks_give_way_to_a_newer_target_and_go_before_creates(
     custom: Any = client.CustomObjectsApi(kube)
     coord: Any = client.CoordinationV1Api(kube)
     spec = {"partitions": 96, "selector": {"matchLabels": {"app": "drv"}},
-            "stabilizationWindowSeconds": 0,
+            "stabilizationWindowSeconds": 0, "reshape": {"policy": "Append"},
             "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5}}
     body = custom.create_namespaced_custom_object(
         C.API_GROUP, C.API_VERSION, namespace, C.PLURAL,
@@ -298,8 +298,8 @@ def test_queued_marks_give_way_to_a_newer_target_and_go_before_creates(
         assert all(w.endswith("=c") for w in dropped)
         await settle()
         assert marks_stored() == third
-        # e joins (its marks queue), then the group grows by four partitions: the next
-        # pass's creates are sent after the marks already waiting
+        # e joins (its marks queue), then the group grows by four partitions (Append: they
+        # are assigned at once): the next pass's creates are sent after the marks waiting
         join("e")
         rec.calls = []
         await ctl.reconcile()

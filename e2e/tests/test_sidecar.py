@@ -355,3 +355,29 @@ def test_three_members_follow_a_series_of_targets_without_overlap(harness: Harne
             assert int(notes["kgroup.dev/position-token"]) < token
         view = {q.partition: q for q in apps[owners[-1]].assignment().partitions}
         assert (view[p].token, view[p].position) == (token, expected)
+
+
+def test_a_completed_release_records_the_completion_on_the_lock(harness: Harness) -> None:
+    """A sealed partition read to its seal marker and released with ``completed``: the
+    real sidecar writes the release and ``kgroup.dev/completed`` (its token) in one
+    update; an ordinary release of another partition records nothing, and a completion
+    without its marker is refused before anything is written."""
+    h = harness
+    h.target.create(partitions=2)
+    h.start("pod-a")
+    _converge(h, {"pod-a": [0, 1]})
+    app = h.client("pod-a")
+    t0, t1 = h.target.token(0), h.target.token(1)
+    with pytest.raises(SidecarError) as refused:
+        app._request("POST", "/v1/partitions/0/release",
+                     {"token": t0, "position": None, "completed": True}, timeout=10)
+    assert refused.value.status == 400 and "seal marker" in str(refused.value)
+    assert h.target.holder(0)[0] == "pod-a"  # nothing was written
+    assert app.release(0, t0, "1700-9", completed=True) is True
+    assert app.release(1, t1, "1700-4") is True
+    done, plain = h.target.lock(0), h.target.lock(1)
+    notes = done["metadata"]["annotations"]
+    assert "holderIdentity" not in done["spec"]
+    assert (notes["kgroup.dev/position"], notes["kgroup.dev/position-token"],
+            notes["kgroup.dev/completed"]) == ("1700-9", str(t0), str(t0))
+    assert "kgroup.dev/completed" not in plain["metadata"]["annotations"]

@@ -21,6 +21,7 @@ from typing import Any
 from kgroup.constants import (
     ANNOTATION_ASSIGNED,
     ANNOTATION_ASSIGNED_UID,
+    ANNOTATION_COMPLETED,
     ANNOTATION_EPOCH,
     ANNOTATION_EXPIRED_SESSION,
     ANNOTATION_HOLDER_UID,
@@ -56,6 +57,7 @@ __all__ = [
     "annotations_of",
     "assigned_of",
     "assignment_patch",
+    "completed_token",
     "expired_of",
     "expiry_marked_partition_lease",
     "expiry_patch",
@@ -468,9 +470,15 @@ def acquired_partition_lease(
     return body
 
 
-def released_partition_lease(last: Obj, *, token: int, position: str | None) -> Obj:
+def released_partition_lease(last: Obj, *, token: int, position: str | None,
+                             completed: bool = False) -> Obj:
     """Holder cleared; ``position`` None keeps the previous position annotations. The
-    holder uid stays (the pod that last held it; the next acquisition replaces it)."""
+    holder uid stays (the pod that last held it; the next acquisition replaces it).
+    ``completed`` (with a position: the seal marker): the partition was read to its seal,
+    recorded as ``kgroup.dev/completed`` = ``token`` in the same write; any other release
+    removes a completion an earlier release recorded."""
+    if completed and position is None:
+        raise ValueError("a completed release needs its position (the seal marker)")
     body = copy.deepcopy(last)
     spec = body.setdefault("spec", {})
     spec.pop("holderIdentity", None)
@@ -481,5 +489,21 @@ def released_partition_lease(last: Obj, *, token: int, position: str | None) -> 
     if position is not None:
         notes[ANNOTATION_POSITION] = position
         notes[ANNOTATION_POSITION_TOKEN] = str(token)
+    if completed:
+        notes[ANNOTATION_COMPLETED] = str(token)
+    else:
+        notes.pop(ANNOTATION_COMPLETED, None)
     body["metadata"]["annotations"] = notes
     return body
+
+
+def completed_token(obj: Obj) -> int | None:
+    """The token of the release that recorded the partition completed, or None: absent,
+    not a number, or no longer the release the position is from (a later release wrote
+    another position)."""
+    notes = annotations_of(obj)
+    value = notes.get(ANNOTATION_COMPLETED)
+    if value is None or value != notes.get(ANNOTATION_POSITION_TOKEN) or \
+            not value.isdecimal():
+        return None
+    return int(value)

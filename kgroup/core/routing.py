@@ -26,10 +26,11 @@ Pure: no I/O, no clock. The Redis side is ``kgroup.producer``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from enum import StrEnum
 
-from kgroup.core.lineage import Lineage, LineageError, State, decode, encode, initial, key_hash
+from kgroup.core.layout_status import layout_from_status, layout_to_status
+from kgroup.core.lineage import Lineage, LineageError, State, key_hash
 
 __all__ = ["Refusal", "after_refusal", "layout_from_status", "layout_to_status", "newer",
            "route", "route_all", "sealing_generation", "to_seal"]
@@ -91,28 +92,3 @@ def after_refusal(lineage: Lineage, partition: int, sealed_by: int) -> Refusal:
     if sealed_by > lineage.latest.number or partition in lineage.latest:
         return Refusal.WAIT
     return Refusal.REROUTE
-
-
-def layout_to_status(lineage: Lineage) -> dict[str, object]:
-    """``status.layout``: ``generation`` (the newest) and the lineage's wire form."""
-    return {"generation": lineage.latest.number, **encode(lineage)}
-
-
-def layout_from_status(layout: object, partitions: int) -> Lineage:
-    """The lineage of ``status.layout``; absent (``None``: a group made before lineage,
-    or whose operator has not written it yet), one modulo generation of ``partitions``
-    (``spec.partitions``), which places keys as such a group always did. Raises
-    :class:`LineageError` naming the field and the rule."""
-    if layout is None:
-        return initial(partitions)
-    if not isinstance(layout, Mapping):
-        raise LineageError(f"status.layout: expected a mapping, got {type(layout).__name__}")
-    rest = {k: v for k, v in layout.items() if k != "generation"}
-    number = layout.get("generation")
-    if type(number) is not int:
-        raise LineageError(f"status.layout.generation: expected int, got {number!r:.40}")
-    lineage = decode(rest)
-    if lineage.latest.number != number:
-        raise LineageError(f"status.layout.generation is {number}, but its newest generation "
-                           f"is {lineage.latest.number}")
-    return lineage

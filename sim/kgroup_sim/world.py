@@ -24,6 +24,7 @@ from typing import Any
 
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
+from kgroup.core.layout_status import layout_from_status
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.pod_identity import PodIdentities
@@ -573,9 +574,12 @@ class World:
         if sorted(assignment) != live:
             return f"target members {sorted(assignment)} != live members {live}"
         owner = {p: m for m, ps in assignment.items() for p in ps}
-        if sorted(owner) != list(range(self.spec.partitions)):
-            return f"target covers {len(owner)} of {self.spec.partitions} partitions"
-        for p in range(self.spec.partitions):
+        # what may be assigned: partitions 0..N-1 unless a reshape's layout says otherwise
+        expected = sorted(layout_from_status(status.get("layout"),
+                                             self.spec.partitions).assignable())
+        if sorted(owner) != expected:
+            return f"target covers {len(owner)} of {len(expected)} partitions"
+        for p in expected:
             lock = self.lock(p)
             sc = self.sidecars[owner[p]]
             if lock is None or lock.holder != owner[p] or lock.session != sc.member.session:

@@ -122,12 +122,18 @@ async def release(request: web.Request) -> web.Response:
         return _error(400, "token must be an integer")
     if position is not None and not isinstance(position, str):
         return _error(400, "position must be a string or null")
+    completed = body.get("completed", False)
+    if not isinstance(completed, bool):
+        return _error(400, "completed must be true or false")
+    if completed and position is None:
+        return _error(400, "a completed release needs its position: the seal marker")
     sidecar.app_called()
     refused = sidecar.member.check_release(partition, token, sidecar.clock())
     if refused is not None:
         return _error(*refused)
     try:
-        ok = await sidecar.app_release(partition, token, position, RELEASE_TIMEOUT)
+        ok = await sidecar.app_release(partition, token, position, RELEASE_TIMEOUT,
+                                       completed)
     except TimeoutError:
         return _error(503, f"partition {partition} not released yet; try again")
     if not ok:

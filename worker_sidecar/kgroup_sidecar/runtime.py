@@ -307,9 +307,9 @@ class Sidecar:
     # ---- app requests ---------------------------------------------------------------
 
     async def app_release(self, partition: int, token: int, position: str | None,
-                          timeout: float) -> bool:
+                          timeout: float, completed: bool = False) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.release_waiters.setdefault((partition, token), []).append(future)
-        self.logic.app_release(partition, token, position)
+        self.logic.app_release(partition, token, position, completed)
         self.dirty.set()
         return await asyncio.wait_for(future, timeout)

@@ -42,7 +42,7 @@ from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
 from kgroup.core.member.app_presence import AppPresence, AppState
-from kgroup.core.member.group_spec import member_spec, spec_partitions
+from kgroup.core.member.group_spec import member_spec, partition_bound, spec_partitions
 from kgroup.core.member.journal import Journal
 from kgroup.core.member.reconcile import (
     Acquire,
@@ -260,9 +260,10 @@ class SidecarLogic:
             return
         assignment = status.get("assignment") or {}
         ranges = assignment.get(self.pod, "")
-        try:  # bounded: a range beyond spec.partitions is refused, never expanded
+        bound = partition_bound(status, self.partitions)
+        try:  # bounded: a range beyond the group's numbers is refused, never expanded
             partitions = frozenset(parse_ranges(str(ranges)[:max_ranges_chars(
-                self.partitions) + 1], limit=self.partitions))
+                bound) + 1], limit=bound))
         except ValueError as exc:
             self._warn_once(f"assign:{str(ranges)[:80]}",
                             f"ConsumerGroup {name}: bad assignment: {exc}")
@@ -304,9 +305,12 @@ class SidecarLogic:
 
     # ---- app requests and shutdown ------------------------------------------------------
 
-    def app_release(self, partition: int, token: int, position: str | None) -> None:
-        """The app released (or acknowledged the revocation of) a partition."""
-        self.app_releases[partition] = AppRelease(token=token, position=position)
+    def app_release(self, partition: int, token: int, position: str | None,
+                    completed: bool = False) -> None:
+        """The app released (or acknowledged the revocation of) a partition; ``completed``:
+        read to its seal marker (``position``), recorded on the lock with the release."""
+        self.app_releases[partition] = AppRelease(token=token, position=position,
+                                                  completed=completed)
 
     def begin_shutdown(self) -> bool:
         """SIGTERM: revoke everything, then end the session. False if already begun."""
@@ -550,7 +554,8 @@ class SidecarLogic:
         # assignment mark): release again at once from the fresh read, once.
         for retry in (True, False):
             body = codec.released_partition_lease(last, token=action.token,
-                                                  position=action.position)
+                                                  position=action.position,
+                                                  completed=action.completed)
             answer = yield ReplaceLease(body, self.request_timeout())
             if isinstance(answer, Ok) and answer.obj is not None:
                 self._store_partition(answer.obj)

@@ -52,3 +52,18 @@ def spec_partitions(raw_spec: Mapping[str, Any]) -> int:
     if not 1 <= value <= MAX_PARTITIONS:
         raise ValueError(f"partitions: {value} is not between 1 and {MAX_PARTITIONS}")
     return value
+
+
+_MAX_NUMBER = 999_999_999  # partition numbers have at most nine digits (kgroup.core.lineage)
+
+
+def partition_bound(status: Mapping[str, Any], partitions: int) -> int:
+    """Every partition number of the group is below this: ``status.layout.nextPartition``
+    once the operator keeps a layout (a reshape numbers its new partitions upwards, so a
+    target may name numbers at or beyond ``spec.partitions``), else ``partitions``
+    (``spec.partitions``). A malformed value is not trusted: ``partitions``."""
+    layout = status.get("layout")
+    bound = layout.get("nextPartition") if isinstance(layout, Mapping) else None
+    if type(bound) is int and partitions <= bound <= _MAX_NUMBER + 1:
+        return bound
+    return partitions

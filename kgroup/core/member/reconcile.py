@@ -210,6 +210,7 @@ class _Owned:
     release_position: str | None = None
     release_reason: str = ""
     release_in_flight: bool = False
+    release_completed: bool = False
 
 
 def _older(rv: str, than: str) -> bool:
@@ -463,13 +464,14 @@ class Member:
                 continue
             if o.state is PartitionState.RELEASING:
                 if not o.release_in_flight:  # a retry after a failed release
-                    actions.append(self._release(p, o, o.release_position, o.release_reason))
+                    actions.append(self._release(p, o, o.release_position, o.release_reason,
+                                                 o.release_completed))
                 continue
             app = snap.app_releases.get(p)
             if app is not None and app.token == o.token:
                 if o.state is PartitionState.ACTIVE:
                     self._relinquished[p] = (self._epoch, now + snap.drain_timeout)
-                actions.append(self._release(p, o, app.position, "app"))
+                actions.append(self._release(p, o, app.position, "app", app.completed))
             elif (
                 o.state is PartitionState.REVOKING
                 and o.revoking_since is not None
@@ -555,13 +557,16 @@ class Member:
             return None
         return snap.target.epoch
 
-    def _release(self, p: int, o: _Owned, position: str | None, reason: str) -> Release:
+    def _release(self, p: int, o: _Owned, position: str | None, reason: str,
+                 completed: bool = False) -> Release:
         assert self.session is not None
         if o.state is not PartitionState.RELEASING:
             o.state = PartitionState.RELEASING
             self._bump()
         o.release_position, o.release_reason, o.release_in_flight = position, reason, True
-        return Release(p, self.session, o.token, o.resource_version, position, reason)
+        o.release_completed = completed
+        return Release(p, self.session, o.token, o.resource_version, position, reason,
+                       completed)
 
     def _fence(self, now: float) -> list[Action]:
         session = self.session

@@ -34,6 +34,7 @@ class AppRelease:
 
     token: int
     position: str | None
+    completed: bool = False  # the partition is sealed and ``position`` is its seal marker
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class Release:
     expected_rv: str
     position: str | None
     reason: str
+    completed: bool = False  # also record the partition completed (read to its seal)
 
 
 @dataclass(frozen=True)

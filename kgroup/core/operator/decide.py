@@ -54,6 +54,7 @@ from kgroup.core.operator.planner import (
     live_holders,
 )
 from kgroup.core.operator.pod_identity import PodIdentities
+from kgroup.core.operator.reshape import Layouts, completions_on
 from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
 from kgroup.core.ranges import parse_ranges
@@ -138,6 +139,7 @@ class Memory:
     # partition -> why the name its lock must have is held by someone else's Lease
     squatted: dict[int, str] = field(default_factory=dict)
     load: LoadTracker = field(default_factory=LoadTracker)  # status.load as last taken
+    layouts: Layouts = field(default_factory=Layouts)  # status.layout, read and derived
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
@@ -435,7 +437,10 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         return Plan(wait=None, events=problem_events(
             memory, [Problem("InvalidSpec", str(spec)[:500])]))
     raw_status = body.get("status") or {}
-    status, target, hand_problem, server = memory.status_of(raw_status, spec.partitions)
+    layout = memory.layouts.derive(spec.partitions, raw_status.get("layout"),
+                                   completions_on(obs.leases.bodies, str(md.get("name"))),
+                                   spec.reshape.policy)
+    status, target, hand_problem, server = memory.status_of(raw_status, layout.space)
     problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
 
@@ -450,7 +455,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     ):
         notices.append(
             Problem("StatusEditedByHand", "status was changed by someone else; corrected"))
-        written_target = _written_target(memory, spec.partitions)
+        written_target = _written_target(memory, layout.space)
         if written_target is not None:
             decision = correct_hand_edit(
                 written_target=written_target[0], written_epoch=written_target[1],
@@ -458,6 +463,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
             )
     elif hand_problem is not None:
         notices.append(hand_problem)
+    if layout.problem is not None:
+        notices.append(Problem("LayoutNotApplied", layout.problem))
 
     leases = obs.leases
     live = leases.live_sessions(now)
@@ -475,13 +482,15 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
                         load_settings(spec, member_leases))
     if decision is None:
-        decision = memory.planner.plan(
-            spec=spec, target=target, epoch=status.epoch, members=members, holders=holders,
+        decision = layout.decision_from_slots(memory.planner.plan(
+            spec=layout.slot_spec(spec), target=layout.to_slots(target), epoch=status.epoch,
+            members=members, holders=layout.holders_to_slots(holders),
             now=now, pods=obs.pods, sessions=live.keys(), kept_ordinals=obs.kept_ordinals,
             spec_changed=(memory.planned_generation is not None
                           and generation != memory.planned_generation),
-            loads=memory.load.rates if spec.balance.mode == "load" else None,
-        )
+            loads=(layout.loads_to_slots(memory.load.rates)
+                   if spec.balance.mode == "load" else None),
+        ), target)
     if decision.target is None:
         memory.planned_generation = generation
     # Whatever is missing from the synced cache is created: never created yet, or deleted
@@ -490,7 +499,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     requested = {p: t for p, t in memory.requested_leases.items() if p not in leases.partitions}
     memory.requested_leases = requested
     memory.squatted = {p: why for p, why in memory.squatted.items()
-                       if p not in leases.partitions and p < spec.partitions}
+                       if p not in leases.partitions and layout.is_assignable(p)}
     problems.extend(Problem("LeaseNameTaken", why) for _, why in
                     sorted(memory.squatted.items())[:1])
     if len(memory.squatted) > 1:
@@ -500,7 +509,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     def again(p: int) -> float:
         return SQUAT_RECHECK if p in memory.squatted else LEASE_CREATE_RECHECK
 
-    create = [p for p in range(spec.partitions) if p not in leases.partitions
+    create = [p for p in layout.assignable if p not in leases.partitions
               and now >= requested.get(p, -again(p)) + again(p)]
     more_to_create = len(create) > CREATES_PER_PASS
     create = create[:CREATES_PER_PASS]
@@ -520,10 +529,10 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
         members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
-        last_rebalance=last_rebalance,
+        last_rebalance=last_rebalance, assignable=layout.assignable,
     )
     new_status = memory.load.apply(new_status)
-    wire = new_status.to_wire()
+    wire = {**new_status.to_wire(), "layout": layout.status}
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
     # when unowned partitions become "unowned too long" (the Degraded condition): a moment
     # to wake for only while it is ahead. Once passed, this pass has reported it, whatever
@@ -538,7 +547,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
         recheck, memory.load.deadline(),
     ]
-    owners = {p: m for m, ps in new_target.items() for p in ps if 0 <= p < spec.partitions}
+    owners = {p: m for m, ps in new_target.items() for p in ps if layout.is_assignable(p)}
     uids, identity_change = memory.identities.resolve(
         set(owners.values()), obs.pods, now,
         lambda pod: restart_grace(spec, pod, present=False, kept_ordinals=obs.kept_ordinals,

@@ -42,7 +42,7 @@ InProgress.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -176,20 +176,23 @@ def aggregate_status(
     wall: datetime,
     extra_problems: Sequence[Problem] = (),
     last_rebalance: LastRebalance | None = None,
+    assignable: Collection[int] | None = None,
 ) -> tuple[ConsumerGroupStatus, list[Problem]]:
     """The status to write, and every problem seen (for Events).
 
     `holders` are the *live* lock holders (see :func:`kgroup.core.operator.planner.live_holders`);
     `last_change_at` is when, on the caller's clock, the target or the membership last
     changed; `last_rebalance` replaces ``previous.last_rebalance`` when a new epoch is
-    being written in the same update.
+    being written in the same update. `assignable`: the partitions the group may assign
+    now (its layout's, ``kgroup.core.operator.reshape``); None: 0..spec.partitions-1.
     """
     problems: list[Problem] = list(extra_problems)
+    counted = range(spec.partitions) if assignable is None else frozenset(assignable)
     owned: dict[str, int] = {}
     for p, m in holders.items():
-        if 0 <= p < spec.partitions:
+        if p in counted:
             owned[m] = owned.get(m, 0) + 1
-    unowned = spec.partitions - sum(owned.values())
+    unowned = len(counted) - sum(owned.values())
 
     acked: dict[str, int] = {}
     for name in sorted(set(target) | members):
@@ -200,7 +203,7 @@ def aggregate_status(
             problems.append(problem)
 
     misplaced = sum(
-        1 for m, ps in target.items() for p in ps if holders.get(p) != m and p < spec.partitions
+        1 for m, ps in target.items() for p in ps if holders.get(p) != m and p in counted
     )
     unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
     # a member that joined (or left) and is not yet in (out of) the target: the new target
@@ -209,7 +212,8 @@ def aggregate_status(
     rebalancing = bool(unacked) or misplaced > 0 or membership_pending
     patience = spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds
     unowned_too_long = unowned > 0 and now - last_change_at > patience
-    stalled, stalled_message = stalled_partitions(member_leases, holders, spec.partitions)
+    stalled, stalled_message = stalled_partitions(member_leases, holders,
+                                                  max(counted, default=-1) + 1)
     if stalled:
         problems.append(Problem("PartitionsStalled", stalled_message))
     phase = _phase(

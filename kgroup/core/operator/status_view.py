@@ -14,6 +14,11 @@ renewals; without a report, the position handed over on the lock), and a state:
 - ``active``: held by its target member (or, with no target yet, by anyone);
 - ``free``: no live holder.
 
+The partitions are those of the group's layout (``status.layout``; without one,
+0..spec.partitions-1). While a reshape is under way (more than one generation kept) each
+row also shows its place in the lineage (``open``, ``sealed``, ``completed``) and, for a
+partition that waits, the predecessors it waits for.
+
 A CLI reads no clock of the cluster's: whether a session is still renewed is the
 operator's call (its ``ownedCount`` per member and ``unowned`` are in the status).
 """
@@ -27,7 +32,9 @@ from typing import Any
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.health import HealthSummary, parse_summary
-from kgroup.core.ranges import clip_ranges
+from kgroup.core.layout_status import layout_from_status
+from kgroup.core.lineage import Lineage, LineageError, initial
+from kgroup.core.ranges import clip_ranges, format_ranges
 
 Obj = dict[str, Any]
 
@@ -43,6 +50,8 @@ class PartitionRow:
     position: str | None
     lag: int | None
     target: str | None  # the member the target assigns it to
+    lineage: str = "open"  # open | sealed | completed (docs/reshape.md)
+    waits_for: str = ""  # the predecessors not yet completed, as ranges
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,8 @@ class GroupView:
     stalled_partitions: str = ""
     unowned: int = 0
     load: Obj | None = None  # status.load as written (rate, lag, recommendedMembers, ...)
+    generation: int = 1
+    generations: int = 1  # kept in status.layout: more than one while a reshape runs
 
     def to_dict(self) -> Obj:
         return asdict(self)
@@ -82,11 +93,20 @@ def _target(status: Obj, partitions: int) -> dict[int, str]:
     return owner
 
 
+def _lineage(status: Obj, partitions: int) -> Lineage | None:
+    try:
+        return layout_from_status(status.get("layout"), partitions)
+    except LineageError:
+        return initial(partitions) if partitions >= 1 else None
+
+
 def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
     md = codec.meta(group)
     spec = group.get("spec") or {}
     status = group.get("status") or {}
-    partitions = int(spec.get("partitions") or 0)
+    lineage = _lineage(status, int(spec.get("partitions") or 0))
+    numbers = sorted(lineage.partitions) if lineage is not None else []
+    partitions = lineage.next_partition if lineage is not None else 0  # numbers below
     target = _target(status, partitions)
 
     sessions: dict[str, str | None] = {}
@@ -108,7 +128,7 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
                 locks[lock.partition] = lock
 
     rows = []
-    for p in range(partitions):
+    for p in numbers:
         lock = locks.get(p)
         holder = lock.holder if lock is not None else None
         live = holder is not None and lock is not None and lock.session is not None \
@@ -126,8 +146,11 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
             state = "revoking"
         else:
             state = "active"
+        waits = [q for q in lineage.predecessors(p) if q not in lineage.completed] \
+            if lineage is not None else []
         rows.append(PartitionRow(p, owner, state, lock.token if lock else 0, position, lag,
-                                 target.get(p)))
+                                 target.get(p), str(lineage.state(p)) if lineage else "open",
+                                 format_ranges(waits)))
 
     members = []
     for m in status.get("members") or []:
@@ -150,6 +173,8 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
         stalled_partitions=str(status.get("stalledPartitions") or ""),
         unowned=int(status.get("unowned") or 0),
         load=status["load"] if isinstance(status.get("load"), dict) else None,
+        generation=lineage.latest.number if lineage is not None else 1,
+        generations=len(lineage.generations) if lineage is not None else 1,
     )
 
 
@@ -178,12 +203,20 @@ def render_table(view: GroupView) -> str:
              f"{len(view.partitions)} partitions, {len(view.members)} members, "
              f"unowned {view.unowned}, stalled {view.stalled}"
              + (f" ({view.stalled_partitions})" if view.stalled_partitions else "")]
+    if view.generations > 1:  # a reshape under way: where each partition is in it
+        lines[0] += f", generation {view.generation} ({view.generations} kept)"
     if view.load is not None:
         lines.append(_load_line(view.load))
     lines.append("")
-    lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG"), [
-        (str(r.partition), _dash(r.owner), r.state, str(r.token), _dash(r.position),
-         _dash(r.lag)) for r in view.partitions])
+    if view.generations > 1:
+        lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG",
+                         "LAYOUT", "WAITS-FOR"), [
+            (str(r.partition), _dash(r.owner), r.state, str(r.token), _dash(r.position),
+             _dash(r.lag), r.lineage, _dash(r.waits_for)) for r in view.partitions])
+    else:
+        lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG"), [
+            (str(r.partition), _dash(r.owner), r.state, str(r.token), _dash(r.position),
+             _dash(r.lag)) for r in view.partitions])
     lines.append("")
     lines += _table(("MEMBER", "ASSIGNED", "OWNED", "ACK-EPOCH", "LAG", "STALLED", "LOAD/S"), [
         (m.name, str(m.assigned), str(m.owned), str(m.acknowledged_epoch), _dash(m.lag),

@@ -1,0 +1,155 @@
+"""A reshape on the group's side, against the real local control plane: the real operator
+(a subprocess) keeps ``status.layout`` and assigns a new generation's partitions only once
+the partitions they replace are recorded completed on their Leases.
+
+The members are scripted (:class:`operator_harness.Members`, converging like sidecars);
+a completion is written as the sidecar writes it (``lease_codec.released_partition_lease``
+with ``completed``: the release and ``kgroup.dev/completed`` in one update).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from operator_harness import GROUP, Members, OperatorProcess
+from test_operator import (  # noqa: F401 - fixtures
+    get_status,
+    make_group,
+    make_pods,
+    members_factory,
+    operator,
+    patch_spec,
+    stable_group,
+    status_where,
+    stays,
+    target,
+)
+
+from kgroup import constants as C
+from kgroup.client import SidecarClient, SidecarError
+from kgroup.core import lease_codec
+from kgroup_devcluster.cluster import Cluster
+from kgroup_devcluster.pytest_plugin import wait_for
+from kgroup_testing.sidecar_harness import SidecarProcess, read_audit, safety_violations
+
+pytestmark = pytest.mark.cluster
+
+
+def assigned(status: dict[str, Any]) -> set[int]:
+    return {p for ps in target(status).values() for p in ps}
+
+
+def partition_leases(kube: client.ApiClient, namespace: str) -> set[int]:
+    leases: Any = client.CoordinationV1Api(kube).list_namespaced_lease(
+        namespace, label_selector=f"{C.LABEL_GROUP}={GROUP},{C.LABEL_ROLE}={C.ROLE_PARTITION}")
+    return {int(x.metadata.labels[C.LABEL_PARTITION]) for x in leases.items}
+
+
+def complete(kube: client.ApiClient, namespace: str, partition: int) -> None:
+    """Record ``partition`` read to its seal marker, as a sidecar's completed release does
+    (again on a conflict with the scripted member's writes)."""
+    coord = client.CoordinationV1Api(kube)
+    name = C.partition_lease_name(GROUP, partition)
+
+    def written() -> bool:
+        last: Any = kube.sanitize_for_serialization(  # type: ignore[no-untyped-call]
+            coord.read_namespaced_lease(name, namespace))
+        body: Any = lease_codec.released_partition_lease(last, token=7, position="seal-0",
+                                                         completed=True)
+        try:
+            coord.replace_namespaced_lease(name, namespace, body)
+        except client.ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    wait_for(f"partition {partition}'s completion written", written, timeout=20)
+
+
+def test_four_to_two_partitions_waits_for_every_predecessors_completion(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,  # noqa: F811
+    members_factory: Callable[..., Members],  # noqa: F811
+) -> None:
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"), partitions=4)
+    first = get_status(kube, namespace)["layout"]
+    assert first == {"generation": 1, "nextPartition": 4, "generations": [
+        {"generation": 1, "placement": "modulo", "partitions": "0-3"}],
+        "states": {"open": "0-3"}}
+
+    patch_spec(kube, namespace, {"partitions": 2})
+    st = status_where(kube, namespace, "generation 2 in status.layout",
+                      lambda s: s.get("layout", {}).get("generation") == 2)
+    assert st["layout"]["states"] == {"open": "4-5", "sealed": "0-3"}
+    assert st["layout"]["generations"][1] == {
+        "generation": 2, "placement": "range", "partitions": "4-5", "widths": "1/2*2"}
+    assert assigned(st) == {0, 1, 2, 3}  # the sealed ones stay assigned: they are read on
+
+    for p in (0, 1, 2):
+        complete(kube, namespace, p)
+    status_where(kube, namespace, "0-2 recorded completed", lambda s: s.get(
+        "layout", {}).get("states", {}).get("completed") == "0-2")
+    def waiting() -> bool:
+        st = get_status(kube, namespace)
+        ok = assigned(st) <= {3} and not partition_leases(kube, namespace) & {4, 5}
+        assert ok, (st, partition_leases(kube, namespace))
+        return ok
+
+    stays("4 and 5 neither assigned nor locked while 3 is not completed", waiting, seconds=5)
+
+    complete(kube, namespace, 3)
+    st = status_where(kube, namespace, "4 and 5 assigned",
+                      lambda s: assigned(s) == {4, 5}, timeout=30)
+    assert st["layout"] == {"generation": 2, "nextPartition": 6, "generations": [
+        {"generation": 2, "placement": "range", "partitions": "4-5", "widths": "1/2*2"}],
+        "states": {"open": "4-5"}}  # generation 1 read to its end: retired
+    wait_for("locks of 4 and 5", lambda: {4, 5} <= partition_leases(kube, namespace))
+    status_where(kube, namespace, "Stable on the new generation",
+                 lambda s: s.get("phase") == "Stable" and s.get("unowned") == 0, timeout=60)
+
+
+def test_real_sidecars_complete_a_shrink_and_take_up_the_successors(
+    cluster: Cluster, kube: client.ApiClient, namespace: str,
+    operator: OperatorProcess, tmp_path: Path,  # noqa: F811
+) -> None:
+    """The whole group side with real sidecar processes: 4 -> 2, each owner's app
+    releases its sealed partitions with ``completed`` (the seal marker as position),
+    and the successors 4 and 5 are then assigned, locked and held by the sidecars."""
+    pods = ("w-0", "w-1")
+    make_pods(kube, namespace, *pods)
+    make_group(kube, namespace, partitions=4)
+    sidecars = {pod: SidecarProcess(pod=pod, group=GROUP, namespace=namespace,
+                                    kubeconfig=str(cluster.kubeconfig),
+                                    workdir=tmp_path).start() for pod in pods}
+    try:
+        apps = {pod: SidecarClient(sc.url) for pod, sc in sidecars.items()}
+
+        def held() -> dict[int, tuple[str, int]]:
+            try:
+                return {p.partition: (pod, p.token) for pod, app in apps.items()
+                        for p in app.assignment().active}
+            except SidecarError:  # not listening yet
+                return {}
+
+        wait_for("0-3 held", lambda: set(held()) == {0, 1, 2, 3}, timeout=60)
+        patch_spec(kube, namespace, {"partitions": 2})
+        status_where(kube, namespace, "generation 2",
+                     lambda s: s.get("layout", {}).get("generation") == 2)
+        owners = held()
+        for p in (0, 1, 2, 3):
+            pod, token = owners[p]
+            assert apps[pod].release(p, token, f"seal-{p}", completed=True) is True
+        st = status_where(kube, namespace, "4 and 5 assigned",
+                          lambda s: assigned(s) == {4, 5}, timeout=30)
+        assert st["layout"]["states"] == {"open": "4-5"}
+        wait_for("4 and 5 held by the sidecars", lambda: set(held()) == {4, 5}, timeout=60)
+    finally:
+        for sc in sidecars.values():
+            sc.stop()
+    records = read_audit([sc.audit_file for sc in sidecars.values()])
+    assert not safety_violations(records)
+    assert all("Traceback" not in sc.log_text() for sc in sidecars.values())
