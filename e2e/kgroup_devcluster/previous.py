@@ -34,6 +34,17 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT = CACHE.parent / "previous"
 
 
+def commit() -> str:
+    """The commit to upgrade from: ``PREVIOUS``, or ``$KGROUP_PREVIOUS`` (any commit of this
+    clone, e.g. an older one to see what an upgrade that skips a release does)."""
+    ref = os.environ.get("KGROUP_PREVIOUS") or PREVIOUS
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ImageError(f"no commit {ref} in {REPO}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
 def tag(commit: str = PREVIOUS) -> str:
     """The previous release's image tag: the commit, abbreviated as git log shows it."""
     return commit[:7]
@@ -84,11 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kgroup_devcluster.previous",
                                      description=__doc__.split("\n")[0] if __doc__ else "")
     parser.add_argument("cmd", choices=("build", "load"))
-    parser.add_argument("--commit", default=os.environ.get("KGROUP_PREVIOUS", PREVIOUS))
     args = parser.parse_args(argv)
     try:
-        rows = ensure_on_node(commit=args.commit) if args.cmd == "load" \
-            else build_all(args.commit)
+        rows = ensure_on_node(commit=commit()) if args.cmd == "load" \
+            else build_all(commit())
     except ImageError as exc:
         print(f"[previous] error: {exc}", file=sys.stderr)
         return 1

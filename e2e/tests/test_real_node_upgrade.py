@@ -58,6 +58,8 @@ REPO = Path(__file__).resolve().parents[2]
 ONE_HANDOFF = float(FAST["handoff"]["drainTimeoutSeconds"])  # s: the longest a move may pause
 MAX_MOVES_PER_PARTITION = 1.0  # for the rollout
 VERSION = project_version()  # this tree's: its images' tag
+PREVIOUS = previous.commit()  # 34ed52a unless $KGROUP_PREVIOUS names another commit
+OLD_TAG = previous.tag(PREVIOUS)  # its images' tag
 LIGHT_WORKER = ["python3", "-m", "kgroup_pipeline.light_worker", "--drain-timeout", str(DRAIN)]
 
 
@@ -85,7 +87,7 @@ class Upgrade:
             pod = d["spec"]["template"]["spec"]
             for c in pod.get("initContainers", []) + pod["containers"]:
                 repository = c["image"].rpartition(":")[0]
-                tag = sidecar_tag if c["name"] == "kgroup-sidecar" else previous.tag()
+                tag = sidecar_tag if c["name"] == "kgroup-sidecar" else OLD_TAG
                 c["image"] = f"{repository}:{tag}"
         return docs
 
@@ -102,8 +104,8 @@ def _restore_crd(cluster: Cluster) -> None:
 def upgrade(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterator[Upgrade]:
     """The previous release installed, its group Stable with events flowing."""
     ensure_on_node(cluster.state_dir)
-    previous.ensure_on_node(cluster.state_dir)
-    old = previous.tree()
+    previous.ensure_on_node(cluster.state_dir, PREVIOUS)
+    old = previous.tree(PREVIOUS)
     namespace = f"upgrade-{secrets.token_hex(3)}"
     with RedisServer() as server:
         g = RealGroup(cluster, kube, namespace, release=f"kgroup-{secrets.token_hex(2)}",
@@ -118,7 +120,7 @@ def upgrade(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterato
             helm_install(cluster, release=g.release, namespace=namespace, real_node=True,
                          chart=old / "charts" / "kgroup",
                          values=old / "e2e" / "values-real-node.yaml",
-                         settings=["--set", f"operator.image.tag={previous.tag()}"])
+                         settings=["--set", f"operator.image.tag={OLD_TAG}"])
             assert g.audit is not None
             g.audit.mkdir(parents=True, exist_ok=True)
             g.audit.chmod(0o1777)
@@ -126,7 +128,7 @@ def upgrade(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterato
                                   path=old / "examples" / "consumergroup.yaml", **FAST)
             group["metadata"]["namespace"] = namespace
             apply(cluster, [group, *up.workload_docs(
-                old / "examples" / "worker-deployment.yaml", sidecar_tag=previous.tag())])
+                old / "examples" / "worker-deployment.yaml", sidecar_tag=OLD_TAG)])
             w.producing.set()
             producer.start()
             g.wait_settled(REPLICAS, timeout=TIMEOUT)
@@ -171,7 +173,7 @@ def _acquired(records: list[dict[str, Any]], t0: float, t1: float) -> dict[int, 
 def test_an_upgrade_from_the_previous_release_loses_nothing_and_moves_each_partition_once(
         upgrade: Upgrade) -> None:
     g, w = upgrade.group, upgrade.workers
-    old_image = f"ghcr.io/kgroup/kgroup-sidecar:{previous.tag()}"
+    old_image = f"ghcr.io/kgroup/kgroup-sidecar:{OLD_TAG}"
     assert set(_images(g).values()) == {old_image}
     old_pods = set(_images(g))
 
@@ -220,7 +222,7 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_moves_each_parti
     whole = handoff_figures(intervals, PARTITIONS, started, t1)
     mixed = _mixed(intervals, old_pods, t0, t1)
     fences = [r for r in audit if r["event"] == "fence"]
-    print(f"upgrade {previous.tag()} -> {VERSION}, {REPLICAS} workers x {PARTITIONS} "
+    print(f"upgrade {OLD_TAG} -> {VERSION}, {REPLICAS} workers x {PARTITIONS} "
           f"partitions: chart upgrade {chart} in {t_down - started:.1f} s; the previous "
           f"release's sidecars acquired {len(down)} (scale down) and {len(up)} (scale up) "
           f"under it; rollout {rollout} in {t1 - t0:.1f} s, both versions holding "
