@@ -153,8 +153,8 @@ def _operator_image(g: RealGroup) -> set[str]:
 
 
 def _mixed(intervals: list[Interval], old: set[str], t0: float, t1: float) -> float:
-    """The longest time in [t0, t1] during which sidecars of both versions held
-    partitions at once (0: never)."""
+    """The longest time in [t0, t1] during which one old sidecar and one new sidecar
+    (members not in `old`) both held a partition (0: never at once)."""
     olds = [iv for iv in intervals if iv.member in old]
     news = [iv for iv in intervals if iv.member not in old]
     best = 0.0
