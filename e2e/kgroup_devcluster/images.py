@@ -539,6 +539,8 @@ def build(image: Image, base_digest: str, *, root: Path = REPO, version: str | N
     meta_file.write_text(json.dumps({"tag": tag, "key": key, "image_id": image_id,
                                      "build_seconds": round(seconds, 1)}) + "\n")
     # Untagged leftovers of earlier builds of this tag take gigabytes in vfs storage.
+    if archives is not None:  # another tag: its archive is its one copy (no rebuild reuses it)
+        subprocess.run(buildah_argv("rmi", tag), capture_output=True, check=False)
     subprocess.run(buildah_argv("rmi", "--prune"), capture_output=True, check=False)
     if archives is None:
         _prune_archives(image)
