@@ -493,8 +493,8 @@ def project_files(files: Mapping[str, int]) -> dict[str, int]:
             if re.search(r"/(site|dist)-packages/kgroup[a-z_]*/", p) is not None}
 
 
-def _archive(image: Image, key: str) -> Path:
-    return CACHE / "archives" / f"{image.name}-{key}.tar"
+def _archive(image: Image, key: str, archives: Path | None = None) -> Path:
+    return (archives or CACHE / "archives") / f"{image.name}-{key}.tar"
 
 
 def _prune_archives(image: Image) -> None:
@@ -505,17 +505,19 @@ def _prune_archives(image: Image) -> None:
         old.with_suffix(".json").unlink(missing_ok=True)
 
 
-def build(image: Image, base_digest: str, *, root: Path = REPO) -> Built:
-    """The image's archive for the current sources: from the cache, or built and written."""
+def build(image: Image, base_digest: str, *, root: Path = REPO, version: str | None = None,
+          archives: Path | None = None) -> Built:
+    """The image's archive for the sources under ``root``: from the cache, or built and
+    written. ``version``: the tag (default: the project's version); ``archives``: a cache
+    directory of their own for archives of another tag (not pruned: kept until deleted)."""
     started = time.monotonic()
-    version = project_version(root)
-    tag = image.tag(version)
+    tag = image.tag(version or project_version(root))
     for base in base_images((root / image.dockerfile).read_text()):
         if f"docker.io/library/{base}" != BASE.ref:
             raise ImageError(f"{image.dockerfile}: FROM {base} is not the local base "
                              f"{BASE.ref}; nothing can be pulled here")
     key = key_for(image, base_digest, root)
-    archive = _archive(image, key)
+    archive = _archive(image, key, archives)
     meta_file = archive.with_suffix(".json")
     if archive.exists() and meta_file.exists():
         meta = json.loads(meta_file.read_text())
@@ -537,8 +539,11 @@ def build(image: Image, base_digest: str, *, root: Path = REPO) -> Built:
     meta_file.write_text(json.dumps({"tag": tag, "key": key, "image_id": image_id,
                                      "build_seconds": round(seconds, 1)}) + "\n")
     # Untagged leftovers of earlier builds of this tag take gigabytes in vfs storage.
+    if archives is not None:  # another tag: its archive is its one copy (no rebuild reuses it)
+        subprocess.run(buildah_argv("rmi", tag), capture_output=True, check=False)
     subprocess.run(buildah_argv("rmi", "--prune"), capture_output=True, check=False)
-    _prune_archives(image)
+    if archives is None:
+        _prune_archives(image)
     _say(f"built {tag} in {seconds:.0f} s: {archive.stat().st_size / 1e6:.0f} MB")
     return Built(image, tag, key, archive, image_id, archive.stat().st_size, True, seconds)
 

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,19 @@ RUNNER_ENV = ["KGROUP_METRICS_HOST=127.0.0.1", "KGROUP_METRICS_PORT=0", "KGROUP_
 
 
 def helm_install(cluster: Cluster, *, release: str, namespace: str,
-                 real_node: bool = False) -> None:
-    """Install the chart with its operator watching `namespace` and the worker RBAC there.
+                 real_node: bool = False, chart: Path = CHART,
+                 values: Path = REAL_NODE_VALUES, settings: Sequence[str] = ()) -> None:
+    """Install (or upgrade) the chart with its operator watching `namespace` and the worker
+    RBAC there.
 
     `real_node`: the operator runs in a real container on the real node, from the image
     `make images` loaded, with e2e/values-real-node.yaml (hostNetwork, the API server on
     loopback) and free node ports for its metrics and health endpoints. Otherwise its pod
-    lands on a kwok node and the local runner runs its command.
+    lands on a kwok node and the local runner runs its command. `chart` and `values`:
+    another release's (kgroup_devcluster.previous); `settings`: more helm arguments.
     """
     if real_node:
-        where = ["-f", str(REAL_NODE_VALUES),
+        where = ["-f", str(values),
                  "--set", f"kubernetesApi.port={cluster.ports['apiserver']}",
                  "--set", f"operator.metricsPort={free_port()}",
                  "--set", f"operator.healthPort={free_port()}"]
@@ -51,13 +54,13 @@ def helm_install(cluster: Cluster, *, release: str, namespace: str,
         where = ["--set", "operator.image.repository=kgroup-operator",
                  "--set", "operator.image.tag=dev", "--set", "operator.replicas=1"]
     out = cluster.helm(
-        "upgrade", "--install", release, str(CHART), "--namespace", namespace,
+        "upgrade", "--install", release, str(chart), "--namespace", namespace,
         "--take-ownership",
         "--set", f"operator.watchNamespaces={{{namespace}}}",
         "--set", f"operator.leaderElection.leaseName={release}-leader",
         "--set", f"workerRbac.namespaces={{{namespace}}}",
         "--set", f"admissionPolicy.namespaces={{{namespace}}}",
-        *where, check=False)
+        *where, *settings, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"helm install failed: {out.stderr.strip()}")
 
