@@ -387,36 +387,66 @@ class Member:
     # ---- the reconciliation step ----------------------------------------------------
 
     def step(self, snap: Snapshot) -> list[Action]:
-        now = snap.now
-        actions: list[Action] = []
         if self.done:
-            return actions
+            return []
         if snap.timing is None:  # the group was never seen: nothing to hold, nothing to end
             if self.shutting_down and self.session is None and not self._starting:
                 self.done = True
-            return actions
+            return []
         self._drain_timeout = snap.drain_timeout
         if snap.target is not None and snap.target.epoch != self._epoch:
             self._epoch = snap.target.epoch
             self._bump()
         # 1. the session: fence on a passed deadline, then (re)start.
-        if self._expired(now):
-            actions.extend(self._fence(now))
+        actions = self._fence() if self._expired(snap.now) else []
         if self.session is None:
-            if self.shutting_down:
-                if not self._starting:
-                    self.done = True
-                return actions
-            # No session for a group that is gone: its member Lease would name the deleted
-            # group as owner and be garbage-collected under it (a group applied again
-            # is waited for; shutdown and the app's view are not affected).
-            if not self._starting and now >= self._retry_session_at and not snap.group_deleted \
-                    and (snap.app is None or snap.app.taking_part):
-                self._starting = True
-                actions.append(StartSession(timing=snap.timing))
-            return actions
+            return actions + self._start_session(snap, snap.timing)
         session = self.session
         # 2. reconcile what we hold with what we observe.
+        actions.extend(self._lost(snap, session))
+        # No target (a status without epoch) holds what we have; deletion, shutdown and
+        # an app that stopped taking part revoke everything (rules 3 and 7).
+        withdrawing = snap.app is not None and not snap.app.taking_part
+        leaving = self.shutting_down or withdrawing
+        holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
+            leaving or snap.group_deleted)
+        targeted: frozenset[int] = frozenset()
+        if not leaving and snap.target is not None:
+            targeted = snap.target.partitions
+        actions.extend(self._adopt(snap, session))
+        # 3. revoke before assign; release on the app's word or at the drain timeout.
+        actions.extend(self._revoke_and_release(snap, targeted, holding))
+        # 4. acquire what is targeted, free or takeable (and not given back by the app).
+        actions.extend(self._acquire(snap, session, targeted))
+        # 5. acknowledge the epoch once held == target exactly; 6. renew.
+        if not self._session_write_in_flight and not withdrawing:
+            actions.extend(self._write_session(snap, session, snap.timing))
+        if leaving and not self.owned and not self._acquiring and not self._ending:
+            self._ending = True
+            actions.append(EndSession(session))
+        return actions
+
+    def _start_session(self, snap: Snapshot, timing: LeaseTiming) -> list[Action]:
+        """Rule 1 without a session: the session start to send (none while one is on its
+        way, before the retry time, for a deleted group or while the app takes no part);
+        done instead when shutting down."""
+        if self.shutting_down:
+            if not self._starting:
+                self.done = True
+            return []
+        # No session for a group that is gone: its member Lease would name the deleted
+        # group as owner and be garbage-collected under it (a group applied again
+        # is waited for; shutdown and the app's view are not affected).
+        if not self._starting and snap.now >= self._retry_session_at and not snap.group_deleted \
+                and (snap.app is None or snap.app.taking_part):
+            self._starting = True
+            return [StartSession(timing=timing)]
+        return []
+
+    def _lost(self, snap: Snapshot, session: str) -> list[Action]:
+        """Rule 2: the held partitions whose locks are no longer ours (each dropped from
+        what is held); a stale event of a lock is ignored."""
+        actions: list[Action] = []
         for p in sorted(self.owned):
             o = self.owned[p]
             lock = snap.locks.get(p)
@@ -437,17 +467,14 @@ class Member:
             del self.owned[p]
             self._bump()
             actions.append(Lost(partition=p, session=session, token=o.token))
-        # No target (a status without epoch) holds what we have; deletion, shutdown and
-        # an app that stopped taking part revoke everything (rules 3 and 7).
-        withdrawing = snap.app is not None and not snap.app.taking_part
-        leaving = self.shutting_down or withdrawing
-        holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
-            leaving or snap.group_deleted)
-        targeted: frozenset[int] = frozenset()
-        if not leaving and snap.target is not None:
-            targeted = snap.target.partitions
-        actions.extend(self._adopt(snap, session))
-        # 3. revoke before assign; release on the app's word or at the drain timeout.
+        return actions
+
+    def _revoke_and_release(self, snap: Snapshot, targeted: frozenset[int],
+                            holding: bool) -> list[Action]:
+        """Rule 3: the revocations of held partitions no longer targeted (a revoking one
+        targeted again is active again), then the releases due."""
+        now = snap.now
+        actions: list[Action] = []
         active, app_releases = PartitionState.ACTIVE, snap.app_releases
         for p in sorted(self.owned):
             o = self.owned[p]
@@ -462,26 +489,41 @@ class Member:
                 self._bump()
             if self._retry_at.get(p, 0.0) > now:
                 continue
-            if o.state is PartitionState.RELEASING:
-                if not o.release_in_flight:  # a retry after a failed release
-                    actions.append(self._release(p, o, o.release_position, o.release_reason,
-                                                 o.release_completed))
-                continue
-            app = snap.app_releases.get(p)
-            if app is not None and app.token == o.token:
-                if o.state is PartitionState.ACTIVE:
-                    self._relinquished[p] = (self._epoch, now + snap.drain_timeout)
-                actions.append(self._release(p, o, app.position, "app", app.completed))
-            elif (
-                o.state is PartitionState.REVOKING
-                and o.revoking_since is not None
-                and now >= o.revoking_since + snap.drain_timeout
-            ):
-                actions.append(self._release(p, o, None, "drain-timeout"))
-            elif o.state is PartitionState.REVOKING and snap.app is not None \
-                    and not snap.app.seen(p, o.token):
-                actions.append(self._release(p, o, None, "unseen"))
-        # 4. acquire what is targeted, free or takeable (and not given back by the app).
+            release = self._release_due(p, o, snap)
+            if release is not None:
+                actions.append(release)
+        return actions
+
+    def _release_due(self, p: int, o: _Owned, snap: Snapshot) -> Release | None:
+        """Rule 3's release of held partition ``p``, if one is due: a retry after a failed
+        release, the app's release, the drain timeout, or a revoked partition the app has
+        not seen."""
+        if o.state is PartitionState.RELEASING:
+            if not o.release_in_flight:  # a retry after a failed release
+                return self._release(p, o, o.release_position, o.release_reason,
+                                     o.release_completed)
+            return None
+        app = snap.app_releases.get(p)
+        if app is not None and app.token == o.token:
+            if o.state is PartitionState.ACTIVE:
+                self._relinquished[p] = (self._epoch, snap.now + snap.drain_timeout)
+            return self._release(p, o, app.position, "app", app.completed)
+        if (
+            o.state is PartitionState.REVOKING
+            and o.revoking_since is not None
+            and snap.now >= o.revoking_since + snap.drain_timeout
+        ):
+            return self._release(p, o, None, "drain-timeout")
+        if o.state is PartitionState.REVOKING and snap.app is not None \
+                and not snap.app.seen(p, o.token):
+            return self._release(p, o, None, "unseen")
+        return None
+
+    def _acquire(self, snap: Snapshot, session: str, targeted: frozenset[int]) -> list[Action]:
+        """Rule 4: the acquisitions of targeted partitions not held whose locks are marked
+        for this pod and free or takeable, at most :data:`ACQUISITIONS_IN_FLIGHT` in flight."""
+        now = snap.now
+        actions: list[Action] = []
         for p, (epoch, until) in list(self._relinquished.items()):
             if epoch != self._epoch or now >= until:
                 del self._relinquished[p]
@@ -509,22 +551,22 @@ class Member:
             actions.append(Acquire(
                 partition=p, session=session, token=token, expected_rv=lock.resource_version,
                 takeover=bool(lock.holder) and lock.holder != self.member))
-        # 5. acknowledge the epoch once held == target exactly; 6. renew.
-        if not self._session_write_in_flight and not withdrawing:
-            epoch = self._ackable_epoch(snap)
-            if epoch is not None and epoch != self._written_epoch:
-                assert snap.target is not None  # an ackable epoch is the target's
-                self._session_write_in_flight = True
-                self._ack_partitions = frozenset(snap.target.partitions)
-                actions.append(AckEpoch(session, snap.timing, epoch))
-            elif now >= self._next_renew_at:
-                self._session_write_in_flight = True
-                actions.append(Renew(session, snap.timing, self._written_epoch))
-        if leaving and not self.owned and not self._acquiring and not self._ending:
-            self._ending = True
-            actions.append(EndSession(session))
         return actions
 
+    def _write_session(self, snap: Snapshot, session: str,
+                       timing: LeaseTiming) -> list[Action]:
+        """Rules 5 and 6, with no member-Lease write in flight: the acknowledgement of an
+        epoch held exactly, else a renewal when it is due."""
+        epoch = self._ackable_epoch(snap)
+        if epoch is not None and epoch != self._written_epoch:
+            assert snap.target is not None  # an ackable epoch is the target's
+            self._session_write_in_flight = True
+            self._ack_partitions = frozenset(snap.target.partitions)
+            return [AckEpoch(session, timing, epoch)]
+        if snap.now >= self._next_renew_at:
+            self._session_write_in_flight = True
+            return [Renew(session, timing, self._written_epoch)]
+        return []
     def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
         """Rule 2: adopt the lock an acquisition reported failed has written after all
         (even if no longer targeted: rule 3 then revokes and releases it)."""
@@ -568,7 +610,7 @@ class Member:
         return Release(p, self.session, o.token, o.resource_version, position, reason,
                        completed)
 
-    def _fence(self, now: float) -> list[Action]:
+    def _fence(self) -> list[Action]:
         session = self.session
         deadline = self.deadline
         assert session is not None and deadline is not None
