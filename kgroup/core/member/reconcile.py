@@ -53,14 +53,13 @@ Rules, in the order ``step`` applies them:
    revoked partition the app has not seen under its token is released at once, with the
    position it was handed (the app cannot be working on it); the drain timeout applies
    only to partitions the app has seen.
-   A renewal request must give up early enough to be retried before the fencing
-   deadline: :func:`request_timeout` and :func:`renew_retry_seconds` derive both from the
-   timing, and the adapter uses them for every API request.
+   Requests are timed and retried by :mod:`kgroup.core.member.pacing`.
 
 What ``step`` reads: the locks of :meth:`Member.partitions_of_interest` only (the target,
 what is held, acquired or possibly acquired). An adapter may watch just those
-(:func:`next_watch_scope` says when to re-select), so a member's watch traffic grows with
-its own share, not with the group; it watches no member Lease but its own writes.
+(:mod:`kgroup.core.member.watch_scope` says when to re-select), so a member's watch
+traffic grows with its own share, not with the group; it watches no member Lease but its
+own writes.
 """
 
 from __future__ import annotations
@@ -69,8 +68,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgroup.core.assignment import PartitionView, View
-from kgroup.core.backoff import Backoff, draws
+from kgroup.core.backoff import draws
 from kgroup.core.locks import LeaseTiming, Lock, LockState, fencing_deadline, lock_state
+from kgroup.core.member.pacing import ACQUISITIONS_IN_FLIGHT, PARTITION_BACKOFF, SESSION_BACKOFF
 from kgroup.core.member.view import (
     AckEpoch,
     Acquire,
@@ -90,72 +90,13 @@ from kgroup.core.member.view import (
 )
 from kgroup.core.tokens import acquisition_token, resource_version_number
 
-SESSION_RETRY_SECONDS = 1.0
-"""Pause before the first retry of a failed session start or a failed acquisition/release
-(before the spread of :data:`SESSION_BACKOFF` / :data:`PARTITION_BACKOFF`)."""
-
-SESSION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=8.0)
-"""Retries of a session start: 1, 2, 4, 8, 8 ... s, each spread by +-25 %. A member without
-a session holds nothing, so a slower retry delays only its joining; a fixed 1 s retry of
-every member at once (a GET and a write each) is what kept an overloaded API server
-overloaded (docs/design.md, "Retries back off, spread")."""
-
-PARTITION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=2.0)
-"""Retries of one partition's acquisition or release: 1, 2, 2 ... s, spread by +-25 %. Kept
-short: a failed takeover's retry is failover time (at most 16 acquisitions are in flight
-anyway, :data:`ACQUISITIONS_IN_FLIGHT`)."""
-
-ACQUISITIONS_IN_FLIGHT = 16
-"""At most this many acquisitions of one member in flight; the next are decided as these
-end (why: docs/design.md, "A member sends at most 16 acquisitions at once")."""
-
-MAX_SELECTED_PARTITIONS = 2000
-"""Beyond this many partitions of interest an adapter watches every partition Lease of
-the group. A label selector of 2,000 five-digit values is about 9 KB (a 10 KB URL):
-kube-apiserver takes up to 1 MiB of request line and headers, and answers it like a
-short one (docs/design.md, "Each sidecar watches only the partition
-Leases it decides on")."""
-SCOPE_NARROW_SLACK = 8
-"""How much larger than twice the interest a scope may be before it is narrowed."""
-
 NO_TARGET_EPOCH = 0
 """The epoch of the operator's status before it computed any target (assignment empty);
 the first target is epoch 1 (kgroup.core.operator.planner bumps the epoch at every target
 change)."""
 
-MIN_REQUEST_TIMEOUT = 0.2
-"""Floor of :func:`request_timeout`: below it a healthy API server's answer may not come."""
-
-
-def renew_window(timing: LeaseTiming) -> float:
-    """Seconds between a regular renewal's send time and the fencing deadline it must beat:
-    ``duration - margin - renew_interval`` (the previous renewal was sent one interval
-    earlier, and the deadline is measured from that send)."""
-    return timing.duration - timing.effective_margin - timing.renew_interval
-
-
-def request_timeout(timing: LeaseTiming) -> float:
-    """How long an API request may wait for its answer, derived from the lease timing.
-
-    A renewal whose answer is lost must time out and be retried while the session still
-    has time: at most half the renew interval, and at most a third of the window between
-    the renewal's send and the fencing deadline, so at least two more attempts fit in it.
-    (15 s / 5 s: 2.33 s, not the 6 s that made one lost answer fence the member.)
-    """
-    return max(MIN_REQUEST_TIMEOUT, min(timing.renew_interval / 2, renew_window(timing) / 3))
-
-
-def renew_retry_seconds(timing: LeaseTiming) -> float:
-    """Pause before retrying a failed renewal: soon (the timeout already waited), but not
-    a spin when the API server refuses connections at once."""
-    return max(0.05, min(0.5, request_timeout(timing) / 4))
-
 __all__ = [
-    "MIN_REQUEST_TIMEOUT",
     "NO_TARGET_EPOCH",
-    "PARTITION_BACKOFF",
-    "SESSION_BACKOFF",
-    "SESSION_RETRY_SECONDS",
     "AckEpoch",
     "Acquire",
     "Action",
@@ -175,29 +116,7 @@ __all__ = [
     "StartSession",
     "Target",
     "View",
-    "renew_retry_seconds",
-    "renew_window",
-    "request_timeout",
 ]
-
-
-def next_watch_scope(current: frozenset[int] | None,
-                     interest: frozenset[int]) -> frozenset[int] | None:
-    """The partition watch's next scope (None: every partition of the group), or
-    ``current`` itself when it needs no re-selection.
-
-    Widen at once when the interest has a partition the scope lacks (a new target must be
-    seen before it can be acquired); narrow only when the scope holds more than twice the
-    interest (plus slack), so the releases after a rebalance cost one re-list, not one
-    per release, and a steady member never re-selects."""
-    want = None if len(interest) > MAX_SELECTED_PARTITIONS else interest
-    if want is None:
-        return None
-    if current is None:
-        return want  # the interest fits a selector again: narrow
-    if not want <= current or len(current) > 2 * len(want) + SCOPE_NARROW_SLACK:
-        return want
-    return current
 
 
 @dataclass
