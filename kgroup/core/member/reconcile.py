@@ -60,6 +60,11 @@ what is held, acquired or possibly acquired). An adapter may watch just those
 (:mod:`kgroup.core.member.watch_scope` says when to re-select), so a member's watch
 traffic grows with its own share, not with the group; it watches no member Lease but its
 own writes.
+
+Why this module is over 600 lines: :class:`Member` is one state machine whose rules each
+read and change what the others keep (the partitions held, acquired, retried, and the
+session), so its step, its queries and the outcomes the adapter reports stay one class;
+its vocabulary (:mod:`~kgroup.core.member.view`), pacing and watch scope live apart.
 """
 
 from __future__ import annotations
