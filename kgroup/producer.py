@@ -14,7 +14,7 @@ and writes to the successor.
 Rules (``kgroup.core.routing``):
 
 - The layout is a :class:`kgroup.core.lineage.Lineage` from a source the caller gives
-  (the group's ``status.layout``, decoded with :func:`kgroup.core.lineage.decode`; a
+  (the group's ``status.layout``, decoded with :func:`kgroup.core.lineage_codec.decode`; a
   watch's latest value, read at every :meth:`LayoutProducer.send`, so keep it cheap).
   A source that goes back is ignored.
 - Before its first write under a generation the producer seals every partition that
@@ -48,10 +48,9 @@ from kgroup.core.lineage import (
     Split,
     State,
     Uniform,
-    decode,
-    encode,
     initial,
 )
+from kgroup.core.lineage_codec import decode, encode
 from kgroup.core.routing import (
     Refusal,
     after_refusal,

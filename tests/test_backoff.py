@@ -10,9 +10,8 @@ import pytest
 
 from kgroup.core.backoff import Backoff, draws
 from kgroup.core.locks import LeaseTiming
+from kgroup.core.member.pacing import PARTITION_BACKOFF, SESSION_BACKOFF
 from kgroup.core.member.reconcile import (
-    PARTITION_BACKOFF,
-    SESSION_BACKOFF,
     Member,
     Snapshot,
     StartSession,

@@ -20,13 +20,12 @@ from kgroup.core.lineage import (
     Split,
     State,
     Uniform,
-    decode,
-    encode,
     initial,
     key_hash,
     partition_of,
     reshape,
 )
+from kgroup.core.lineage_codec import decode, encode
 from kgroup.core.ranges import parse_ranges
 from kgroup_pipeline.keys import partition_for
 

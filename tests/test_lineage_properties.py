@@ -34,10 +34,9 @@ from kgroup.core.lineage import (
     Placement,
     Split,
     Uniform,
-    decode,
-    encode,
     initial,
 )
+from kgroup.core.lineage_codec import decode, encode
 
 # -- generated reshapes ---------------------------------------------------------------------
 

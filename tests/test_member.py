@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from kgroup.core.locks import LeaseTiming
+from kgroup.core.member.pacing import ACQUISITIONS_IN_FLIGHT
 from kgroup.core.member.reconcile import (
-    ACQUISITIONS_IN_FLIGHT,
     AckEpoch,
     Acquire,
     Action,

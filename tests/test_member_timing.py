@@ -1,4 +1,4 @@
-"""Request timeouts derived from the lease timing (kgroup.core.member.reconcile.request_timeout):
+"""Request timeouts derived from the lease timing (kgroup.core.member.pacing.request_timeout):
 a renewal whose answer is lost is retried, at least twice, before the fencing deadline."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kgroup.core.locks import LeaseTiming, fencing_deadline
-from kgroup.core.member.reconcile import renew_retry_seconds, renew_window, request_timeout
+from kgroup.core.member.pacing import renew_retry_seconds, renew_window, request_timeout
 
 TIMINGS = [(15, 5), (6, 2), (10, 3), (30, 10), (3, 1), (60, 2), (10, 7), (2, 1)]
 """The simulation's timings, the defaults, and edges (windows of 1 s and 0.6 s, the floor)."""

@@ -15,8 +15,6 @@ import random
 import pytest
 
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member.reconcile import MAX_SELECTED_PARTITIONS as MAX_SELECTED
-from kgroup.core.member.reconcile import SCOPE_NARROW_SLACK as NARROW_SLACK
 from kgroup.core.member.reconcile import (
     Acquire,
     Action,
@@ -29,7 +27,9 @@ from kgroup.core.member.reconcile import (
     StartSession,
     Target,
 )
-from kgroup.core.member.reconcile import next_watch_scope as next_scope
+from kgroup.core.member.watch_scope import MAX_SELECTED_PARTITIONS as MAX_SELECTED
+from kgroup.core.member.watch_scope import SCOPE_NARROW_SLACK as NARROW_SLACK
+from kgroup.core.member.watch_scope import next_watch_scope as next_scope
 from kgroup_sidecar.kube import partition_selector
 
 TIMING = LeaseTiming(duration=10, renew_interval=2)

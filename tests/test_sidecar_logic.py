@@ -18,7 +18,7 @@ import pytest
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.journal import Event
-from kgroup.core.member.reconcile import request_timeout
+from kgroup.core.member.pacing import request_timeout
 from kgroup.core.member.requests import (
     Answer,
     Chain,

@@ -335,7 +335,7 @@ def test_a_scope_of_the_largest_selected_size_lists_and_watches_only_its_partiti
         cluster: Cluster, namespace: str, api: Callable[[], ApiClient]) -> None:
     """A member interested in MAX_SELECTED_PARTITIONS partitions still selects them by
     label (a selector of about 9 KB): the real API server lists and watches exactly those."""
-    from kgroup.core.member.reconcile import MAX_SELECTED_PARTITIONS as MAX
+    from kgroup.core.member.watch_scope import MAX_SELECTED_PARTITIONS as MAX
 
     async def go() -> None:
         c = api()

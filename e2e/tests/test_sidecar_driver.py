@@ -20,7 +20,7 @@ from kubernetes import client
 
 from kgroup.core.lease_codec import is_member, is_partition
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.member.reconcile import request_timeout
+from kgroup.core.member.pacing import request_timeout
 from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.kube import KubeAdapter
 from kgroup_sidecar.runtime import Sidecar

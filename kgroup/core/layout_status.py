@@ -2,7 +2,7 @@
 
 The operator writes it (``kgroup.core.operator.reshape``); producers and tools read it
 (``kgroup.core.routing``, ``kgroup.producer``). It is the lineage's wire form
-(``kgroup.core.lineage.encode``) with the newest generation's number beside it, for
+(``kgroup.core.lineage_codec.encode``) with the newest generation's number beside it, for
 printer columns and for a reader that only wants to know whether the layout moved. A
 group without it (made before lineage) is one modulo generation of ``spec.partitions``.
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kgroup.core.lineage import Lineage, LineageError, decode, encode, initial
+from kgroup.core.lineage import Lineage, LineageError, initial
+from kgroup.core.lineage_codec import decode, encode
 
 __all__ = ["layout_from_status", "layout_to_status"]
 

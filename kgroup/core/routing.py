@@ -16,7 +16,7 @@ producer's layout already knows it (write again with the newest routing) or is b
 (wait for the layout source to reach that generation).
 
 The group's layout is published in its status as ``status.layout``
-(:func:`layout_to_status`): the lineage's wire form (``kgroup.core.lineage.encode``) with
+(:func:`layout_to_status`): the lineage's wire form (``kgroup.core.lineage_codec.encode``) with
 the newest generation's number beside it, for printer columns and for a reader that
 only wants to know whether the layout moved. A group without it (made before lineage) is
 one modulo generation of ``spec.partitions`` (:func:`layout_from_status`).

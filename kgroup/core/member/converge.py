@@ -44,6 +44,7 @@ from kgroup.core.member import journal as events
 from kgroup.core.member.app_presence import AppPresence, AppState
 from kgroup.core.member.group_spec import member_spec, partition_bound, spec_partitions
 from kgroup.core.member.journal import Journal
+from kgroup.core.member.pacing import renew_retry_seconds, request_timeout
 from kgroup.core.member.reconcile import (
     Acquire,
     Action,
@@ -60,9 +61,6 @@ from kgroup.core.member.reconcile import (
     Snapshot,
     StartSession,
     Target,
-    next_watch_scope,
-    renew_retry_seconds,
-    request_timeout,
 )
 from kgroup.core.member.requests import (
     Answer,
@@ -82,6 +80,7 @@ from kgroup.core.member.requests import (
     describe,
     found,
 )
+from kgroup.core.member.watch_scope import next_watch_scope
 from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 
 __all__ = ["CONFLICT_RETRY_SECONDS", "MIN_WAIT", "REREAD_RETRY_SECONDS", "SidecarLogic"]

@@ -53,14 +53,18 @@ Rules, in the order ``step`` applies them:
    revoked partition the app has not seen under its token is released at once, with the
    position it was handed (the app cannot be working on it); the drain timeout applies
    only to partitions the app has seen.
-   A renewal request must give up early enough to be retried before the fencing
-   deadline: :func:`request_timeout` and :func:`renew_retry_seconds` derive both from the
-   timing, and the adapter uses them for every API request.
+   Requests are timed and retried by :mod:`kgroup.core.member.pacing`.
 
 What ``step`` reads: the locks of :meth:`Member.partitions_of_interest` only (the target,
 what is held, acquired or possibly acquired). An adapter may watch just those
-(:func:`next_watch_scope` says when to re-select), so a member's watch traffic grows with
-its own share, not with the group; it watches no member Lease but its own writes.
+(:mod:`kgroup.core.member.watch_scope` says when to re-select), so a member's watch
+traffic grows with its own share, not with the group; it watches no member Lease but its
+own writes.
+
+Why this module is over 600 lines: :class:`Member` is one state machine whose rules each
+read and change what the others keep (the partitions held, acquired, retried, and the
+session), so its step, its queries and the outcomes the adapter reports stay one class;
+its vocabulary (:mod:`~kgroup.core.member.view`), pacing and watch scope live apart.
 """
 
 from __future__ import annotations
@@ -69,8 +73,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kgroup.core.assignment import PartitionView, View
-from kgroup.core.backoff import Backoff, draws
+from kgroup.core.backoff import draws
 from kgroup.core.locks import LeaseTiming, Lock, LockState, fencing_deadline, lock_state
+from kgroup.core.member.pacing import ACQUISITIONS_IN_FLIGHT, PARTITION_BACKOFF, SESSION_BACKOFF
 from kgroup.core.member.view import (
     AckEpoch,
     Acquire,
@@ -90,72 +95,13 @@ from kgroup.core.member.view import (
 )
 from kgroup.core.tokens import acquisition_token, resource_version_number
 
-SESSION_RETRY_SECONDS = 1.0
-"""Pause before the first retry of a failed session start or a failed acquisition/release
-(before the spread of :data:`SESSION_BACKOFF` / :data:`PARTITION_BACKOFF`)."""
-
-SESSION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=8.0)
-"""Retries of a session start: 1, 2, 4, 8, 8 ... s, each spread by +-25 %. A member without
-a session holds nothing, so a slower retry delays only its joining; a fixed 1 s retry of
-every member at once (a GET and a write each) is what kept an overloaded API server
-overloaded (docs/design.md, "Retries back off, spread")."""
-
-PARTITION_BACKOFF = Backoff(base=SESSION_RETRY_SECONDS, cap=2.0)
-"""Retries of one partition's acquisition or release: 1, 2, 2 ... s, spread by +-25 %. Kept
-short: a failed takeover's retry is failover time (at most 16 acquisitions are in flight
-anyway, :data:`ACQUISITIONS_IN_FLIGHT`)."""
-
-ACQUISITIONS_IN_FLIGHT = 16
-"""At most this many acquisitions of one member in flight; the next are decided as these
-end (why: docs/design.md, "A member sends at most 16 acquisitions at once")."""
-
-MAX_SELECTED_PARTITIONS = 2000
-"""Beyond this many partitions of interest an adapter watches every partition Lease of
-the group. A label selector of 2,000 five-digit values is about 9 KB (a 10 KB URL):
-kube-apiserver takes up to 1 MiB of request line and headers, and answers it like a
-short one (docs/design.md, "Each sidecar watches only the partition
-Leases it decides on")."""
-SCOPE_NARROW_SLACK = 8
-"""How much larger than twice the interest a scope may be before it is narrowed."""
-
 NO_TARGET_EPOCH = 0
 """The epoch of the operator's status before it computed any target (assignment empty);
 the first target is epoch 1 (kgroup.core.operator.planner bumps the epoch at every target
 change)."""
 
-MIN_REQUEST_TIMEOUT = 0.2
-"""Floor of :func:`request_timeout`: below it a healthy API server's answer may not come."""
-
-
-def renew_window(timing: LeaseTiming) -> float:
-    """Seconds between a regular renewal's send time and the fencing deadline it must beat:
-    ``duration - margin - renew_interval`` (the previous renewal was sent one interval
-    earlier, and the deadline is measured from that send)."""
-    return timing.duration - timing.effective_margin - timing.renew_interval
-
-
-def request_timeout(timing: LeaseTiming) -> float:
-    """How long an API request may wait for its answer, derived from the lease timing.
-
-    A renewal whose answer is lost must time out and be retried while the session still
-    has time: at most half the renew interval, and at most a third of the window between
-    the renewal's send and the fencing deadline, so at least two more attempts fit in it.
-    (15 s / 5 s: 2.33 s, not the 6 s that made one lost answer fence the member.)
-    """
-    return max(MIN_REQUEST_TIMEOUT, min(timing.renew_interval / 2, renew_window(timing) / 3))
-
-
-def renew_retry_seconds(timing: LeaseTiming) -> float:
-    """Pause before retrying a failed renewal: soon (the timeout already waited), but not
-    a spin when the API server refuses connections at once."""
-    return max(0.05, min(0.5, request_timeout(timing) / 4))
-
 __all__ = [
-    "MIN_REQUEST_TIMEOUT",
     "NO_TARGET_EPOCH",
-    "PARTITION_BACKOFF",
-    "SESSION_BACKOFF",
-    "SESSION_RETRY_SECONDS",
     "AckEpoch",
     "Acquire",
     "Action",
@@ -175,29 +121,7 @@ __all__ = [
     "StartSession",
     "Target",
     "View",
-    "renew_retry_seconds",
-    "renew_window",
-    "request_timeout",
 ]
-
-
-def next_watch_scope(current: frozenset[int] | None,
-                     interest: frozenset[int]) -> frozenset[int] | None:
-    """The partition watch's next scope (None: every partition of the group), or
-    ``current`` itself when it needs no re-selection.
-
-    Widen at once when the interest has a partition the scope lacks (a new target must be
-    seen before it can be acquired); narrow only when the scope holds more than twice the
-    interest (plus slack), so the releases after a rebalance cost one re-list, not one
-    per release, and a steady member never re-selects."""
-    want = None if len(interest) > MAX_SELECTED_PARTITIONS else interest
-    if want is None:
-        return None
-    if current is None:
-        return want  # the interest fits a selector again: narrow
-    if not want <= current or len(current) > 2 * len(want) + SCOPE_NARROW_SLACK:
-        return want
-    return current
 
 
 @dataclass
@@ -387,36 +311,66 @@ class Member:
     # ---- the reconciliation step ----------------------------------------------------
 
     def step(self, snap: Snapshot) -> list[Action]:
-        now = snap.now
-        actions: list[Action] = []
         if self.done:
-            return actions
+            return []
         if snap.timing is None:  # the group was never seen: nothing to hold, nothing to end
             if self.shutting_down and self.session is None and not self._starting:
                 self.done = True
-            return actions
+            return []
         self._drain_timeout = snap.drain_timeout
         if snap.target is not None and snap.target.epoch != self._epoch:
             self._epoch = snap.target.epoch
             self._bump()
         # 1. the session: fence on a passed deadline, then (re)start.
-        if self._expired(now):
-            actions.extend(self._fence(now))
+        actions = self._fence() if self._expired(snap.now) else []
         if self.session is None:
-            if self.shutting_down:
-                if not self._starting:
-                    self.done = True
-                return actions
-            # No session for a group that is gone: its member Lease would name the deleted
-            # group as owner and be garbage-collected under it (a group applied again
-            # is waited for; shutdown and the app's view are not affected).
-            if not self._starting and now >= self._retry_session_at and not snap.group_deleted \
-                    and (snap.app is None or snap.app.taking_part):
-                self._starting = True
-                actions.append(StartSession(timing=snap.timing))
-            return actions
+            return actions + self._start_session(snap, snap.timing)
         session = self.session
         # 2. reconcile what we hold with what we observe.
+        actions.extend(self._lost(snap, session))
+        # No target (a status without epoch) holds what we have; deletion, shutdown and
+        # an app that stopped taking part revoke everything (rules 3 and 7).
+        withdrawing = snap.app is not None and not snap.app.taking_part
+        leaving = self.shutting_down or withdrawing
+        holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
+            leaving or snap.group_deleted)
+        targeted: frozenset[int] = frozenset()
+        if not leaving and snap.target is not None:
+            targeted = snap.target.partitions
+        actions.extend(self._adopt(snap, session))
+        # 3. revoke before assign; release on the app's word or at the drain timeout.
+        actions.extend(self._revoke_and_release(snap, targeted, holding))
+        # 4. acquire what is targeted, free or takeable (and not given back by the app).
+        actions.extend(self._acquire(snap, session, targeted))
+        # 5. acknowledge the epoch once held == target exactly; 6. renew.
+        if not self._session_write_in_flight and not withdrawing:
+            actions.extend(self._write_session(snap, session, snap.timing))
+        if leaving and not self.owned and not self._acquiring and not self._ending:
+            self._ending = True
+            actions.append(EndSession(session))
+        return actions
+
+    def _start_session(self, snap: Snapshot, timing: LeaseTiming) -> list[Action]:
+        """Rule 1 without a session: the session start to send (none while one is on its
+        way, before the retry time, for a deleted group or while the app takes no part);
+        done instead when shutting down."""
+        if self.shutting_down:
+            if not self._starting:
+                self.done = True
+            return []
+        # No session for a group that is gone: its member Lease would name the deleted
+        # group as owner and be garbage-collected under it (a group applied again
+        # is waited for; shutdown and the app's view are not affected).
+        if not self._starting and snap.now >= self._retry_session_at and not snap.group_deleted \
+                and (snap.app is None or snap.app.taking_part):
+            self._starting = True
+            return [StartSession(timing=timing)]
+        return []
+
+    def _lost(self, snap: Snapshot, session: str) -> list[Action]:
+        """Rule 2: the held partitions whose locks are no longer ours (each dropped from
+        what is held); a stale event of a lock is ignored."""
+        actions: list[Action] = []
         for p in sorted(self.owned):
             o = self.owned[p]
             lock = snap.locks.get(p)
@@ -437,17 +391,14 @@ class Member:
             del self.owned[p]
             self._bump()
             actions.append(Lost(partition=p, session=session, token=o.token))
-        # No target (a status without epoch) holds what we have; deletion, shutdown and
-        # an app that stopped taking part revoke everything (rules 3 and 7).
-        withdrawing = snap.app is not None and not snap.app.taking_part
-        leaving = self.shutting_down or withdrawing
-        holding = (snap.target is None or snap.target.epoch == NO_TARGET_EPOCH) and not (
-            leaving or snap.group_deleted)
-        targeted: frozenset[int] = frozenset()
-        if not leaving and snap.target is not None:
-            targeted = snap.target.partitions
-        actions.extend(self._adopt(snap, session))
-        # 3. revoke before assign; release on the app's word or at the drain timeout.
+        return actions
+
+    def _revoke_and_release(self, snap: Snapshot, targeted: frozenset[int],
+                            holding: bool) -> list[Action]:
+        """Rule 3: the revocations of held partitions no longer targeted (a revoking one
+        targeted again is active again), then the releases due."""
+        now = snap.now
+        actions: list[Action] = []
         active, app_releases = PartitionState.ACTIVE, snap.app_releases
         for p in sorted(self.owned):
             o = self.owned[p]
@@ -462,26 +413,41 @@ class Member:
                 self._bump()
             if self._retry_at.get(p, 0.0) > now:
                 continue
-            if o.state is PartitionState.RELEASING:
-                if not o.release_in_flight:  # a retry after a failed release
-                    actions.append(self._release(p, o, o.release_position, o.release_reason,
-                                                 o.release_completed))
-                continue
-            app = snap.app_releases.get(p)
-            if app is not None and app.token == o.token:
-                if o.state is PartitionState.ACTIVE:
-                    self._relinquished[p] = (self._epoch, now + snap.drain_timeout)
-                actions.append(self._release(p, o, app.position, "app", app.completed))
-            elif (
-                o.state is PartitionState.REVOKING
-                and o.revoking_since is not None
-                and now >= o.revoking_since + snap.drain_timeout
-            ):
-                actions.append(self._release(p, o, None, "drain-timeout"))
-            elif o.state is PartitionState.REVOKING and snap.app is not None \
-                    and not snap.app.seen(p, o.token):
-                actions.append(self._release(p, o, None, "unseen"))
-        # 4. acquire what is targeted, free or takeable (and not given back by the app).
+            release = self._release_due(p, o, snap)
+            if release is not None:
+                actions.append(release)
+        return actions
+
+    def _release_due(self, p: int, o: _Owned, snap: Snapshot) -> Release | None:
+        """Rule 3's release of held partition ``p``, if one is due: a retry after a failed
+        release, the app's release, the drain timeout, or a revoked partition the app has
+        not seen."""
+        if o.state is PartitionState.RELEASING:
+            if not o.release_in_flight:  # a retry after a failed release
+                return self._release(p, o, o.release_position, o.release_reason,
+                                     o.release_completed)
+            return None
+        app = snap.app_releases.get(p)
+        if app is not None and app.token == o.token:
+            if o.state is PartitionState.ACTIVE:
+                self._relinquished[p] = (self._epoch, snap.now + snap.drain_timeout)
+            return self._release(p, o, app.position, "app", app.completed)
+        if (
+            o.state is PartitionState.REVOKING
+            and o.revoking_since is not None
+            and snap.now >= o.revoking_since + snap.drain_timeout
+        ):
+            return self._release(p, o, None, "drain-timeout")
+        if o.state is PartitionState.REVOKING and snap.app is not None \
+                and not snap.app.seen(p, o.token):
+            return self._release(p, o, None, "unseen")
+        return None
+
+    def _acquire(self, snap: Snapshot, session: str, targeted: frozenset[int]) -> list[Action]:
+        """Rule 4: the acquisitions of targeted partitions not held whose locks are marked
+        for this pod and free or takeable, at most :data:`ACQUISITIONS_IN_FLIGHT` in flight."""
+        now = snap.now
+        actions: list[Action] = []
         for p, (epoch, until) in list(self._relinquished.items()):
             if epoch != self._epoch or now >= until:
                 del self._relinquished[p]
@@ -509,22 +475,22 @@ class Member:
             actions.append(Acquire(
                 partition=p, session=session, token=token, expected_rv=lock.resource_version,
                 takeover=bool(lock.holder) and lock.holder != self.member))
-        # 5. acknowledge the epoch once held == target exactly; 6. renew.
-        if not self._session_write_in_flight and not withdrawing:
-            epoch = self._ackable_epoch(snap)
-            if epoch is not None and epoch != self._written_epoch:
-                assert snap.target is not None  # an ackable epoch is the target's
-                self._session_write_in_flight = True
-                self._ack_partitions = frozenset(snap.target.partitions)
-                actions.append(AckEpoch(session, snap.timing, epoch))
-            elif now >= self._next_renew_at:
-                self._session_write_in_flight = True
-                actions.append(Renew(session, snap.timing, self._written_epoch))
-        if leaving and not self.owned and not self._acquiring and not self._ending:
-            self._ending = True
-            actions.append(EndSession(session))
         return actions
 
+    def _write_session(self, snap: Snapshot, session: str,
+                       timing: LeaseTiming) -> list[Action]:
+        """Rules 5 and 6, with no member-Lease write in flight: the acknowledgement of an
+        epoch held exactly, else a renewal when it is due."""
+        epoch = self._ackable_epoch(snap)
+        if epoch is not None and epoch != self._written_epoch:
+            assert snap.target is not None  # an ackable epoch is the target's
+            self._session_write_in_flight = True
+            self._ack_partitions = frozenset(snap.target.partitions)
+            return [AckEpoch(session, timing, epoch)]
+        if snap.now >= self._next_renew_at:
+            self._session_write_in_flight = True
+            return [Renew(session, timing, self._written_epoch)]
+        return []
     def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
         """Rule 2: adopt the lock an acquisition reported failed has written after all
         (even if no longer targeted: rule 3 then revokes and releases it)."""
@@ -568,7 +534,7 @@ class Member:
         return Release(p, self.session, o.token, o.resource_version, position, reason,
                        completed)
 
-    def _fence(self, now: float) -> list[Action]:
+    def _fence(self) -> list[Action]:
         session = self.session
         deadline = self.deadline
         assert session is not None and deadline is not None

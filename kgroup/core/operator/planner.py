@@ -46,7 +46,7 @@ from kgroup.core.operator.load_balance import (
     effective_loads,
     plan_load_balance,
 )
-from kgroup.core.operator.rollout import replacements, restart_grace
+from kgroup.core.operator.rollout import Replacements, replacements, restart_grace
 from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
 __all__ = [
@@ -262,13 +262,7 @@ class GroupPlanner:
         self._see(pods, current)
         effective, grace_deadline = self._effective_members(spec, current, members, now,
                                                             kept_ordinals)
-        if self._observed is None or effective != self._observed:
-            if self._observed is None or effective - self._observed:  # a join
-                self._join_quiet = 0.0 if self._observed is None else now - self._joined_at
-                self._joined_at = now
-            self._observed = frozenset(effective)
-            self._changed_at = now
-        quiet = self._join_quiet if self._joined_at == now else now - self._joined_at
+        quiet = self._see_membership(effective, now)
         if spec.paused:
             self._pending_since = None
             return Decision(epoch=epoch, next_check=grace_deadline)
@@ -287,50 +281,64 @@ class GroupPlanner:
 
         rollout = replacements(current=current, members=effective, pods=self._pods)
         if membership_pending:
-            if self._pending_since is None:
-                self._pending_since = now
-                self._pending_quiet = quiet
-            left = set(current) - effective
-            joined = effective - set(current)
-            flaps = {m for m in left if self._flapping(m, sessions)}
-            urgent = any(current[m] for m in left - flaps) or (
-                joined <= rollout.waiting and not flaps)
-            due = window_end(spec, changed_at=self._changed_at,
-                             pending_since=self._pending_since,
-                             quiet_before=0.0 if flaps else self._pending_quiet)
-            if not urgent and now < due:
+            due = self._window_due(spec, current, effective, rollout, sessions, quiet, now)
+            if due is not None:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
-        seeded = not current and epoch == 0 and bool(holders)
-        ids = [Member(id=m) for m in sorted(effective - rollout.waiting)]
-        if spec.balance.mode == "load":
-            assigned = plan_load_balance(spec.partitions, ids, rollout.current, dict(holders),
-                                         loads or {}, self._last_moved, now,
-                                         balance_config(spec)).target
-        else:
-            assigned = get_assignor(spec.assignor).assign(spec.partitions, ids,
-                                                          rollout.current, dict(holders))
-        after = normalize_target({**assigned, **{m: [] for m in rollout.waiting}})
+        after = self._assign(spec, effective, rollout, holders, loads or {}, now)
         self._pending_since = None
         if after == current:
             return Decision(epoch=epoch, next_check=grace_deadline)
         self._stamp(current, after, now)
-        before: Mapping[str, Sequence[int]] = current
-        if seeded:
-            before = _by_member(holders)
-        return Decision(
-            target=after,
-            epoch=epoch + 1,
-            reason=rebalance_reason(
-                before=current,
-                after=after,
-                partitions=spec.partitions,
-                seeded=seeded,
-                assignor=spec.assignor if spec_changed else "",
-            ),
-            moved=moved_partitions(before, after),
-            next_check=grace_deadline,
-        )
+        return _new_target(spec, current, after, epoch=epoch, holders=holders,
+                           spec_changed=spec_changed, next_check=grace_deadline)
+
+    def _see_membership(self, effective: set[str], now: float) -> float:
+        """Note a change of the effective membership (when it changed, when it last gained
+        a member); returns how long no member has joined (at a join: how long none had
+        before it)."""
+        if self._observed is None or effective != self._observed:
+            if self._observed is None or effective - self._observed:  # a join
+                self._join_quiet = 0.0 if self._observed is None else now - self._joined_at
+                self._joined_at = now
+            self._observed = frozenset(effective)
+            self._changed_at = now
+        return self._join_quiet if self._joined_at == now else now - self._joined_at
+
+    def _window_due(self, spec: ConsumerGroupSpec, current: Target, effective: set[str],
+                    rollout: Replacements, sessions: Collection[str] | None, quiet: float,
+                    now: float) -> float | None:
+        """A membership change pending (noted from now on): the end of its stabilisation
+        window while the change waits for it, None when it is planned now (a departed
+        member held partitions, or only a rollout's waiting pods joined)."""
+        if self._pending_since is None:
+            self._pending_since = now
+            self._pending_quiet = quiet
+        left = set(current) - effective
+        joined = effective - set(current)
+        flaps = {m for m in left if self._flapping(m, sessions)}
+        urgent = any(current[m] for m in left - flaps) or (
+            joined <= rollout.waiting and not flaps)
+        due = window_end(spec, changed_at=self._changed_at,
+                         pending_since=self._pending_since,
+                         quiet_before=0.0 if flaps else self._pending_quiet)
+        if not urgent and now < due:
+            return due
+        return None
+
+    def _assign(self, spec: ConsumerGroupSpec, effective: set[str], rollout: Replacements,
+                holders: Mapping[int, str], loads: Mapping[int, float], now: float) -> Target:
+        """The next target by the group's assignor (or load-aware planning); a rollout's
+        waiting members get nothing."""
+        ids = [Member(id=m) for m in sorted(effective - rollout.waiting)]
+        if spec.balance.mode == "load":
+            assigned = plan_load_balance(spec.partitions, ids, rollout.current, dict(holders),
+                                         loads, self._last_moved, now,
+                                         balance_config(spec)).target
+        else:
+            assigned = get_assignor(spec.assignor).assign(spec.partitions, ids,
+                                                          rollout.current, dict(holders))
+        return normalize_target({**assigned, **{m: [] for m in rollout.waiting}})
 
     def _load_step(self, spec: ConsumerGroupSpec, current: Target, epoch: int,
                    holders: Mapping[int, str], loads: Mapping[int, float], now: float,
@@ -414,6 +422,30 @@ def balance_config(spec: ConsumerGroupSpec) -> LoadBalance:
     b = spec.balance
     return LoadBalance(tolerance=b.tolerance, margin=b.margin,
                        dwell_seconds=float(b.dwell_seconds), count_slack=b.count_slack)
+
+
+def _new_target(spec: ConsumerGroupSpec, current: Target, after: Target, *, epoch: int,
+                holders: Mapping[int, str], spec_changed: bool,
+                next_check: float | None) -> Decision:
+    """The decision to write ``after`` as the next epoch's target: why, and how many
+    partitions move (from the lock holders when the first target is seeded from them)."""
+    seeded = not current and epoch == 0 and bool(holders)
+    before: Mapping[str, Sequence[int]] = current
+    if seeded:
+        before = _by_member(holders)
+    return Decision(
+        target=after,
+        epoch=epoch + 1,
+        reason=rebalance_reason(
+            before=current,
+            after=after,
+            partitions=spec.partitions,
+            seeded=seeded,
+            assignor=spec.assignor if spec_changed else "",
+        ),
+        moved=moved_partitions(before, after),
+        next_check=next_check,
+    )
 
 
 def window_end(

@@ -188,23 +188,14 @@ def aggregate_status(
     """
     problems: list[Problem] = list(extra_problems)
     counted = range(spec.partitions) if assignable is None else frozenset(assignable)
-    owned: dict[str, int] = {}
-    for p, m in holders.items():
-        if p in counted:
-            owned[m] = owned.get(m, 0) + 1
+    owned = _owned_counts(holders, counted)
     unowned = len(counted) - sum(owned.values())
+    names = sorted(set(target) | members)
+    acked, bad_annotations = _acknowledged(names, member_leases)
+    problems.extend(bad_annotations)
 
-    acked: dict[str, int] = {}
-    for name in sorted(set(target) | members):
-        lease = member_leases.get(name)
-        value, problem = parse_acknowledged_epoch(name, lease.epoch_annotation if lease else None)
-        acked[name] = value
-        if problem is not None:
-            problems.append(problem)
-
-    misplaced = sum(
-        1 for m, ps in target.items() for p in ps if holders.get(p) != m and p in counted
-    )
+    misplaced = sum(1 for m, ps in target.items() for p in ps
+                    if holders.get(p) != m and p in counted)
     unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
     # a member that joined (or left) and is not yet in (out of) the target: the new target
     # is still waiting for the stabilisation window, so the group is not settled
@@ -216,15 +207,87 @@ def aggregate_status(
                                                   max(counted, default=-1) + 1)
     if stalled:
         problems.append(Problem("PartitionsStalled", stalled_message))
-    phase = _phase(
-        spec=spec,
-        members=members,
+    phase = _phase(spec=spec, members=members, unowned_too_long=unowned_too_long,
+                   problems=problems, rebalancing=rebalancing)
+    rebalance = _completed_rebalance(last_rebalance or previous.last_rebalance, epoch=epoch,
+                                     rebalancing=rebalancing, wall=wall)
+    conditions = _conditions(
+        previous=previous.conditions,
+        generation=generation,
+        wall=wall,
+        phase=phase,
+        unowned=unowned,
         unowned_too_long=unowned_too_long,
-        problems=problems,
-        rebalancing=rebalancing,
+        unacked=unacked,
+        misplaced=misplaced,
+        joined=sorted(members - set(target)),
+        left=sorted(set(target) - members),
+        problem=next((pr for pr in problems), None),  # the first: what Degraded shows
+        epoch=epoch,
+        stalled_message=stalled_message,
+        has_members=bool(members),
     )
+    status = ConsumerGroupStatus(
+        observed_generation=generation,
+        epoch=epoch,
+        phase=phase,
+        member_count=len(members),
+        unowned=unowned,
+        stalled=len(stalled),
+        stalled_partitions=format_ranges(stalled),
+        assignment={m: format_ranges(ps) for m, ps in sorted(target.items())},
+        members=_member_rows(names, target=target, owned=owned, acked=acked),
+        last_rebalance=rebalance,
+        conditions=conditions,
+    )
+    return status, problems
 
-    rebalance = last_rebalance or previous.last_rebalance
+
+def _owned_counts(holders: Mapping[int, str], counted: Collection[int]) -> dict[str, int]:
+    """Member -> how many of the counted partitions it holds live."""
+    owned: dict[str, int] = {}
+    for p, m in holders.items():
+        if p in counted:
+            owned[m] = owned.get(m, 0) + 1
+    return owned
+
+
+def _member_rows(names: Sequence[str], *, target: Mapping[str, Sequence[int]],
+                 owned: Mapping[str, int], acked: Mapping[str, int]) -> list[MemberStatus]:
+    """``status.members``: one row per member, in the target or running."""
+    return [
+        MemberStatus(
+            name=name,
+            assigned=format_ranges(target.get(name, [])),
+            assigned_count=len(target.get(name, [])),
+            owned_count=owned.get(name, 0),
+            acknowledged_epoch=acked[name],
+        )
+        for name in names
+    ]
+
+
+def _acknowledged(
+    names: Sequence[str], member_leases: Mapping[str, MemberLeaseObservation]
+) -> tuple[dict[str, int], list[Problem]]:
+    """Member -> the epoch it acknowledged (0 when absent or malformed), and a problem per
+    malformed annotation."""
+    acked: dict[str, int] = {}
+    problems: list[Problem] = []
+    for name in names:
+        lease = member_leases.get(name)
+        value, problem = parse_acknowledged_epoch(name, lease.epoch_annotation if lease else None)
+        acked[name] = value
+        if problem is not None:
+            problems.append(problem)
+    return acked, problems
+
+
+def _completed_rebalance(
+    rebalance: LastRebalance | None, *, epoch: int, rebalancing: bool, wall: datetime
+) -> LastRebalance | None:
+    """The last rebalance, marked completed at ``wall`` (with its duration) once the group
+    settled at its epoch; unchanged otherwise."""
     if (
         rebalance is not None
         and rebalance.completed_at is None
@@ -240,48 +303,7 @@ def aggregate_status(
                 ),
             }
         )
-
-    member_rows = [
-        MemberStatus(
-            name=name,
-            assigned=format_ranges(target.get(name, [])),
-            assigned_count=len(target.get(name, [])),
-            owned_count=owned.get(name, 0),
-            acknowledged_epoch=acked[name],
-        )
-        for name in sorted(set(target) | members)
-    ]
-    healthy_problem = next((pr for pr in problems), None)
-    conditions = _conditions(
-        previous=previous.conditions,
-        generation=generation,
-        wall=wall,
-        phase=phase,
-        unowned=unowned,
-        unowned_too_long=unowned_too_long,
-        unacked=unacked,
-        misplaced=misplaced,
-        joined=sorted(members - set(target)),
-        left=sorted(set(target) - members),
-        problem=healthy_problem,
-        epoch=epoch,
-        stalled_message=stalled_message,
-        has_members=bool(members),
-    )
-    status = ConsumerGroupStatus(
-        observed_generation=generation,
-        epoch=epoch,
-        phase=phase,
-        member_count=len(members),
-        unowned=unowned,
-        stalled=len(stalled),
-        stalled_partitions=format_ranges(stalled),
-        assignment={m: format_ranges(ps) for m, ps in sorted(target.items())},
-        members=member_rows,
-        last_rebalance=rebalance,
-        conditions=conditions,
-    )
-    return status, problems
+    return rebalance
 
 
 def _conditions(
@@ -302,82 +324,116 @@ def _conditions(
     has_members: bool = True,
 ) -> list[Condition]:
     rebalancing = bool(unacked) or misplaced > 0 or bool(joined) or bool(left)
-    ready: _Verdict
-    rebal: _Verdict
-    degraded: _Verdict
+    ready = _ready(phase=phase, stalled_message=stalled_message, rebalancing=rebalancing,
+                   unowned=unowned, epoch=epoch)
+    rebal = _rebalancing(rebalancing=rebalancing, unacked=unacked, misplaced=misplaced,
+                         joined=joined, left=left, epoch=epoch)
+    degraded = _degraded(unowned=unowned, unowned_too_long=unowned_too_long, problem=problem)
+    stall = _stalled(stalled_message=stalled_message, degraded=degraded,
+                     has_members=has_members)
+    reconciling = _reconciling(phase=phase, stall=stall, rebal=rebal)
+    return _with_transitions(
+        (
+            ("Ready", ready),
+            ("Rebalancing", rebal),
+            ("Degraded", degraded),
+            ("Stalled", stall),
+            ("Reconciling", reconciling),
+        ),
+        previous=previous,
+        generation=generation,
+        wall=wall,
+    )
+
+
+def _ready(*, phase: Phase, stalled_message: str, rebalancing: bool, unowned: int,
+           epoch: int) -> _Verdict:
+    """The Ready condition's verdict."""
     if phase == "Pending":
-        ready = ("False", "NoMembers", "no member pod is running, ready and in session")
-    elif stalled_message:
-        ready = ("False", "PartitionsStalled", stalled_message)
-    elif phase == "Degraded":
-        ready = ("False", "Degraded", "the group is degraded; see the Degraded condition")
-    elif rebalancing:
-        ready = ("False", "Rebalancing", f"moving to epoch {epoch}")
-    elif unowned:
-        ready = ("False", "PartitionsUnowned", f"{unowned} partitions have no live owner")
-    else:
-        ready = ("True", "AllPartitionsOwned", f"every partition is owned at epoch {epoch}")
-
+        return ("False", "NoMembers", "no member pod is running, ready and in session")
+    if stalled_message:
+        return ("False", "PartitionsStalled", stalled_message)
+    if phase == "Degraded":
+        return ("False", "Degraded", "the group is degraded; see the Degraded condition")
     if rebalancing:
-        waiting = ", ".join(unacked[:5]) + (" ..." if len(unacked) > 5 else "")
-        msg = f"epoch {epoch}: {misplaced} partitions not yet with their target member"
-        if unacked:
-            msg += f"; not acknowledged by {waiting}"
-        rebal = ("True", "EpochNotAcknowledged" if unacked else "PartitionsMoving", msg)
-        if not unacked and not misplaced:
-            change = "; ".join(
-                f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-                for what, names in (("joined", joined), ("left", left)) if names)
-            rebal = ("True", "MembershipChanging",
-                     f"membership changed ({change}); a new target follows the "
-                     "stabilisation window")
-    else:
-        rebal = ("False", "Settled", f"every member acknowledged epoch {epoch}")
+        return ("False", "Rebalancing", f"moving to epoch {epoch}")
+    if unowned:
+        return ("False", "PartitionsUnowned", f"{unowned} partitions have no live owner")
+    return ("True", "AllPartitionsOwned", f"every partition is owned at epoch {epoch}")
 
+
+def _rebalancing(*, rebalancing: bool, unacked: Sequence[str], misplaced: int,
+                 joined: Sequence[str], left: Sequence[str], epoch: int) -> _Verdict:
+    """The Rebalancing condition's verdict: what a rebalance waits for."""
+    if not rebalancing:
+        return ("False", "Settled", f"every member acknowledged epoch {epoch}")
+    waiting = ", ".join(unacked[:5]) + (" ..." if len(unacked) > 5 else "")
+    msg = f"epoch {epoch}: {misplaced} partitions not yet with their target member"
+    if unacked:
+        msg += f"; not acknowledged by {waiting}"
+    rebal: _Verdict = ("True", "EpochNotAcknowledged" if unacked else "PartitionsMoving", msg)
+    if not unacked and not misplaced:
+        change = "; ".join(
+            f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+            for what, names in (("joined", joined), ("left", left)) if names)
+        rebal = ("True", "MembershipChanging",
+                 f"membership changed ({change}); a new target follows the "
+                 "stabilisation window")
+    return rebal
+
+
+def _degraded(*, unowned: int, unowned_too_long: bool, problem: Problem | None) -> _Verdict:
+    """The Degraded condition's verdict."""
     if unowned_too_long:
-        degraded = (
+        return (
             "True",
             "PartitionsUnowned",
             f"{unowned} partitions unowned for longer than drain timeout + lease duration",
         )
-    elif problem is not None:
-        degraded = ("True", problem.reason, problem.message)
-    else:
-        degraded = ("False", "Healthy", "no problem seen")
-    stall: _Verdict
-    if stalled_message:
-        stall = ("True", "PartitionsStalled", stalled_message)
-    elif degraded[0] == "True" and has_members:
-        stall = degraded
-    elif degraded[0] == "True":
-        stall = ("False", "NoMembers", "no member: the group waits for members, it is not "
-                 "stalled (see the Ready condition)")
-    else:
-        stall = ("False", "Progressing", "no partition reported stalled, no problem seen")
-    # kstatus' Reconciling: the phase Rebalancing (then Stalled is False: a stall or
-    # another problem makes the phase Degraded), with what the rebalance waits for
-    reconciling: _Verdict
-    if phase == "Rebalancing":
-        reconciling = rebal
-    elif stall[0] == "True":
-        reconciling = ("False", "Stalled", "the group cannot make progress by itself; "
-                       "see the Stalled condition")
-    elif phase == "Paused":
-        reconciling = ("False", "Paused", "spec.paused: the target assignment is frozen")
-    elif phase == "Pending":
-        reconciling = ("False", "NoMembers", "no member to assign partitions to")
-    else:
-        reconciling = ("False", "Settled", rebal[2])
+    if problem is not None:
+        return ("True", problem.reason, problem.message)
+    return ("False", "Healthy", "no problem seen")
 
+
+def _stalled(*, stalled_message: str, degraded: _Verdict, has_members: bool) -> _Verdict:
+    """The Stalled condition's verdict (kstatus' Failed)."""
+    if stalled_message:
+        return ("True", "PartitionsStalled", stalled_message)
+    if degraded[0] == "True" and has_members:
+        return degraded
+    if degraded[0] == "True":
+        return ("False", "NoMembers", "no member: the group waits for members, it is not "
+                "stalled (see the Ready condition)")
+    return ("False", "Progressing", "no partition reported stalled, no problem seen")
+
+
+def _reconciling(*, phase: Phase, stall: _Verdict, rebal: _Verdict) -> _Verdict:
+    """kstatus' Reconciling: the phase Rebalancing (then Stalled is False: a stall or
+    another problem makes the phase Degraded), with what the rebalance waits for."""
+    if phase == "Rebalancing":
+        return rebal
+    if stall[0] == "True":
+        return ("False", "Stalled", "the group cannot make progress by itself; "
+                "see the Stalled condition")
+    if phase == "Paused":
+        return ("False", "Paused", "spec.paused: the target assignment is frozen")
+    if phase == "Pending":
+        return ("False", "NoMembers", "no member to assign partitions to")
+    return ("False", "Settled", rebal[2])
+
+
+def _with_transitions(
+    verdicts: Sequence[tuple[str, _Verdict]],
+    *,
+    previous: Sequence[Condition],
+    generation: int | None,
+    wall: datetime,
+) -> list[Condition]:
+    """The conditions of these verdicts, in order; each keeps its previous
+    ``lastTransitionTime`` while its status is unchanged."""
     before = {c.type: c for c in previous}
     out: list[Condition] = []
-    for ctype, (status, reason, message) in (
-        ("Ready", ready),
-        ("Rebalancing", rebal),
-        ("Degraded", degraded),
-        ("Stalled", stall),
-        ("Reconciling", reconciling),
-    ):
+    for ctype, (status, reason, message) in verdicts:
         old = before.get(ctype)
         since = (
             old.last_transition_time
