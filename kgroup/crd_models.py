@@ -96,6 +96,22 @@ class SizingSettings(_Model):
     catch_up_seconds: int = Field(default=300, ge=1, le=86400)
 
 
+class ScaleTargetRef(_Model):
+    """The workload whose replicas the operator sets (same namespace), as an HPA's."""
+
+    api_version: Literal["apps/v1"] = "apps/v1"
+    kind: Literal["Deployment", "StatefulSet"]
+    name: str = Field(min_length=1, max_length=253)
+
+
+class AutoscalingSettings(_Model):
+    min_members: int = Field(default=1, ge=1, le=100_000)
+    max_members: int = Field(ge=1, le=100_000)
+    scale_target_ref: ScaleTargetRef
+    scale_down_delay_seconds: int = Field(default=300, ge=0, le=86400)
+    scale_down_tolerance: float = Field(default=0.5, ge=0, le=10)
+
+
 class ConsumerGroupSpec(_Model):
     partitions: int = Field(ge=1, le=100_000)
     selector: LabelSelector
@@ -109,6 +125,7 @@ class ConsumerGroupSpec(_Model):
     paused: bool = False
     balance: BalanceSettings = Field(default_factory=BalanceSettings)
     sizing: SizingSettings = Field(default_factory=SizingSettings)
+    autoscaling: AutoscalingSettings | None = None
     source: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -139,6 +156,13 @@ class LoadStatus(_Model):
     measured_at: str | None = None
 
 
+class AutoscalingStatus(_Model):
+    desired_members: int | None = None
+    replicas: int | None = None
+    last_scale_time: str | None = None
+    reason: str = ""
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -160,4 +184,5 @@ class ConsumerGroupStatus(_Model):
     members: list[MemberStatus] = Field(default_factory=list)
     last_rebalance: LastRebalance | None = None
     load: LoadStatus | None = None
+    autoscaling: AutoscalingStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
