@@ -153,6 +153,7 @@ class LoadStatus(_Model):
     busiest_over_mean: float | None = None
     bound: float | None = None
     recommended_members: int | None = None
+    capacity: float | None = None
     measured_at: str | None = None
 
 

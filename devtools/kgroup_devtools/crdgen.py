@@ -84,11 +84,20 @@ _SHRINK_MESSAGE = (
     " create a new ConsumerGroup to shrink'.format([oldSelf, self])"
 )
 
+_MAX_MEMBERS_MESSAGE = (
+    "'spec.autoscaling.maxMembers (%d) must be at most spec.partitions (%d): a member "
+    "beyond the partitions would hold nothing'.format([self.autoscaling.maxMembers,"
+    " self.partitions])"
+)
+_MIN_MAX_MESSAGE = (
+    "'spec.autoscaling.minMembers (%d) must be at most maxMembers (%d)'"
+    ".format([self.minMembers, self.maxMembers])"
+)
+
 # Extra schema keys per field path ("spec.lease", "status.members[]" for list items).
 # Each entry is merged into the generated node; a path that does not exist is an error.
 # These belong in kgroup/crd_models.py (json_schema_extra / Field(description=...)) in time.
 SCHEMA_OVERLAY: dict[str, Schema] = {
-    "spec": {"description": "What the group consumes and how partitions are assigned."},
     "spec.partitions": {
         "description": "Number of partitions (0..N-1). May grow, never shrink.",
         "x-kubernetes-validations": [
@@ -97,6 +106,31 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
                 "messageExpression": _SHRINK_MESSAGE,
                 "message": "spec.partitions cannot be reduced: partition data would be "
                 "orphaned; create a new ConsumerGroup to shrink",
+            }
+        ],
+    },
+    "spec": {
+        "description": "What the group consumes and how partitions are assigned.",
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.autoscaling) || self.autoscaling.maxMembers <= "
+                        "self.partitions",
+                "messageExpression": _MAX_MEMBERS_MESSAGE,
+                "message": "spec.autoscaling.maxMembers must be at most spec.partitions: "
+                           "a member beyond the partitions would hold nothing",
+                "fieldPath": ".autoscaling.maxMembers",
+                "reason": "FieldValueInvalid",
+            }
+        ],
+    },
+    "spec.autoscaling": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.minMembers <= self.maxMembers",
+                "messageExpression": _MIN_MAX_MESSAGE,
+                "message": "spec.autoscaling.minMembers must be at most maxMembers",
+                "fieldPath": ".minMembers",
+                "reason": "FieldValueInvalid",
             }
         ],
     },

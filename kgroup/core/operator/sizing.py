@@ -23,9 +23,14 @@ than the partitions (a member beyond them would hold nothing).
 the members' rates: a member that is *behind* (its lag is more than
 :data:`BEHIND_SECONDS` of its own rate) is working as fast as it can, so its rate is its
 capacity, and the largest such rate is taken. When no member is behind, no member has
-shown its limit: the busiest member's rate is a lower bound of the capacity, so the
-recommendation is an upper bound of what is needed (never too few at the busiest's
-present pace). No rate at all: no recommendation (None).
+shown its limit now: the capacity is the larger of the busiest member's rate (a lower
+bound) and the capacity known from before (``known``: the operator keeps the capacity it
+last used, :class:`~kgroup.core.operator.load_status.LoadTracker`). Without that memory
+the capacity would fall with the input (each member's rate does), the recommendation
+would stay at the present size, and a group could never be sized down. A remembered
+capacity that is too high (the app became slower) sizes the group too small for a
+while: its members fall behind, and their rates replace it. No rate at all and nothing
+known: no recommendation (None).
 
 The input rate is the processed rate: while a group falls behind it processes less than
 arrives, and the difference shows as a growing backlog, which the second term answers
@@ -44,15 +49,16 @@ BEHIND_SECONDS = 10.0
 working at its capacity."""
 
 
-def member_capacity(rates: Mapping[str, float], lags: Mapping[str, int | None]
-                    ) -> float | None:
+def member_capacity(rates: Mapping[str, float], lags: Mapping[str, int | None],
+                    known: float | None = None) -> float | None:
     """Events/s one member can process: the largest rate of a member that is behind, else
-    the largest rate (a lower bound); None when no member processed anything."""
+    the largest rate or ``known`` (the capacity known from before), whichever is larger
+    (a lower bound); None when no member processed anything and nothing is known."""
     behind = [r for m, r in rates.items()
               if r > 0 and (lags.get(m) or 0) > BEHIND_SECONDS * r]
     if behind:
         return max(behind)
-    top = max(rates.values(), default=0.0)
+    top = max(max(rates.values(), default=0.0), known or 0.0)
     return top if top > 0 else None
 
 
