@@ -16,7 +16,8 @@ bounds, enums and defaults come from the models, and only what pydantic cannot s
 Conversion from pydantic's JSON schema to a Kubernetes *structural* schema: ``$ref`` is
 inlined, ``title`` dropped, ``X | None`` becomes ``X`` (the models never send null:
 ``to_wire`` excludes None), ``dict[str, Any]`` becomes an object with
-``x-kubernetes-preserve-unknown-fields``, and defaults that pydantic leaves out (those of
+``x-kubernetes-preserve-unknown-fields``, a one-value ``Literal`` (``const``) an enum of one,
+and defaults that pydantic leaves out (those of
 ``default_factory``) are filled in from the models, so the API server defaults exactly
 what the models default.
 """
@@ -253,6 +254,9 @@ def _inline(node: Any, defs: dict[str, Schema]) -> Any:
         if key in ("title", "$defs"):
             continue
         if key == "default" and value is None:
+            continue
+        if key == "const":  # a one-value Literal: structural schemas know enum, not const
+            out["enum"] = [value]
             continue
         if key == "additionalProperties" and value is True:
             out["x-kubernetes-preserve-unknown-fields"] = True

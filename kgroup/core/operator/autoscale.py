@@ -12,26 +12,29 @@ figure that changes at most every 30 s and has no hysteresis of its own. The rul
 
 * **Bounds.** The recommendation is clamped to ``[minMembers, maxMembers]`` (and to the
   partitions: a member beyond them would hold nothing). Replicas outside the bounds (set
-  by hand, or the bounds changed) are brought inside at the next change allowed.
+  by hand, or the bounds changed) are brought to the nearest bound at once, but not
+  while the group rebalances.
 * **Up at once.** A recommendation above the replicas sets the replicas to it at once:
   the recommendation is the smallest size at which the busiest member keeps up, so
   fewer members fall behind; waiting costs lag.
 * **Down late, to the peak, and only for a real drop.** The replicas go down only when
   *every* recommendation taken in the last ``scaleDownDelaySeconds`` (and since the last
-  change) was at most ``replicas / (1 + scaleDownTolerance)``, and then to the *largest*
+  change) was below ``replicas / (1 + scaleDownTolerance)``, and then to the *largest*
   of them (never below what the window asked for). A dip shorter than the delay changes
   nothing; a drop smaller than the tolerance changes nothing.
-* **One change at a time.** No change while the group rebalances, nor until the group
-  has as many members as the last change asked for (at most :data:`SETTLE_SECONDS`
-  after it: pods that cannot start must not freeze the autoscaler).
+* **One change at a time.** No change while the group rebalances, nor (but for the
+  bounds) until the group has as many members as the last change asked for (at most
+  :data:`SETTLE_SECONDS` after it: pods that cannot start must not freeze the
+  autoscaler).
 
 Why it cannot flap. Let every recommendation lie in a band ``[L, U]`` with
 ``U <= (1 + tolerance) * L`` (noise of +-20 % around a level gives U/L = 1.5, the
-default tolerance 0.5). A scale-down needs a window whose largest recommendation ``p``
-has ``p * (1 + tolerance) <= replicas``. Every change lands on a recommendation (up: the
-latest; down: the window's peak), so after the first change the replicas are in
-``[L, U]``, and then ``p >= L >= U / (1 + tolerance) >= replicas / (1 + tolerance)``:
-no scale-down can happen again. Scale-ups only raise the replicas, each to a value
+default tolerance 0.5; the recommendations as clamped to the bounds). A scale-down needs
+a window whose largest recommendation ``p`` has ``p * (1 + tolerance) < replicas``.
+Every change lands on a recommendation (up: the latest; down: the window's peak), so
+after the first change the replicas are in ``[L, U]``, and then
+``p * (1 + tolerance) >= L * (1 + tolerance) >= U >= replicas``: no scale-down can
+happen again (hence the strict inequality: ``12 -> 8`` is within +-20 % of 10). Scale-ups only raise the replicas, each to a value
 ``<= U``. So inside the band the replicas change at most ``U - L + 1`` times, all but the
 first upwards, and then never; started at or above the band's top, not at all (or once,
 down, when started above ``(1 + tolerance) * U``). Noise wider than the band can move the
@@ -126,33 +129,39 @@ class Autoscaler:
         if rebalancing:
             self.waiting = "the group is rebalancing"
             return None, None
+        latest = self.samples[-1][1]
+        bounded = settings.clamp(replicas)
+        if bounded < replicas:  # the bounds are a command: not held back by the settling
+            return self._change(now, bounded, replicas,
+                                f"above maxMembers {settings.max_members}"), None
+        if bounded > replicas:
+            if latest > bounded:
+                return self._change(now, latest, replicas,
+                                    f"recommended {latest} members, {replicas} replicas: "
+                                    f"up at once"), None
+            return self._change(now, bounded, replicas,
+                                f"below minMembers {settings.min_members}"), None
         if self.last_change is not None and self.last_change_at is not None \
                 and members != self.last_change.replicas \
                 and now < self.last_change_at + SETTLE_SECONDS:
             self.waiting = (f"waiting for {self.last_change.replicas} members "
                             f"(has {members})")
             return None, self.last_change_at + SETTLE_SECONDS - now
-        latest = self.samples[-1][1]
-        bounded = settings.clamp(replicas)
-        if latest > replicas or bounded > replicas:
-            target = max(latest, bounded)
-            why = (f"recommended {latest} members, {replicas} replicas: up at once"
-                   if latest >= bounded else f"below minMembers {settings.min_members}")
-            return self._change(now, target, replicas, why), None
-        if bounded < replicas:
-            return self._change(now, bounded, replicas,
-                                f"above maxMembers {settings.max_members}"), None
+        if latest > replicas:
+            return self._change(now, latest, replicas,
+                                f"recommended {latest} members, {replicas} replicas: "
+                                f"up at once"), None
         return self._down(now, replicas, settings)
 
     def _down(self, now: float, replicas: int, settings: ScaleSettings
               ) -> tuple[ScaleChange | None, float | None]:
         delay = settings.scale_down_delay_seconds
-        limit = replicas / (1 + settings.scale_down_tolerance)
-        # the run of samples at or below the limit up to now, and when it started
+        # the run of samples up to now with value * (1 + tolerance) < replicas, and when it
+        # started
         start: float | None = None
         peak = 0
         for taken, value in reversed(self.samples):
-            if value > limit + 1e-9:
+            if value * (1 + settings.scale_down_tolerance) >= replicas - 1e-9:
                 break
             start, peak = taken, max(peak, value)
         if start is None:
