@@ -27,19 +27,19 @@ figure that changes at most every 30 s and has no hysteresis of its own. The rul
   :data:`SETTLE_SECONDS` after it: pods that cannot start must not freeze the
   autoscaler).
 
-Why it cannot flap. Let every recommendation lie in a band ``[L, U]`` with
-``U <= (1 + tolerance) * L`` (noise of +-20 % around a level gives U/L = 1.5, the
-default tolerance 0.5; the recommendations as clamped to the bounds). A scale-down needs
-a window whose largest recommendation ``p`` has ``p * (1 + tolerance) < replicas``.
-Every change lands on a recommendation (up: the latest; down: the window's peak), so
-after the first change the replicas are in ``[L, U]``, and then
-``p * (1 + tolerance) >= L * (1 + tolerance) >= U >= replicas``: no scale-down can
-happen again (hence the strict inequality: ``12 -> 8`` is within +-20 % of 10). Scale-ups only raise the replicas, each to a value
-``<= U``. So inside the band the replicas change at most ``U - L + 1`` times, all but the
-first upwards, and then never; started at or above the band's top, not at all (or once,
-down, when started above ``(1 + tolerance) * U``). Noise wider than the band can move the
+Why it cannot flap. Let every recommendation (as clamped to the bounds) lie in a band
+``[L, U]`` with ``U <= (1 + tolerance) * L`` (noise of +-20 % around a level gives
+U/L = 1.5, the default tolerance 0.5). A scale-down needs a window whose largest
+recommendation ``p`` has ``p * (1 + tolerance) < replicas``. Every change lands on a
+recommendation (up: the latest; down: the window's peak), so after the first change the
+replicas are in ``[L, U]``, and then ``p * (1 + tolerance) >= L * (1 + tolerance) >= U
+>= replicas``: no scale-down can happen again (hence the strict inequality: 12 -> 8 is
+within +-20 % of 10). Scale-ups only raise the replicas, each to a value ``<= U``. So
+inside the band the replicas change at most ``U - L + 1`` times, all but the first
+upwards, and then never; started at or above the band's top, not at all (or once, down,
+when started above ``(1 + tolerance) * U``). Noise wider than the band can move the
 replicas, but no two changes are closer than the time it takes the group to settle, and
-no scale-down is closer than ``scaleDownDelaySeconds`` to the last change.
+no scale-down comes sooner than ``scaleDownDelaySeconds`` after the last change.
 """
 
 from __future__ import annotations
