@@ -17,7 +17,12 @@ partitions beat 9, which leave one member 8 partitions where the mean is 7.1), a
 below the pigeonhole bound of
 :func:`~kgroup.core.operator.load_balance.load_bound` (a hot partition alone may
 exceed a member's share). So the count "divides the load well"; and it is never more
-than the partitions (a member beyond them would hold nothing).
+than the partitions (a member beyond them would hold nothing). When no count keeps up (a
+hot partition alone is more than one member can process), the answer is the smallest
+count beyond which more members do not lower the busiest member's load: more would cost
+pods and help nothing (the partition must be split: docs/reshape.md). It used to be the
+partitions, which an autoscaler following the recommendation took as "as many as
+allowed" whenever a catching-up partition's rate briefly exceeded the measured capacity.
 
 **Capacity** (:func:`member_capacity`), events/s one member can process, is measured from
 the members' rates: a member that is *behind* (its lag is more than
@@ -113,8 +118,13 @@ def recommend_members(*, rate: float, lag: int, capacity: float | None,
     demand = rate + lag / catch_up_seconds
     needed = max(1, math.ceil(demand / capacity - 1e-9))
     shares = _Shares(loads)
+    best, best_at = math.inf, partitions
     for m in range(min(needed, partitions), partitions + 1):
         busiest = demand * shares.busiest(m, count_balanced=count_balanced) / m
         if busiest <= capacity * (1 + 1e-9):
             return m
-    return partitions
+        if busiest < best * (1 - 1e-9):
+            best, best_at = busiest, m
+    # no count keeps up (a partition alone is more than a member can do): the smallest
+    # count beyond which more members do not lower the busiest member's load
+    return best_at
