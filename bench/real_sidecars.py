@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,14 @@ class RealSidecars:
     and sent one after another for every app a join's ≈ 900 releases at 10,000 partitions
     took most of its 56 s (the old owners' apps, not kgroup, set the pace)."""
 
-    def __init__(self, st: Stage, pods: list[str], base_port: int, *,
+    def __init__(self, st: Stage, pods: list[str], base_port: int,
+                 figures: Callable[[str, int], tuple[float, int]] | None = None, *,
                  app: bool = True) -> None:
-        """``app`` False: no tiny app; the caller's workers are the sidecars' apps."""
+        """``figures(pod, partition)``: the (rate, lag) its app reports for a partition it
+        holds (default: no rate, a made-up lag). ``app`` False: no tiny app; the caller's
+        workers are the sidecars' apps."""
         self.st = st
+        self.figures = figures
         self.exe = str(Path(sys.executable).with_name("kgroup-sidecar"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
@@ -103,9 +108,12 @@ class RealSidecars:
                             releases.append(self._pool.submit(self._release, port, p))
                             continue
                         n = p["partition"]
-                        report.append({"partition": n, "token": p["token"],
-                                       "position": f"{1000 * self._tick + n}-0",
-                                       "lag": (self._tick * 7 + n) % 50})
+                        entry = {"partition": n, "token": p["token"],
+                                 "position": f"{1000 * self._tick + n}-0",
+                                 "lag": (self._tick * 7 + n) % 50}
+                        if self.figures is not None:
+                            entry["rate"], entry["lag"] = self.figures(_pod, n)
+                        report.append(entry)
                     if report:
                         self._call(port, "POST", "/v1/health", {"partitions": report})
                 except (OSError, ValueError, KeyError):

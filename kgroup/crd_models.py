@@ -105,6 +105,22 @@ class ReshapeSettings(_Model):
     policy: ReshapePolicy = "Generations"
 
 
+class ScaleTargetRef(_Model):
+    """The workload whose replicas the operator sets (same namespace), as an HPA's."""
+
+    api_version: Literal["apps/v1"] = "apps/v1"
+    kind: Literal["Deployment", "StatefulSet"]
+    name: str = Field(min_length=1, max_length=253)
+
+
+class AutoscalingSettings(_Model):
+    min_members: int = Field(default=1, ge=1, le=100_000)
+    max_members: int = Field(ge=1, le=100_000)
+    scale_target_ref: ScaleTargetRef
+    scale_down_delay_seconds: int = Field(default=300, ge=0, le=86400)
+    scale_down_tolerance: float = Field(default=0.5, ge=0, le=10)
+
+
 class ConsumerGroupSpec(_Model):
     partitions: int = Field(ge=1, le=100_000)
     selector: LabelSelector
@@ -119,6 +135,7 @@ class ConsumerGroupSpec(_Model):
     balance: BalanceSettings = Field(default_factory=BalanceSettings)
     sizing: SizingSettings = Field(default_factory=SizingSettings)
     reshape: ReshapeSettings = Field(default_factory=ReshapeSettings)
+    autoscaling: AutoscalingSettings | None = None
     source: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -146,7 +163,15 @@ class LoadStatus(_Model):
     busiest_over_mean: float | None = None
     bound: float | None = None
     recommended_members: int | None = None
+    capacity: float | None = None
     measured_at: str | None = None
+
+
+class AutoscalingStatus(_Model):
+    desired_members: int | None = None
+    replicas: int | None = None
+    last_scale_time: str | None = None
+    reason: str = ""
 
 
 class Condition(_Model):
@@ -192,5 +217,6 @@ class ConsumerGroupStatus(_Model):
     members: list[MemberStatus] = Field(default_factory=list)
     last_rebalance: LastRebalance | None = None
     load: LoadStatus | None = None
+    autoscaling: AutoscalingStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     layout: Layout | None = None

@@ -37,6 +37,8 @@ OPERATOR_RULES = {
     ("apps", "statefulsets", ("list", "watch"), ()),
     ("coordination.k8s.io", "leases", ("create", "get", "list", "patch", "watch"), ()),
     ("", "events", ("create",), ()),
+    ("apps", "deployments/scale", ("get", "patch"), ()),
+    ("apps", "statefulsets/scale", ("get", "patch"), ()),
 }
 
 
@@ -166,9 +168,11 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
 # The operator's calls of the Kubernetes client, as (apiGroup, resource, verb).
 _CLIENT_CALL = re.compile(
     r"\.(read|get|list|create|replace|patch|delete)_(?:namespaced_|cluster_)?"
-    r"(pod|stateful_set|lease|event|custom_object(?:_status)?)"
+    r"(pod|stateful_set(?:_scale)?|deployment_scale|lease|event|custom_object(?:_status)?)"
     r"(?:_for_all_namespaces)?\b")
 _RESOURCE = {"pod": ("", "pods"), "stateful_set": ("apps", "statefulsets"),
+             "stateful_set_scale": ("apps", "statefulsets/scale"),
+             "deployment_scale": ("apps", "deployments/scale"),
              "lease": ("coordination.k8s.io", "leases"), "event": ("", "events"),
              "custom_object": ("kgroup.dev", "consumergroups"),
              "custom_object_status": ("kgroup.dev", "consumergroups/status")}

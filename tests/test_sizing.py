@@ -48,9 +48,21 @@ def test_a_hot_partition_that_alone_exceeds_a_share_raises_the_count_only_while_
     # 4 members at 20/s: 73/4 = 18.25 fits; load mode
     assert recommend_members(rate=73, lag=0, capacity=20, loads=loads,
                              catch_up_seconds=300, count_balanced=False) == 4
-    # capacity 9: no member can take the hot partition alone: the ceiling
+    # capacity 9: no member can take the hot partition alone; 9 members are needed for
+    # the total (73 / 9), and there the busiest already holds the hot one alone: more
+    # members do not help (it was the ceiling, 64, before)
     assert recommend_members(rate=73, lag=0, capacity=9, loads=loads,
-                             catch_up_seconds=300, count_balanced=False) == 64
+                             catch_up_seconds=300, count_balanced=False) == 9
+    assert recommend_members(rate=73, lag=0, capacity=9, loads=loads,
+                             catch_up_seconds=300, count_balanced=True) == 9
+    # a hot partition at 30/s: from 3 members on its member is the busiest whatever the
+    # count (73 / 3 < 30); the capacity 9 asks 9 for the total
+    hot = [30.0] + [1.0] * 43
+    assert recommend_members(rate=73, lag=0, capacity=9, loads=hot,
+                             catch_up_seconds=300, count_balanced=False) == 9
+    # and with a capacity above the total but below the hot partition: 3, not 44
+    assert recommend_members(rate=73, lag=0, capacity=25, loads=hot,
+                             catch_up_seconds=300, count_balanced=False) == 3
 
 
 def test_no_capacity_known_is_no_recommendation() -> None:

@@ -127,6 +127,36 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "change once status.layout is not one modulo generation (after a "
                        "Generations reshape). "
                        "Default: Generations."},
+    "spec.autoscaling": {
+        "description": "Optional: the operator sets the replicas of a Deployment or "
+                       "StatefulSet of this namespace to status.load.recommendedMembers "
+                       "within [minMembers, maxMembers], through its scale subresource: up "
+                       "at once, down only after the recommendation stayed low for "
+                       "scaleDownDelaySeconds, one change at a time, none while the group "
+                       "rebalances (docs/load-balancing.md, \"Autoscaling\"). Absent: the "
+                       "operator never scales."},
+    "spec.autoscaling.minMembers": {"description": "Fewest replicas it sets; 1 to 100000, "
+                                                   "at most maxMembers. Default: 1."},
+    "spec.autoscaling.maxMembers": {"description": "Most replicas it sets; 1 to 100000, "
+                                                   "at most spec.partitions. Required."},
+    "spec.autoscaling.scaleTargetRef": {
+        "description": "The workload whose replicas are set, in the group's namespace (as "
+                       "an HorizontalPodAutoscaler's scaleTargetRef). Do not point an HPA "
+                       "at it as well."},
+    "spec.autoscaling.scaleTargetRef.apiVersion": {"description": "apps/v1. Default: "
+                                                                  "apps/v1."},
+    "spec.autoscaling.scaleTargetRef.kind": {"description": "Deployment or StatefulSet. "
+                                                            "Required."},
+    "spec.autoscaling.scaleTargetRef.name": {"description": "Its name. Required."},
+    "spec.autoscaling.scaleDownDelaySeconds": {
+        "description": "Replicas go down only once every recommendation of this many "
+                       "seconds was low enough, and then to the largest of them; 0 to "
+                       "86400. Default: 300."},
+    "spec.autoscaling.scaleDownTolerance": {
+        "description": "Replicas go down only when the recommendations of the delay are "
+                       "all at most replicas / (1 + scaleDownTolerance): noise whose "
+                       "largest figure is within this factor of its smallest never scales "
+                       "down (0.5 covers +-20 %); 0 to 10. Default: 0.5."},
     "spec.source": {"description": "Opaque to kgroup: each worker's app reads it as is "
                                    "from its sidecar (GET /v1/group): stream name, Redis "
                                    "URL, ... Default: {}."},
@@ -186,6 +216,23 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "within spec.sizing.catchUpSeconds, at one member's capacity as "
                        "measured; never more than the partitions, and rounded up to a count "
                        "whose busiest member keeps up. Absent: no capacity measured yet."},
+    "status.load.capacity": {
+        "description": "Events/s one member is taken to process: the largest rate of a "
+                       "member that is behind, else the larger of the busiest member's "
+                       "rate and the capacity used before (so the recommendation can "
+                       "fall when the input does)."},
+    "status.autoscaling": {"description": "What spec.autoscaling did last; absent without "
+                                          "spec.autoscaling."},
+    "status.autoscaling.desiredMembers": {
+        "description": "The last recommendation within spec.autoscaling's bounds: the "
+                       "replicas it would set if nothing held it back."},
+    "status.autoscaling.replicas": {"description": "The target's replicas as last read "
+                                                   "through its scale subresource."},
+    "status.autoscaling.lastScaleTime": {
+        "description": f"When it last set the replicas ({_TIMESTAMP}).",
+        "format": "date-time"},
+    "status.autoscaling.reason": {"description": "The last change: from -> to replicas, "
+                                                 "and why."},
     "status.load.measuredAt": {"description": f"When these figures were taken "
                                               f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},

@@ -16,7 +16,8 @@ bounds, enums and defaults come from the models, and only what pydantic cannot s
 Conversion from pydantic's JSON schema to a Kubernetes *structural* schema: ``$ref`` is
 inlined, ``title`` dropped, ``X | None`` becomes ``X`` (the models never send null:
 ``to_wire`` excludes None), ``dict[str, Any]`` becomes an object with
-``x-kubernetes-preserve-unknown-fields``, and defaults that pydantic leaves out (those of
+``x-kubernetes-preserve-unknown-fields``, a one-value ``Literal`` (``const``) an enum of one,
+and defaults that pydantic leaves out (those of
 ``default_factory``) are filled in from the models, so the API server defaults exactly
 what the models default.
 """
@@ -97,29 +98,61 @@ ROOT_VALIDATIONS: list[Schema] = [
     },
 ]
 
+_MAX_MEMBERS_MESSAGE = (
+    "'spec.autoscaling.maxMembers (%d) must be at most spec.partitions (%d): a member "
+    "beyond the partitions would hold nothing'.format([self.autoscaling.maxMembers,"
+    " self.partitions])"
+)
+_MIN_MAX_MESSAGE = (
+    "'spec.autoscaling.minMembers (%d) must be at most maxMembers (%d)'"
+    ".format([self.minMembers, self.maxMembers])"
+)
+
 # Extra schema keys per field path ("spec.lease", "status.members[]" for list items).
 # Each entry is merged into the generated node; a path that does not exist is an error.
 # These belong in kgroup/crd_models.py (json_schema_extra / Field(description=...)) in time.
 SCHEMA_OVERLAY: dict[str, Schema] = {
-    "spec": {
-        "description": "What the group consumes and how partitions are assigned.",
-        # a transition rule (oldSelf): checked on updates only
-        "x-kubernetes-validations": [{
-            "rule": "self.reshape.policy != 'Append' || self.partitions >= oldSelf.partitions",
-            "messageExpression": "'spec.partitions cannot shrink (from %d to %d) under "
-                                 "spec.reshape.policy Append: its producers place keys by "
-                                 "crc32 mod partitions and the partitions cut off would "
-                                 "never be read to their end; set spec.reshape.policy: "
-                                 "Generations to shrink through a reshape'"
-                                 ".format([oldSelf.partitions, self.partitions])",
-            "message": "spec.partitions cannot shrink under spec.reshape.policy Append; "
-                       "set spec.reshape.policy: Generations to shrink through a reshape",
-            "fieldPath": ".partitions",
-            "reason": "FieldValueForbidden",
-        }],
-    },
     "spec.partitions": {
         "description": "Number of partitions; a change is a reshape (status.layout).",
+    },
+    "spec": {
+        "description": "What the group consumes and how partitions are assigned.",
+        "x-kubernetes-validations": [
+            {  # a transition rule (oldSelf): checked on updates only
+                "rule": "self.reshape.policy != 'Append' || "
+                        "self.partitions >= oldSelf.partitions",
+                "messageExpression": "'spec.partitions cannot shrink (from %d to %d) under "
+                                     "spec.reshape.policy Append: its producers place keys "
+                                     "by crc32 mod partitions and the partitions cut off "
+                                     "would never be read to their end; set "
+                                     "spec.reshape.policy: Generations to shrink through a "
+                                     "reshape'.format([oldSelf.partitions, self.partitions])",
+                "message": "spec.partitions cannot shrink under spec.reshape.policy Append; "
+                           "set spec.reshape.policy: Generations to shrink through a reshape",
+                "fieldPath": ".partitions",
+                "reason": "FieldValueForbidden",
+            },
+            {
+                "rule": "!has(self.autoscaling) || self.autoscaling.maxMembers <= "
+                        "self.partitions",
+                "messageExpression": _MAX_MEMBERS_MESSAGE,
+                "message": "spec.autoscaling.maxMembers must be at most spec.partitions: "
+                           "a member beyond the partitions would hold nothing",
+                "fieldPath": ".autoscaling.maxMembers",
+                "reason": "FieldValueInvalid",
+            }
+        ],
+    },
+    "spec.autoscaling": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.minMembers <= self.maxMembers",
+                "messageExpression": _MIN_MAX_MESSAGE,
+                "message": "spec.autoscaling.minMembers must be at most maxMembers",
+                "fieldPath": ".minMembers",
+                "reason": "FieldValueInvalid",
+            }
+        ],
     },
     "spec.selector": {
         "description": "Label selector of the member pods (metav1.LabelSelector).",
@@ -241,6 +274,9 @@ def _inline(node: Any, defs: dict[str, Schema]) -> Any:
         if key in ("title", "$defs"):
             continue
         if key == "default" and value is None:
+            continue
+        if key == "const":  # a one-value Literal: structural schemas know enum, not const
+            out["enum"] = [value]
             continue
         if key == "additionalProperties" and value is True:
             out["x-kubernetes-preserve-unknown-fields"] = True

@@ -129,6 +129,7 @@ class Members:
         self.sessions: dict[str, str] = {}
         self.renewing: set[str] = set()
         self.bad_epoch: dict[str, str] = {}
+        self.loads: dict[str, str] = {}  # pod -> its kgroup.dev/load annotation, renewed
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -191,6 +192,8 @@ class Members:
             ann[C.ANNOTATION_EPOCH] = self.bad_epoch[pod]
         elif epoch is not None:
             ann[C.ANNOTATION_EPOCH] = str(epoch)
+        if pod in self.loads:
+            ann[C.ANNOTATION_LOAD] = self.loads[pod]
         self.coord.replace_namespaced_lease(name, self.namespace, lease)
 
     def _converge(self, pods: list[str]) -> dict[str, int]:

@@ -14,6 +14,10 @@ not its marks: those run behind it (``writes``) in the lock gate's order (a cras
 expiry marks first, then assignment marks, then the next slice's creates), and a mark a
 later pass superseded is dropped when its turn comes. The memory knows what is in flight
 (``marks_sent``, ``expiries_sent``), so no pass sends it twice.
+With ``spec.autoscaling``, the target's Scale is read at most every
+:data:`SCALE_READ_SECONDS` (and after each change), and a change the plan asks for is
+written through the scale subresource before the pass's other writes, followed by an
+Event; a refused or failed scale write is a problem in the status, never a failed pass.
 The simulated operator (``kgroup_sim.control``) drives the same decisions and, like this
 loop, awaits only its status write before the next pass may run (its simulated requests
 have no pool to queue in, so it does not await its creates either).
@@ -35,6 +39,7 @@ from urllib3.exceptions import HTTPError
 
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core.lease_codec import not_older
+from kgroup.core.operator.autoscale import ScaleChange
 from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
     FAILED_PASS_RETRY_SECONDS,
@@ -51,7 +56,7 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, pass_pause, read_pause
-from kgroup.crd_models import LabelSelector
+from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
 from .kube import Conflict, Kube, Superseded
 from .lock_gate import Urgency
@@ -59,6 +64,10 @@ from .metrics import Metrics
 from .settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+
+SCALE_READ_SECONDS = 30.0
+"""``spec.autoscaling``'s target's Scale is read at most this often (the recommendation
+it is compared with changes at most every 30 s)."""
 
 FAILURES_UNHEALTHY = 3
 """Passes of one group failing in a row (not for the API server) that make the operator's
@@ -98,6 +107,11 @@ class GroupController:
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
         self.writes: set[asyncio.Task[None]] = set()  # marks and expiry marks in flight
         self.decide_seconds = 0.0  # how long the last decision held the loop
+        # spec.autoscaling's target: (kind, name) last read, when, its Scale, the problem
+        self.scale_ref: tuple[str, str] | None = None
+        self.scale_read_at = -1e9
+        self.scale: dict[str, Any] | None = None
+        self.scale_problem: str | None = None
 
     def update(self, body: dict[str, Any]) -> None:
         """A fresher body of the group (watch event or write response); pokes the loop."""
@@ -221,11 +235,13 @@ class GroupController:
     async def reconcile(self) -> float | None:
         """One pass; returns seconds until the next deadline (None: none)."""
         namespace, name = self.key
+        await self._read_scale()
         obs = Observation(
             body=self.body, leases=self.cache.group(self.key),
             pods=list(self.cache.pods.get(namespace, {}).values()),
             synced=self.cache.synced and self.leases_listed,
             kept_ordinals=self.cache.kept_ordinals(namespace),
+            replicas=_replicas(self.scale), scale_problem=self.scale_problem,
         )
         started = time.perf_counter()
         plan = decide(obs, self.memory, self.clock(), wall=datetime.now(UTC),
@@ -238,6 +254,8 @@ class GroupController:
         body = self.body
         if body is None:
             return plan.wait
+        if plan.scale is not None and await self._scale(body, plan.scale):
+            self.poke()  # the next pass shows the change in the status
         await self._create(body, plan)
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
@@ -271,6 +289,63 @@ class GroupController:
         await self._post(stored, events)
         self._send_marks(plan)
         return plan.wait
+
+    async def _read_scale(self) -> None:
+        """Read spec.autoscaling's target's Scale when due (``self.scale``; None: no
+        autoscaling, or the target is missing, then ``self.scale_problem`` says so)."""
+        spec = self.memory.spec_of((self.body or {}).get("spec") or {})
+        if not isinstance(spec, ConsumerGroupSpec) or spec.autoscaling is None:
+            self.scale_ref, self.scale, self.scale_problem = None, None, None
+            return
+        ref = spec.autoscaling.scale_target_ref
+        key = (ref.kind, ref.name)
+        now = self.clock()
+        if key == self.scale_ref and now < self.scale_read_at + SCALE_READ_SECONDS:
+            return
+        self.scale_ref, self.scale_read_at = key, now
+        try:
+            self.scale = await self.kube.read_scale(self.key[0], ref.kind, ref.name)
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise
+            self.scale = None
+            self.scale_problem = (f"cannot read the scale of {ref.kind} {ref.name}: "
+                                  f"{exc.status} {exc.reason} (the chart grants get, patch "
+                                  f"and update on deployments/scale and statefulsets/scale)")
+            return
+        self.scale_problem = None if self.scale is not None else (
+            f"spec.autoscaling.scaleTargetRef: {ref.kind} {ref.name} not found in "
+            f"{self.key[0]}")
+
+    async def _scale(self, body: dict[str, Any], change: ScaleChange) -> bool:
+        """Write ``change`` through the target's scale subresource, conditional on the
+        Scale as read; an Event once written. False: not written (read again next pass)."""
+        ref = self.scale_ref
+        seen = (self.scale or {}).get("metadata", {}).get("resourceVersion")
+        if ref is None or seen is None:
+            return False
+        kind, target = ref
+        self.scale_read_at = -1e9  # read again at the next pass, whatever happens
+        try:
+            stored = await self.kube.patch_scale(self.key[0], kind, target,
+                                                 replicas=change.replicas, seen_rv=str(seen))
+        except (ApiException, HTTPError, OSError) as exc:
+            why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) \
+                else type(exc).__name__
+            self.scale_problem = f"cannot set the replicas of {kind} {target}: {why}"
+            log.warning("%s/%s: %s", *self.key, self.scale_problem)
+            return False
+        if stored is None:  # changed since read, or gone: the next pass reads it again
+            return False
+        self.scale, self.scale_problem = stored, None
+        self.memory.scaled(change, self.clock(), datetime.now(UTC))
+        log.info("%s/%s: %s %s: %d -> %d replicas (%s)", *self.key, kind, target,
+                 change.previous, change.replicas, change.reason)
+        await self.kube.post_event(
+            body, type_="Normal", reason="Scaled",
+            message=f"{kind} {target}: {change.previous} -> {change.replicas} replicas: "
+                    f"{change.reason}")
+        return True
 
     def _send_marks(self, plan: Plan) -> None:
         """The plan's expiry marks, then its assignment marks, behind the pass."""
@@ -403,6 +478,14 @@ class GroupController:
                 log.warning("%s/%s: %s: %s", *self.key, event.reason, event.message)
             await self.kube.post_event(body, type_=event.type, reason=event.reason,
                                        message=event.message)
+
+
+def _replicas(scale: dict[str, Any] | None) -> int | None:
+    """A Scale's ``spec.replicas`` (0 is left out of the wire form); None: no Scale."""
+    if scale is None:
+        return None
+    value = (scale.get("spec") or {}).get("replicas", 0)
+    return value if isinstance(value, int) else None
 
 
 def _partitions(body: dict[str, Any]) -> int | None:

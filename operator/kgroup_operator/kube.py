@@ -8,7 +8,9 @@ before it marks a lock's holder session expired with one merge patch of the
 ``kgroup.dev/expired-session`` annotation conditional on the lock's resourceVersion,
 writes the group's status only through the status subresource with the read
 ``resourceVersion`` (a 409 is raised as :class:`Conflict` for the caller to re-read and
-recompute), and posts core/v1 Events. The
+recompute), posts core/v1 Events, and reads and sets ``spec.autoscaling``'s target's
+replicas through its ``scale`` subresource only (a merge patch conditional on the
+resourceVersion read; never the Deployment or StatefulSet itself). The
 blocking client runs in threads so the kopf event loop never stalls.
 
 Lock writes (creates, assignment and expiry marks, the quorum reads before them) go
@@ -240,6 +242,48 @@ class Kube:
     async def list_statefulsets(self, namespace: str | None) -> list[dict[str, Any]]:
         return await self._list(namespace, self.apps.list_stateful_set_for_all_namespaces,
                                 self.apps.list_namespaced_stateful_set)
+
+    def _scale_calls(self, kind: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        if kind == "Deployment":
+            return (self.apps.read_namespaced_deployment_scale,
+                    self.apps.patch_namespaced_deployment_scale)
+        if kind == "StatefulSet":
+            return (self.apps.read_namespaced_stateful_set_scale,
+                    self.apps.patch_namespaced_stateful_set_scale)
+        raise ValueError(f"cannot scale a {kind}")
+
+    async def read_scale(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The target's ``autoscaling/v1`` Scale (its ``spec.replicas``,
+        ``metadata.resourceVersion``), or None when the target does not exist."""
+        read, _ = self._scale_calls(kind)
+
+        def call() -> dict[str, Any] | None:
+            try:
+                return _json(read(name, namespace, _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        return await asyncio.to_thread(call)
+
+    async def patch_scale(self, namespace: str, kind: str, name: str, *, replicas: int,
+                          seen_rv: str) -> dict[str, Any] | None:
+        """Set the target's replicas through its scale subresource, only if its Scale is
+        still at ``seen_rv``: the stored Scale, or None when it changed meanwhile (409: read
+        it again and decide again) or is gone."""
+        _, patch = self._scale_calls(kind)
+        body = {"metadata": {"resourceVersion": seen_rv}, "spec": {"replicas": replicas}}
+
+        def call() -> dict[str, Any] | None:
+            try:
+                return _json(patch(name, namespace, body, _preload_content=False))
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    return None
+                raise
+
+        return await asyncio.to_thread(call)
 
     async def post_event(
         self, body: dict[str, Any], *, type_: str, reason: str, message: str

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
+from kgroup.core.operator.autoscale import Autoscaler, ScaleChange, ScaleSettings
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
 from kgroup.core.operator.planner import (
@@ -58,7 +59,12 @@ from kgroup.core.operator.reshape import Layouts, completions_on
 from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
 from kgroup.core.ranges import parse_ranges
-from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LastRebalance
+from kgroup.crd_models import (
+    AutoscalingStatus,
+    ConsumerGroupSpec,
+    ConsumerGroupStatus,
+    LastRebalance,
+)
 
 __all__ = [
     "API_RETRY_SECONDS",
@@ -110,6 +116,10 @@ class Observation:
     # per StatefulSet workload (``StatefulSet/<name>``) of the namespace, the ordinals it
     # keeps now (``range(start, start + replicas)``); missing: unknown (restart grace)
     kept_ordinals: Mapping[str, range] = field(default_factory=dict)
+    # spec.autoscaling's target as read through its scale subresource: its replicas (None:
+    # not read), or why it could not be read
+    replicas: int | None = None
+    scale_problem: str | None = None
 
 
 @dataclass
@@ -140,6 +150,8 @@ class Memory:
     squatted: dict[int, str] = field(default_factory=dict)
     load: LoadTracker = field(default_factory=LoadTracker)  # status.load as last taken
     layouts: Layouts = field(default_factory=Layouts)  # status.layout, read and derived
+    autoscaler: Autoscaler = field(default_factory=Autoscaler)  # spec.autoscaling's memory
+    last_scale_time: str | None = None  # status.autoscaling.lastScaleTime
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
     _status: tuple[Any, tuple[ConsumerGroupStatus, dict[str, list[int]], Problem | None,
@@ -181,6 +193,11 @@ class Memory:
             self.squatted.pop(partition, None)
         else:
             self.squatted[partition] = squat
+
+    def scaled(self, change: ScaleChange, now: float, wall: datetime) -> None:
+        """The plan's :class:`~kgroup.core.operator.autoscale.ScaleChange` was written."""
+        self.autoscaler.scaled(now, change)
+        self.last_scale_time = format_timestamp(wall)
 
     def mark_sent(self, mark: Mark) -> None:
         """The mark's write is sent: not asked for again until the lock changes."""
@@ -301,6 +318,7 @@ class Plan:
     lease_duration: int = 15  # of the partition Leases to create
     events: list[Event] = field(default_factory=list)  # post now (before any write)
     status: dict[str, Any] | None = None  # write this status (rv precondition: the body's)
+    scale: ScaleChange | None = None  # the target's replicas to set (then Memory.scaled)
     # for `written` and the metrics:
     decision: Decision | None = None
     previous: ConsumerGroupStatus | None = None
@@ -479,7 +497,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
 
     generation = md.get("generation")
     member_leases = leases.member_observations()
-    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall),
+    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall,
+                                                  memory.load.capacity()),
                         load_settings(spec, member_leases))
     if decision is None:
         decision = layout.decision_from_slots(memory.planner.plan(
@@ -500,6 +519,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     memory.requested_leases = requested
     memory.squatted = {p: why for p, why in memory.squatted.items()
                        if p not in leases.partitions and layout.is_assignable(p)}
+    if spec.autoscaling is not None and obs.scale_problem is not None:
+        problems.append(Problem("ScaleTargetUnavailable", obs.scale_problem))
     problems.extend(Problem("LeaseNameTaken", why) for _, why in
                     sorted(memory.squatted.items())[:1])
     if len(memory.squatted) > 1:
@@ -532,6 +553,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         last_rebalance=last_rebalance, assignable=layout.assignable,
     )
     new_status = memory.load.apply(new_status)
+    scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,
+                                               len(members), decision)
     wire = {**new_status.to_wire(), "layout": layout.status}
     expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
     # when unowned partitions become "unowned too long" (the Degraded condition): a moment
@@ -545,7 +568,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         decision.next_check,
         leases.next_expiry(now),
         unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
-        recheck, memory.load.deadline(),
+        recheck, memory.load.deadline(), None if scale_wait is None else now + scale_wait,
     ]
     owners = {p: m for m, ps in new_target.items() for p in ps if layout.is_assignable(p)}
     uids, identity_change = memory.identities.resolve(
@@ -557,7 +580,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
                 uids=uids, marks=marks_to_write(memory, owners, leases, uids), expiries=expiries,
                 lease_duration=spec.lease.duration_seconds, decision=decision,
                 previous=status, new_status=new_status, problems=seen, generation=generation,
-                members=len(members), deadlines=deadlines)
+                members=len(members), deadlines=deadlines, scale=scale)
     if notices and rv != memory.noticed_rv:
         memory.noticed_rv = rv
         plan.events.extend(Event("Warning", n.reason, n.message) for n in notices)
@@ -573,6 +596,38 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         return plan
     plan.status = wire
     return plan
+
+
+def _autoscale(obs: Observation, memory: Memory, spec: ConsumerGroupSpec,
+               previous: ConsumerGroupStatus, status: ConsumerGroupStatus, now: float,
+               members: int, decision: Decision
+               ) -> tuple[ScaleChange | None, float | None, ConsumerGroupStatus]:
+    """``spec.autoscaling``: the recommendation last taken fed to the autoscaler, its
+    change (if any), when to look again, and ``status`` with ``status.autoscaling`` (the
+    last change as ``previous`` shows it until this process makes one: a restart keeps
+    it)."""
+    auto = spec.autoscaling
+    if auto is None:
+        return None, None, status
+    settings = ScaleSettings(min_members=auto.min_members, max_members=auto.max_members,
+                             scale_down_delay_seconds=auto.scale_down_delay_seconds,
+                             scale_down_tolerance=auto.scale_down_tolerance,
+                             partitions=spec.partitions)
+    scaler = memory.autoscaler
+    if memory.load.status is not None and memory.load.taken_at is not None:
+        scaler.observe(memory.load.taken_at, memory.load.status.recommended_members, settings)
+    rebalancing = decision.target is not None or status.phase == "Rebalancing"
+    change, wait = scaler.decide(now, replicas=obs.replicas, settings=settings,
+                                 rebalancing=rebalancing, members=members)
+    last = scaler.last_change
+    before = previous.autoscaling or AutoscalingStatus()
+    shown = AutoscalingStatus(
+        desired_members=scaler.samples[-1][1] if scaler.samples else None,
+        replicas=obs.replicas,
+        last_scale_time=memory.last_scale_time or before.last_scale_time,
+        reason=before.reason if last is None
+        else f"{last.previous} -> {last.replicas}: {last.reason}")
+    return change, wait, status.model_copy(update={"autoscaling": shown})
 
 
 def written(memory: Memory, plan: Plan, stored: Obj, now: float) -> list[Event]:

@@ -100,9 +100,11 @@ def _figure(value: float) -> float:
 
 
 def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
-                catch_up_seconds: float, wall: datetime, count_balanced: bool = True
-                ) -> tuple[LoadStatus, dict[str, float]]:
-    """``status.load`` and each current member's load (events/s) from what they report."""
+                catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
+                known_capacity: float | None = None) -> tuple[LoadStatus, dict[str, float]]:
+    """``status.load`` and each current member's load (events/s) from what they report;
+    ``known_capacity``: the capacity per member used last time
+    (:func:`~kgroup.core.operator.sizing.member_capacity`)."""
     rate = sum(load.member_rates.values())
     loads = effective_loads(partitions, load.partition_rates)
     current = sorted(set(members))
@@ -114,12 +116,14 @@ def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
         busiest = _figure(top / mean) if mean > 0 else 1.0
         bound = _figure(busiest_share(len(current), loads, count_balanced=False))
     capacity = member_capacity({m: load.member_rates[m] for m in current
-                                if m in load.member_rates}, load.member_lags)
+                                if m in load.member_rates}, load.member_lags,
+                                known_capacity)
     recommended = recommend_members(rate=rate, lag=load.lag or 0, capacity=capacity,
                                     loads=loads, catch_up_seconds=catch_up_seconds,
                                     count_balanced=count_balanced)
     status = LoadStatus(rate=_figure(rate), lag=load.lag, busiest_over_mean=busiest,
                         bound=bound, recommended_members=recommended,
+                        capacity=None if capacity is None else _figure(capacity),
                         measured_at=format_timestamp(wall))
     return status, per_member
 
@@ -130,14 +134,15 @@ Taken = tuple[LoadStatus, dict[str, float], dict[int, float]]
 
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
-                 wall: datetime) -> Taken | None:
+                 wall: datetime, known_capacity: float | None = None) -> Taken | None:
     """The load figures from one pass's observations; None: no reports."""
     load = group_load(member_leases, holders, spec.partitions)
     if load is None:
         return None
     status, per_member = load_status(
         load, sorted(members), spec.partitions, catch_up_seconds=spec.sizing.catch_up_seconds,
-        wall=wall, count_balanced=spec.balance.mode == "count")
+        wall=wall, count_balanced=spec.balance.mode == "count",
+        known_capacity=known_capacity)
     return status, per_member, load.partition_rates
 
 
@@ -161,6 +166,12 @@ class LoadTracker:
     # each partition's rate as last reported by its holder, kept while a moved partition
     # waits for its new holder's first report (load balancing plans on these)
     rates: dict[int, float] = field(default_factory=dict)
+    taken_at: float | None = None  # when the figures were last taken (the caller's clock)
+
+    def capacity(self) -> float | None:
+        """The capacity per member the last figures used (remembered while the members
+        are not behind: :func:`~kgroup.core.operator.sizing.member_capacity`)."""
+        return self.status.capacity if self.status is not None else None
 
     def refresh(self, now: float, measure: Callable[[], Taken | None],
                 settings: object = None) -> None:
@@ -171,6 +182,7 @@ class LoadTracker:
         if self.status is not None and now < self.next_at and settings == self.settings:
             return
         self.next_at = now + self.interval
+        self.taken_at = now
         self.settings = settings
         taken = measure()
         if taken is None:

@@ -17,15 +17,25 @@ partitions beat 9, which leave one member 8 partitions where the mean is 7.1), a
 below the pigeonhole bound of
 :func:`~kgroup.core.operator.load_balance.load_bound` (a hot partition alone may
 exceed a member's share). So the count "divides the load well"; and it is never more
-than the partitions (a member beyond them would hold nothing).
+than the partitions (a member beyond them would hold nothing). When no count keeps up (a
+hot partition alone is more than one member can process), the answer is the smallest
+count beyond which more members do not lower the busiest member's load: more would cost
+pods and help nothing (the partition must be split: docs/reshape.md). It used to be the
+partitions, which an autoscaler following the recommendation took as "as many as
+allowed" whenever a catching-up partition's rate briefly exceeded the measured capacity.
 
 **Capacity** (:func:`member_capacity`), events/s one member can process, is measured from
 the members' rates: a member that is *behind* (its lag is more than
 :data:`BEHIND_SECONDS` of its own rate) is working as fast as it can, so its rate is its
 capacity, and the largest such rate is taken. When no member is behind, no member has
-shown its limit: the busiest member's rate is a lower bound of the capacity, so the
-recommendation is an upper bound of what is needed (never too few at the busiest's
-present pace). No rate at all: no recommendation (None).
+shown its limit now: the capacity is the larger of the busiest member's rate (a lower
+bound) and the capacity known from before (``known``: the operator keeps the capacity it
+last used, :class:`~kgroup.core.operator.load_status.LoadTracker`). Without that memory
+the capacity would fall with the input (each member's rate does), the recommendation
+would stay at the present size, and a group could never be sized down. A remembered
+capacity that is too high (the app became slower) sizes the group too small for a
+while: its members fall behind, and their rates replace it. No rate at all and nothing
+known: no recommendation (None).
 
 The input rate is the processed rate: while a group falls behind it processes less than
 arrives, and the difference shows as a growing backlog, which the second term answers
@@ -44,15 +54,16 @@ BEHIND_SECONDS = 10.0
 working at its capacity."""
 
 
-def member_capacity(rates: Mapping[str, float], lags: Mapping[str, int | None]
-                    ) -> float | None:
+def member_capacity(rates: Mapping[str, float], lags: Mapping[str, int | None],
+                    known: float | None = None) -> float | None:
     """Events/s one member can process: the largest rate of a member that is behind, else
-    the largest rate (a lower bound); None when no member processed anything."""
+    the largest rate or ``known`` (the capacity known from before), whichever is larger
+    (a lower bound); None when no member processed anything and nothing is known."""
     behind = [r for m, r in rates.items()
               if r > 0 and (lags.get(m) or 0) > BEHIND_SECONDS * r]
     if behind:
         return max(behind)
-    top = max(rates.values(), default=0.0)
+    top = max(max(rates.values(), default=0.0), known or 0.0)
     return top if top > 0 else None
 
 
@@ -107,8 +118,13 @@ def recommend_members(*, rate: float, lag: int, capacity: float | None,
     demand = rate + lag / catch_up_seconds
     needed = max(1, math.ceil(demand / capacity - 1e-9))
     shares = _Shares(loads)
+    best, best_at = math.inf, partitions
     for m in range(min(needed, partitions), partitions + 1):
         busiest = demand * shares.busiest(m, count_balanced=count_balanced) / m
         if busiest <= capacity * (1 + 1e-9):
             return m
-    return partitions
+        if busiest < best * (1 - 1e-9):
+            best, best_at = busiest, m
+    # no count keeps up (a partition alone is more than a member can do): the smallest
+    # count beyond which more members do not lower the busiest member's load
+    return best_at

@@ -1,0 +1,191 @@
+"""When to change the size of the workload behind a group: ``spec.autoscaling``.
+
+Rule of this module: pure. ``now`` is the caller's monotonic seconds, every sample carries
+the moment it was taken on that clock; no I/O. The operator's adapter reads the target's
+replicas through its ``scale`` subresource, feeds :meth:`Autoscaler.decide`, writes the
+answer's replicas back through the same subresource and reports it with
+:meth:`Autoscaler.scaled`; the simulation and the benchmarks drive the same object.
+
+The input is ``status.load.recommendedMembers`` (:mod:`kgroup.core.operator.sizing`), a
+figure that changes at most every 30 s and has no hysteresis of its own. The rule
+(docs/load-balancing.md, "Autoscaling", argues it):
+
+* **Bounds.** The recommendation is clamped to ``[minMembers, maxMembers]`` (and to the
+  partitions: a member beyond them would hold nothing). Replicas outside the bounds (set
+  by hand, or the bounds changed) are brought to the nearest bound at once, but not
+  while the group rebalances.
+* **Up at once.** A recommendation above the replicas sets the replicas to it at once:
+  the recommendation is the smallest size at which the busiest member keeps up, so
+  fewer members fall behind; waiting costs lag.
+* **Down late, to the peak, and only for a real drop.** The replicas go down only when
+  *every* recommendation taken in the last ``scaleDownDelaySeconds`` (and since the last
+  change) was below ``replicas / (1 + scaleDownTolerance)``, and then to the *largest*
+  of them (never below what the window asked for). A dip shorter than the delay changes
+  nothing; a drop smaller than the tolerance changes nothing.
+* **One change at a time.** No change while the group rebalances, nor (but for the
+  bounds) until the group has as many members as the last change asked for (at most
+  :data:`SETTLE_SECONDS` after it: pods that cannot start must not freeze the
+  autoscaler).
+
+Why it cannot flap. Let every recommendation (as clamped to the bounds) lie in a band
+``[L, U]`` with ``U <= (1 + tolerance) * L`` (noise of +-20 % around a level gives
+U/L = 1.5, the default tolerance 0.5). A scale-down needs a window whose largest
+recommendation ``p`` has ``p * (1 + tolerance) < replicas``. Every change lands on a
+recommendation (up: the latest; down: the window's peak), so after the first change the
+replicas are in ``[L, U]``, and then ``p * (1 + tolerance) >= L * (1 + tolerance) >= U
+>= replicas``: no scale-down can happen again (hence the strict inequality: 12 -> 8 is
+within +-20 % of 10). Scale-ups only raise the replicas, each to a value ``<= U``. So
+inside the band the replicas change at most ``U - L + 1`` times, all but the first
+upwards, and then never; started at or above the band's top, not at all (or once, down,
+when started above ``(1 + tolerance) * U``). Noise wider than the band can move the
+replicas, but no two changes are closer than the time it takes the group to settle, and
+no scale-down comes sooner than ``scaleDownDelaySeconds`` after the last change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = [
+    "SETTLE_SECONDS",
+    "Autoscaler",
+    "ScaleChange",
+    "ScaleSettings",
+]
+
+SETTLE_SECONDS = 300.0
+"""After a change, the group must reach the new size (as members) before the next
+change, but waits at most this long (pods that cannot be scheduled never join)."""
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    """``spec.autoscaling``'s knobs (and the partitions, a bound of their own)."""
+
+    min_members: int
+    max_members: int
+    scale_down_delay_seconds: float = 300.0
+    scale_down_tolerance: float = 0.5
+    partitions: int | None = None
+
+    def clamp(self, members: int) -> int:
+        """``members`` within ``[min, max]`` and at most the partitions; a ``min`` above
+        ``max`` (the CRD refuses it) counts as ``max``."""
+        top = self.max_members if self.partitions is None \
+            else min(self.max_members, self.partitions)
+        top = max(1, top)
+        return max(min(self.min_members, top), min(members, top), 1)
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """Set the target's replicas to ``replicas`` (``previous`` as read), because
+    ``reason``."""
+
+    replicas: int
+    previous: int
+    reason: str
+
+
+@dataclass
+class Autoscaler:
+    """The autoscaler's memory of one group (the operator process's; a restart forgets
+    the window, which delays a scale-down by at most one delay)."""
+
+    # recommendations (clamped) taken since the last change: (taken at, members)
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    last_change_at: float | None = None  # on the caller's clock
+    last_change: ScaleChange | None = None
+    waiting: str = ""  # why the last decision changed nothing (for the status)
+
+    def observe(self, taken_at: float, recommended: int | None,
+                settings: ScaleSettings) -> None:
+        """A recommendation taken at ``taken_at`` (the same figure seen again is kept
+        once; one taken before the last change is stale and ignored)."""
+        if recommended is None:
+            return
+        if self.last_change_at is not None and taken_at < self.last_change_at:
+            return
+        if self.samples and self.samples[-1][0] >= taken_at:
+            return
+        self.samples.append((taken_at, settings.clamp(recommended)))
+
+    def decide(self, now: float, *, replicas: int | None, settings: ScaleSettings,
+               rebalancing: bool, members: int) -> tuple[ScaleChange | None, float | None]:
+        """The change to make now (None: none) and when to look again (None: at the next
+        recommendation). ``replicas``: the target's as read (None: unknown, no change);
+        ``rebalancing``: the group is moving partitions; ``members``: its members now."""
+        horizon = now - settings.scale_down_delay_seconds
+        # keep the samples the window needs, and the last one before it (it covers the
+        # window's start: the figure held from then on)
+        while len(self.samples) > 1 and self.samples[1][0] <= horizon:
+            self.samples.popleft()
+        if replicas is None or not self.samples:
+            self.waiting = "no recommendation yet" if replicas is not None \
+                else "the target's replicas are unknown"
+            return None, None
+        if rebalancing:
+            self.waiting = "the group is rebalancing"
+            return None, None
+        latest = self.samples[-1][1]
+        bounded = settings.clamp(replicas)
+        if bounded < replicas:  # the bounds are a command: not held back by the settling
+            return self._change(now, bounded, replicas,
+                                f"above maxMembers {settings.max_members}"), None
+        if bounded > replicas:
+            if latest > bounded:
+                return self._change(now, latest, replicas,
+                                    f"recommended {latest} members, {replicas} replicas: "
+                                    f"up at once"), None
+            return self._change(now, bounded, replicas,
+                                f"below minMembers {settings.min_members}"), None
+        if self.last_change is not None and self.last_change_at is not None \
+                and members != self.last_change.replicas \
+                and now < self.last_change_at + SETTLE_SECONDS:
+            self.waiting = (f"waiting for {self.last_change.replicas} members "
+                            f"(has {members})")
+            return None, self.last_change_at + SETTLE_SECONDS - now
+        if latest > replicas:
+            return self._change(now, latest, replicas,
+                                f"recommended {latest} members, {replicas} replicas: "
+                                f"up at once"), None
+        return self._down(now, replicas, settings)
+
+    def _down(self, now: float, replicas: int, settings: ScaleSettings
+              ) -> tuple[ScaleChange | None, float | None]:
+        delay = settings.scale_down_delay_seconds
+        # the run of samples up to now with value * (1 + tolerance) < replicas, and when it
+        # started
+        start: float | None = None
+        peak = 0
+        for taken, value in reversed(self.samples):
+            if value * (1 + settings.scale_down_tolerance) >= replicas - 1e-9:
+                break
+            start, peak = taken, max(peak, value)
+        if start is None:
+            self.waiting = ""
+            return None, None
+        since = self.last_change_at if self.last_change_at is not None else -math.inf
+        began = max(start, since)
+        if now - began < delay:
+            self.waiting = (f"recommended at most {peak} for {now - began:.0f} s of "
+                            f"{delay:.0f} s before scaling down")
+            return None, began + delay - now
+        return self._change(now, peak, replicas,
+                            f"recommended at most {peak} members for {delay:.0f} s, "
+                            f"{replicas} replicas: down"), None
+
+    def _change(self, now: float, target: int, replicas: int, why: str) -> ScaleChange:
+        self.waiting = ""
+        return ScaleChange(target, replicas, why)
+
+    def scaled(self, now: float, change: ScaleChange) -> None:
+        """``change`` was written at ``now``: the window starts again after it."""
+        self.last_change_at = now
+        self.last_change = change
+        latest = self.samples[-1] if self.samples else None
+        self.samples.clear()
+        if latest is not None:  # the figure still stands until the next one is taken
+            self.samples.append((now, latest[1]))

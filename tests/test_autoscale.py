@@ -1,0 +1,297 @@
+"""The autoscaler's rule (kgroup.core.operator.autoscale), driven on a fake clock.
+
+A small world stands in for the group: the recommendation is taken every 30 s (as the
+operator takes status.load), the workload's pods join 60 s after a change and the group
+rebalances for 20 s after each join. Each scenario checks the changes made; the broken
+variants at the end (no scale-down delay, no tolerance) fail the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from kgroup.core.operator.autoscale import SETTLE_SECONDS, Autoscaler, ScaleChange, ScaleSettings
+
+SAMPLE_SECONDS = 30.0
+JOIN_SECONDS = 60.0
+REBALANCE_SECONDS = 20.0
+TICK = 10.0
+
+
+@dataclass
+class World:
+    replicas: int
+    settings: ScaleSettings
+    members: int = 0
+    members_at: float = 0.0  # when the members last changed (rebalancing after it)
+    changed_at: float = -1e9
+
+    def __post_init__(self) -> None:
+        self.members = self.replicas
+
+
+def run(recommend: Callable[[float], int], *, replicas: int, minutes: float,
+        settings: ScaleSettings | None = None, scaler: Autoscaler | None = None,
+        ) -> list[tuple[float, ScaleChange]]:
+    """Every change the autoscaler makes over ``minutes`` (time, change)."""
+    settings = settings or ScaleSettings(min_members=1, max_members=64,
+                                         scale_down_delay_seconds=300)
+    scaler = scaler or Autoscaler()
+    world = World(replicas, settings)
+    changes: list[tuple[float, ScaleChange]] = []
+    now = 0.0
+    while now <= minutes * 60:
+        taken = math.floor(now / SAMPLE_SECONDS) * SAMPLE_SECONDS
+        scaler.observe(taken, recommend(taken), settings)
+        if world.members != world.replicas and now >= world.changed_at + JOIN_SECONDS:
+            world.members, world.members_at = world.replicas, now
+        rebalancing = now < world.members_at + REBALANCE_SECONDS and world.members_at > 0
+        change, _ = scaler.decide(now, replicas=world.replicas, settings=settings,
+                                  rebalancing=rebalancing, members=world.members)
+        if change is not None:
+            assert change.previous == world.replicas
+            world.replicas, world.changed_at = change.replicas, now
+            scaler.scaled(now, change)
+            changes.append((now, change))
+        now += TICK
+    return changes
+
+
+def sizes(changes: list[tuple[float, ScaleChange]]) -> list[int]:
+    return [c.replicas for _, c in changes]
+
+
+def step_x3_and_back(t: float) -> int:
+    """8 members' worth for 10 min, 24 for 20 min, 8 again."""
+    return 24 if 600 <= t < 1800 else 8
+
+
+def ramp_x3_and_back(t: float) -> int:
+    """The same step as the sizing sees it: the backlog of the first minute asks for
+    more than the new rate alone, then the rate alone (24)."""
+    if 600 <= t < 660:
+        return 16
+    if 660 <= t < 720:
+        return 30
+    return 24 if 720 <= t < 1800 else 8
+
+
+def noisy(level: float, seed: int, spread: float = 0.2) -> Callable[[float], int]:
+    """``level`` members' worth of demand, +-``spread`` re-drawn at every sample."""
+    rng = random.Random(seed)
+    drawn: dict[float, int] = {}
+
+    def recommend(t: float) -> int:
+        if t not in drawn:
+            drawn[t] = math.ceil(level * rng.uniform(1 - spread, 1 + spread))
+        return drawn[t]
+
+    return recommend
+
+
+# -- the checks (the broken variants below fail them) --------------------------------------
+
+
+def check_step(settings: ScaleSettings) -> None:
+    changes = run(step_x3_and_back, replicas=8, minutes=70, settings=settings)
+    assert sizes(changes) == [24, 8], changes
+    up, down = changes[0][0], changes[1][0]
+    assert up == 600  # at once
+    assert down >= 1800 + settings.scale_down_delay_seconds  # only after the delay
+
+
+def check_dip(settings: ScaleSettings) -> None:
+    """A dip shorter than the delay changes nothing."""
+    def dip(t: float) -> int:
+        return 8 if 600 <= t < 720 else 24
+    assert run(dip, replicas=24, minutes=30, settings=settings) == []
+
+
+def check_noise(settings: ScaleSettings, seed: int) -> None:
+    """+-20 % around 10 members: the recommendations lie in [8, 12]. Started at the top
+    of the band, nothing changes in a day; started at its middle, only ups, in the first
+    hour, to at most the top."""
+    assert run(noisy(10, seed), replicas=12, minutes=24 * 60, settings=settings) == []
+    changes = run(noisy(10, seed), replicas=10, minutes=24 * 60, settings=settings)
+    assert all(c.replicas > c.previous for _, c in changes), changes
+    assert all(t < 3600 for t, _ in changes), changes
+    assert len(changes) <= 2
+
+
+DEFAULTS = ScaleSettings(min_members=1, max_members=64, scale_down_delay_seconds=300)
+
+
+def test_a_step_x3_and_back_takes_one_change_each_way_then_stays() -> None:
+    check_step(DEFAULTS)
+
+
+def test_a_step_seen_through_the_backlog_reaches_its_size_in_two_changes_then_stays() -> None:
+    changes = run(ramp_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS)
+    # up twice (16, then 30 once the 16 members joined), never down to 24 (30 / 1.5 = 20
+    # < 24: within the tolerance), down to 8 only after the delay, then nothing
+    assert [(t, c.replicas) for t, c in changes] == [(600, 16), (680, 30), (2100, 8)]
+
+
+def test_a_dip_shorter_than_the_delay_changes_nothing() -> None:
+    check_dip(DEFAULTS)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noise_of_20_percent_makes_no_change_once_at_the_top_of_its_band(seed: int) -> None:
+    check_noise(DEFAULTS, seed)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_inside_a_band_within_the_tolerance_the_size_only_rises_then_never_changes(
+        seed: int) -> None:
+    """The argument of the module docstring, on adversarial bands: every recommendation
+    in [L, U] with U <= (1 + tolerance) * L, in long runs of the band's ends; started
+    inside the band, no scale-down ever, at most U - L changes up."""
+    rng = random.Random(seed)
+    tolerance = rng.choice([0.2, 0.5, 1.0])
+    low = rng.randint(1, 30)
+    high = math.floor((1 + tolerance) * low + 1e-9)
+    runs: list[tuple[float, int]] = []
+    t = 0.0
+    while t < 6 * 3600:
+        runs.append((t, rng.choice([low, high, rng.randint(low, high)])))
+        t += rng.choice([30.0, 600.0, 1800.0])
+
+    def recommend(at: float) -> int:
+        return next(v for start, v in reversed(runs) if start <= at)
+
+    settings = ScaleSettings(min_members=1, max_members=100, scale_down_delay_seconds=300,
+                             scale_down_tolerance=tolerance)
+    changes = run(recommend, replicas=rng.randint(low, high), minutes=6 * 60,
+                  settings=settings)
+    assert all(c.replicas > c.previous for _, c in changes), (low, high, changes)
+    assert len(changes) <= high - low
+
+
+def test_a_drop_smaller_than_the_tolerance_is_kept() -> None:
+    # 12 -> 9 is a drop of 25 %: within the default tolerance (0.5), no change
+    assert run(lambda t: 12 if t < 600 else 9, replicas=12, minutes=60,
+               settings=DEFAULTS) == []
+    # 12 -> 8 neither (8 x 1.5 = 12, not below 12: both are within +-20 % of 10)
+    assert run(lambda t: 12 if t < 600 else 8, replicas=12, minutes=60,
+               settings=DEFAULTS) == []
+    # 12 -> 7: 7 x 1.5 = 10.5 < 12, down after the delay
+    changes = run(lambda t: 12 if t < 600 else 7, replicas=12, minutes=60, settings=DEFAULTS)
+    assert sizes(changes) == [7] and changes[0][0] >= 900
+
+
+def test_scale_down_goes_to_the_largest_recommendation_of_the_window() -> None:
+    def falling(t: float) -> int:
+        if t < 600:
+            return 24
+        return 8 if t >= 660 else 12  # 12 for a minute, then 8
+    changes = run(falling, replicas=24, minutes=30, settings=DEFAULTS)
+    # 12 was asked for within the window: not below it; and not 8 then (8 x 1.5 = 12 is
+    # not below 12)
+    assert [(t, c.replicas) for t, c in changes] == [(900, 12)]
+
+
+def test_bounds_clamp_the_recommendation_and_the_replicas() -> None:
+    bounded = ScaleSettings(min_members=3, max_members=10, scale_down_delay_seconds=60)
+    assert sizes(run(lambda t: 40, replicas=4, minutes=5, settings=bounded)) == [10]
+    # replicas set by hand outside the bounds are brought in at once
+    assert sizes(run(lambda t: 5, replicas=1, minutes=5, settings=bounded)) == [5]
+    assert sizes(run(lambda t: 5, replicas=30, minutes=5, settings=bounded)) == [10, 5]
+    # lowered bounds apply at once, even while the last change's pods are still joining
+    scaler = Autoscaler()
+    scaler.observe(0.0, 40, bounded)
+    change, _ = scaler.decide(0.0, replicas=4, settings=bounded, rebalancing=False,
+                              members=4)
+    assert change is not None and change.replicas == 10
+    scaler.scaled(0.0, change)
+    lower = ScaleSettings(min_members=3, max_members=6)
+    change, _ = scaler.decide(5.0, replicas=10, settings=lower, rebalancing=False,
+                              members=4)
+    assert change == ScaleChange(6, 10, "above maxMembers 6")
+    # never more members than partitions
+    few = ScaleSettings(min_members=1, max_members=64, partitions=6)
+    assert sizes(run(lambda t: 40, replicas=2, minutes=5, settings=few)) == [6]
+    assert few.clamp(0) == 1
+    assert ScaleSettings(min_members=9, max_members=4).clamp(7) == 4
+
+
+def test_no_change_while_the_group_rebalances_or_before_it_has_its_members() -> None:
+    scaler = Autoscaler()
+    scaler.observe(0.0, 20, DEFAULTS)
+    change, _ = scaler.decide(0.0, replicas=8, settings=DEFAULTS, rebalancing=True,
+                              members=8)
+    assert change is None and "rebalancing" in scaler.waiting
+    change, _ = scaler.decide(1.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                              members=8)
+    assert change == ScaleChange(20, 8, "recommended 20 members, 8 replicas: up at once")
+    scaler.scaled(1.0, change)
+    scaler.observe(30.0, 30, DEFAULTS)
+    change, wait = scaler.decide(31.0, replicas=20, settings=DEFAULTS, rebalancing=False,
+                                 members=9)
+    assert change is None and wait == pytest.approx(1.0 + SETTLE_SECONDS - 31.0)
+    # pods that never start do not freeze it
+    change, _ = scaler.decide(1.0 + SETTLE_SECONDS, replicas=20, settings=DEFAULTS,
+                              rebalancing=False, members=9)
+    assert change is not None and change.replicas == 30
+
+
+def test_a_recommendation_taken_before_the_last_change_is_ignored() -> None:
+    scaler = Autoscaler()
+    scaler.observe(0.0, 20, DEFAULTS)
+    change, _ = scaler.decide(5.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                              members=8)
+    assert change is not None
+    scaler.scaled(5.0, change)
+    scaler.observe(3.0, 2, DEFAULTS)  # measured before the change: stale
+    assert list(scaler.samples) == [(5.0, 20)]
+    assert scaler.decide(2000.0, replicas=20, settings=DEFAULTS, rebalancing=False,
+                         members=20) == (None, None)
+
+
+def test_no_recommendation_or_unknown_replicas_change_nothing() -> None:
+    scaler = Autoscaler()
+    scaler.observe(0.0, None, DEFAULTS)
+    assert scaler.decide(1.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                         members=8) == (None, None)
+    scaler.observe(0.0, 20, DEFAULTS)
+    assert scaler.decide(1.0, replicas=None, settings=DEFAULTS, rebalancing=False,
+                         members=8) == (None, None)
+
+
+def test_the_wait_before_a_scale_down_is_reported() -> None:
+    scaler = Autoscaler()
+    scaler.observe(0.0, 4, DEFAULTS)
+    change, wait = scaler.decide(100.0, replicas=12, settings=DEFAULTS, rebalancing=False,
+                                 members=12)
+    assert change is None and wait == pytest.approx(200.0)
+    assert "before scaling down" in scaler.waiting
+
+
+# -- broken variants: each fails a check above ---------------------------------------------
+
+
+def test_without_a_scale_down_delay_a_dip_scales_down_and_back_up() -> None:
+    broken = ScaleSettings(min_members=1, max_members=64, scale_down_delay_seconds=0)
+    with pytest.raises(AssertionError):
+        check_dip(broken)
+    assert sizes(run(lambda t: 8 if 600 <= t < 720 else 24, replicas=24, minutes=30,
+                     settings=broken)) == [8, 24]
+
+
+def test_without_a_tolerance_noise_keeps_changing_the_size() -> None:
+    broken = ScaleSettings(min_members=1, max_members=64, scale_down_delay_seconds=300,
+                           scale_down_tolerance=0.0)
+    failed = 0
+    for seed in range(20):
+        try:
+            check_noise(broken, seed)
+        except AssertionError:
+            failed += 1
+    assert failed >= 10
+    flaps = run(noisy(10, 0), replicas=10, minutes=24 * 60, settings=broken)
+    assert len(flaps) > 20  # down and up again all day

@@ -1,0 +1,126 @@
+"""spec.autoscaling in the operator's passes (decide): the recommendation taken from the
+member Leases goes to the autoscaler, its change comes out as ``Plan.scale`` and
+``status.autoscaling`` says what it did last; and the capacity the sizing remembers, so
+that a group can be sized down."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from test_operator_logic import Op, body, held_lease, member_lease
+
+from kgroup.core.load import encode_load
+from kgroup.core.operator.decide import Observation, Plan, decide
+from kgroup.core.operator.load_status import LOAD_REFRESH_SECONDS
+from kgroup.core.operator.sizing import member_capacity
+
+WALL = datetime(2026, 1, 1, tzinfo=UTC)
+AUTOSCALING = {"minMembers": 1, "maxMembers": 8, "scaleDownDelaySeconds": 60,
+               "scaleTargetRef": {"kind": "Deployment", "name": "w"}}
+
+
+def loaded(member: str, rv: str, rates: dict[int, float], lags: dict[int, int]
+           ) -> dict[str, Any]:
+    lease: dict[str, Any] = member_lease(member, rv, epoch=1)  # the target acknowledged
+    text = encode_load(rates, lags)
+    assert text is not None
+    lease["metadata"]["annotations"]["kgroup.dev/load"] = text
+    return lease
+
+
+def autoscaled_op(**spec: Any) -> Op:
+    op = Op("a", "b")
+    op.body = body(spec={"partitions": 8, "selector": {"matchLabels": {"app": "x"}},
+                         "stabilizationWindowSeconds": 0,
+                         "lease": {"durationSeconds": 15, "renewIntervalSeconds": 5},
+                         "autoscaling": {**AUTOSCALING, **spec}})
+    return op
+
+
+def settle(op: Op, rates: dict[str, dict[int, float]], lags: dict[str, dict[int, int]],
+           rv: int) -> None:
+    """Every partition held by its target owner, each member reporting load."""
+    plan = op.decide()
+    op.write(plan, str(rv))
+    owners = {p: m for m, ps in (plan.status or {})["assignment"].items()
+              for p in _ranges(ps)}
+    for p, m in owners.items():
+        op.leases.put(held_lease(p, str(rv + 1 + p), m, f"s-{m}"), op.now)
+    for i, m in enumerate(("a", "b")):
+        mine = {p: r for p, r in rates[m].items() if owners.get(p) == m}
+        op.leases.put(loaded(m, str(rv + 50 + i), mine, lags[m]), op.now)
+
+
+def _ranges(text: str) -> list[int]:
+    from kgroup.core.ranges import parse_ranges
+    return parse_ranges(text)
+
+
+def passes(op: Op, replicas: int, seconds: float) -> Plan:
+    plan = decide(Observation(op.body, op.leases, op.pods, True, replicas=replicas),
+                  op.memory, op.now, wall=WALL, status_min_interval=0.0)
+    if plan.status is not None:
+        op.write(plan, str(int(op.now * 10)))
+    op.now += seconds
+    return plan
+
+
+def test_a_group_behind_asks_for_more_replicas_and_the_status_says_so() -> None:
+    op = autoscaled_op()
+    # a and b each process 100/s and are 30,000 events behind: capacity 100/s per member,
+    # demand 200 + 60,000 / 300 = 400/s: 4 members
+    rates = {"a": {p: 25.0 for p in range(4)}, "b": {p: 25.0 for p in range(4, 8)}}
+    settle(op, rates, {"a": {0: 30_000}, "b": {4: 30_000}}, 20)
+    op.now += 1
+    plan = passes(op, replicas=2, seconds=1)
+    assert plan.scale is not None and (plan.scale.previous, plan.scale.replicas) == (2, 4)
+    assert plan.status is not None
+    assert plan.status["load"]["recommendedMembers"] == 4
+    assert plan.status["autoscaling"] == {"desiredMembers": 4, "replicas": 2, "reason": ""}
+    op.memory.scaled(plan.scale, op.now, WALL)
+    after = passes(op, replicas=4, seconds=1)
+    assert after.scale is None
+    assert after.status is not None and after.status["autoscaling"] == {
+        "desiredMembers": 4, "replicas": 4, "lastScaleTime": "2026-01-01T00:00:00Z",
+        "reason": "2 -> 4: recommended 4 members, 2 replicas: up at once"}
+
+
+def test_without_autoscaling_nothing_is_scaled_and_no_status_is_shown() -> None:
+    op = Op("a", "b")
+    plan = decide(Observation(op.body, op.leases, op.pods, True, replicas=1), op.memory,
+                  op.now, wall=WALL, status_min_interval=0.0)
+    assert plan.scale is None and "autoscaling" not in (plan.status or {})
+
+
+def test_a_missing_target_is_a_problem_in_the_status() -> None:
+    op = autoscaled_op()
+    plan = decide(Observation(op.body, op.leases, op.pods, True,
+                              scale_problem="Deployment w not found"),
+                  op.memory, op.now, wall=WALL, status_min_interval=0.0)
+    assert plan.scale is None
+    assert "ScaleTargetUnavailable" in [e.reason for e in plan.events] + [
+        c["reason"] for c in (plan.status or {}).get("conditions", [])]
+
+
+def test_the_capacity_is_remembered_so_a_group_whose_input_fell_is_sized_down() -> None:
+    # behind at 100/s: capacity 100. Later nobody is behind and each member does 20/s:
+    # without the memory the capacity would be 20 and the recommendation stay at 2
+    assert member_capacity({"a": 100.0}, {"a": 5_000}) == 100.0
+    assert member_capacity({"a": 20.0, "b": 20.0}, {"a": 0, "b": 0}) == 20.0
+    assert member_capacity({"a": 20.0, "b": 20.0}, {"a": 0, "b": 0}, 100.0) == 100.0
+    # a member behind now replaces what is remembered, even when it is lower
+    assert member_capacity({"a": 60.0}, {"a": 5_000}, 100.0) == 60.0
+    op = autoscaled_op()
+    rates = {"a": {p: 25.0 for p in range(4)}, "b": {p: 25.0 for p in range(4, 8)}}
+    settle(op, rates, {"a": {0: 30_000}, "b": {4: 30_000}}, 20)
+    op.now += 1
+    first = passes(op, replicas=2, seconds=LOAD_REFRESH_SECONDS + 1)
+    assert first.status is not None and first.status["load"]["capacity"] == 100.0
+    slow = {"a": {p: 5.0 for p in range(4)}, "b": {p: 5.0 for p in range(4, 8)}}
+    for i, m in enumerate(("a", "b")):
+        op.leases.put(loaded(m, str(900 + i), slow[m], {}), op.now)
+    later = passes(op, replicas=4, seconds=1)
+    assert later.status is not None
+    assert later.status["load"]["capacity"] == 100.0
+    assert later.status["load"]["recommendedMembers"] == 1  # 40/s at 100/s per member
