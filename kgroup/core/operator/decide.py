@@ -44,6 +44,7 @@ from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.autoscale import Autoscaler, ScaleChange, ScaleSettings
+from kgroup.core.operator.failure_detector import Expiry, ExpiryRule, expiries_to_mark
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
 from kgroup.core.operator.planner import (
@@ -251,53 +252,6 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class Expiry:
-    """Mark partition Lease ``partition`` with the expiry of ``session`` (its holder
-    ``member``'s, seen over); ``seen_rv``: the lock's resourceVersion as read, the
-    precondition of the merge patch."""
-
-    partition: int
-    member: str
-    session: str
-    seen_rv: str
-
-
-class ExpiryRule:
-    """The failure detector's decisions (a broken variant overrides one: kgroup_sim).
-
-    A lock's holder session is over when the holder's member Lease is gone, carries
-    another session, or was seen unrenewed for a full lease duration on the operator's own
-    clock (:class:`~kgroup.core.locks.SessionTracker`: first sight starts the clock). The
-    cache's view may lag, so a lock is marked only after :meth:`confirm` on a quorum read
-    of the holder's member Lease (locks.py: a renewal committed after that read reaches
-    the holder after its own fencing deadline)."""
-
-    def expires_at(self, leases: GroupLeases, member: str, session: str) -> float | None:
-        """When ``session`` counts as over unrenewed on our clock (None: over already,
-        its member Lease is gone or carries another session)."""
-        lease = leases.members.get(member)
-        if lease is None or lease.session != session:
-            return None
-        return leases.tracker.expires_at(member, session)
-
-    def session_over(self, leases: GroupLeases, member: str, session: str, now: float) -> bool:
-        expiry = self.expires_at(leases, member, session)
-        return expiry is None or now >= expiry
-
-    def reread(self) -> bool:
-        """Whether the driver re-reads the holder's member Lease before marking."""
-        return True
-
-    def confirm(self, leases: GroupLeases, member: str, session: str, fresh: Obj | None,
-                now: float) -> bool:
-        """After the quorum read (``fresh``; None: the Lease is gone): feed it to the cache,
-        whose tracker restarts its clock on a changed marker, and ask again. A renewal
-        learnt by any path since the decision counts."""
-        leases.member_read(member, fresh, now)
-        return self.session_over(leases, member, session, now)
-
-
-@dataclass(frozen=True)
 class Event:
     """A core/v1 Event to post about the group."""
 
@@ -399,38 +353,6 @@ def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases,
         marks.append(Mark(p, member, lock.resource_version, uid))
     marks.sort(key=lambda m: m.partition)
     return marks
-
-
-def expiries_to_mark(memory: Memory, leases: GroupLeases, now: float,
-                     rule: ExpiryRule) -> tuple[list[Expiry], float | None]:
-    """The held locks whose holder's session is over and that carry no expiry mark of it
-    yet, less those in flight for the lock as cached; and the earliest future moment a
-    held lock's session would be over (the next pass's deadline)."""
-    out: list[Expiry] = []
-    later: float | None = None
-    # per holder session, asked once: (over?, when it would be); a group's 10,000 locks
-    # have a few hundred sessions at most (asked per lock, this was 40 % of a pass)
-    sessions: dict[tuple[str, str], tuple[bool, float | None]] = {}
-    for p, lock in leases.partitions.items():  # the few expiries are sorted at the end
-        if not lock.holder or lock.session is None or lock.expired == lock.session:
-            memory.expiries_sent.pop(p, None)
-            continue
-        key = (lock.holder, lock.session)
-        seen = sessions.get(key)
-        if seen is None:
-            over = rule.session_over(leases, lock.holder, lock.session, now)
-            seen = sessions[key] = (over, None if over else
-                                    rule.expires_at(leases, lock.holder, lock.session))
-        if not seen[0]:
-            expiry = seen[1]
-            if expiry is not None and (later is None or expiry < later):
-                later = expiry
-            continue
-        if memory.expiries_sent.get(p) == (lock.session, lock.resource_version):
-            continue
-        out.append(Expiry(p, lock.holder, lock.session, lock.resource_version))
-    out.sort(key=lambda e: e.partition)
-    return out, later
 
 
 def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
@@ -556,7 +478,8 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,
                                                len(members), decision)
     wire = {**new_status.to_wire(), "layout": layout.status}
-    expiries, next_lock_expiry = expiries_to_mark(memory, leases, now, rule or ExpiryRule())
+    expiries, next_lock_expiry = expiries_to_mark(memory.expiries_sent, leases, now,
+                                                  rule or ExpiryRule())
     # when unowned partitions become "unowned too long" (the Degraded condition): a moment
     # to wake for only while it is ahead. Once passed, this pass has reported it, whatever
     # the phase shows (Pending and Paused outrank Degraded): a past deadline here made
