@@ -9,7 +9,7 @@ Field-level validation that the API server must enforce lives in ``json_schema_e
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -99,10 +99,24 @@ class SizingSettings(_Model):
 ReshapePolicy = Literal["Generations", "Append"]
 
 
+class ReshapeChange(_Model):
+    """One split or one merge (docs/reshape.md, "Splits and merges"): the change that makes
+    generation ``generation`` of ``status.layout``. Applied once, when the newest
+    generation is the one before; ``spec.partitions`` must say the count it leaves (one
+    more after a split, one fewer after a merge)."""
+
+    generation: int = Field(ge=2, le=1_000_000_000)
+    split: int | None = Field(default=None, ge=0, le=999_999_999)
+    merge: list[Annotated[int, Field(ge=0, le=999_999_999)]] | None = Field(
+        default=None, min_length=2, max_length=2)
+
+
 class ReshapeSettings(_Model):
-    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy")."""
+    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy"), and
+    an optional split or merge."""
 
     policy: ReshapePolicy = "Generations"
+    change: ReshapeChange | None = None
 
 
 class ScaleTargetRef(_Model):

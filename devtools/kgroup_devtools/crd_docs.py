@@ -127,6 +127,24 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "change once status.layout is not one modulo generation (after a "
                        "Generations reshape). "
                        "Default: Generations."},
+    "spec.reshape.change": {
+        "description": "Optional: one split or one merge of the newest generation's key-hash "
+                       "ranges, under policy Generations (docs/reshape.md, \"Splits and "
+                       "merges\"). Applied once, when status.layout's newest generation is "
+                       "generation - 1; set spec.partitions in the same change to the count "
+                       "it leaves (one more after a split, one fewer after a merge). The "
+                       "group's first reshape must be a change of spec.partitions (a uniform "
+                       "one): a modulo generation has no ranges to cut."},
+    "spec.reshape.change.generation": {
+        "description": "The generation this change makes (2 or more): it applies once, when "
+                       "the newest generation is the one before, and is then kept as history."},
+    "spec.reshape.change.split": {
+        "description": "A partition of the newest generation whose key-hash range is cut "
+                       "into two halves: two new partitions succeed it."},
+    "spec.reshape.change.merge": {
+        "description": "Two partitions of the newest generation with adjacent key-hash "
+                       "ranges: one new partition succeeds both."},
+    "spec.reshape.change.merge[]": {"description": "A partition number."},
     "spec.autoscaling": {
         "description": "Optional: the operator sets the replicas of a Deployment or "
                        "StatefulSet of this namespace to status.load.recommendedMembers "

@@ -143,6 +143,33 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
             }
         ],
     },
+    "spec.reshape": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.change) || self.policy == 'Generations'",
+                "message": "spec.reshape.change (a split or a merge) needs "
+                           "spec.reshape.policy: Generations: it makes a new generation",
+                "fieldPath": ".change",
+                "reason": "FieldValueForbidden",
+            }
+        ],
+    },
+    "spec.reshape.change": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.split) != has(self.merge)",
+                "message": "spec.reshape.change takes one split (a partition number) or "
+                           "one merge (two adjacent partition numbers), not both or neither",
+                "reason": "FieldValueInvalid",
+            },
+            {
+                "rule": "!has(self.merge) || self.merge[0] != self.merge[1]",
+                "message": "spec.reshape.change.merge names two different partitions",
+                "fieldPath": ".merge",
+                "reason": "FieldValueInvalid",
+            },
+        ],
+    },
     "spec.autoscaling": {
         "x-kubernetes-validations": [
             {

@@ -379,7 +379,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     raw_status = body.get("status") or {}
     layout = memory.layouts.derive(spec.partitions, raw_status.get("layout"),
                                    completions_on(obs.leases.bodies, str(md.get("name"))),
-                                   spec.reshape.policy)
+                                   spec.reshape.policy, spec.reshape.change)
     status, target, hand_problem, server = memory.status_of(raw_status, layout.space)
     problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
