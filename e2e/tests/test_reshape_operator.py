@@ -187,6 +187,14 @@ def test_real_sidecars_complete_a_shrink_and_take_up_the_successors(
         patch_spec(kube, namespace, {"partitions": 2})
         status_where(kube, namespace, "generation 2",
                      lambda s: s.get("layout", {}).get("generation") == 2)
+        def sealed() -> dict[int, int | None]:
+            return {p.partition: p.sealed_by for app in apps.values()
+                    for p in app.assignment().active}
+
+        # each app's view says which held partitions the reshape sealed, and by which
+        # generation: what an app seals them with when no producer has
+        wait_for("the views say 0-3 sealed by generation 2",
+                 lambda: sealed() == {0: 2, 1: 2, 2: 2, 3: 2}, timeout=30)
         owners = held()
         for p in (0, 1, 2, 3):
             pod, token = owners[p]
