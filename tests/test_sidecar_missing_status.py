@@ -1,6 +1,7 @@
 """Pods labelled with a group that run without the kgroup sidecar: which pods count, the
 SidecarMissing condition, status.sidecarMissing, and what they do to the other conditions
-(pure: status aggregation and the decision of one pass)."""
+(pure: status aggregation, the decision of one pass, and which group loop a pod's event
+wakes)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from kgroup.core.operator.status import (
     aggregate_status,
     pods_without_sidecar,
 )
-from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus
+from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LabelSelector
+from kgroup_operator.groups import GroupLoops
+from kgroup_operator.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TARGET = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
@@ -130,3 +133,27 @@ def test_a_pass_of_the_operator_reports_the_pods_labelled_with_its_group() -> No
     plan = decide(Observation(body=body, leases=GroupLeases(), pods=everyone, synced=True),
                   Memory(started_at=0.0), 1.0, wall=T0, status_min_interval=0.0)
     assert plan.status is not None and "sidecarMissing" not in plan.status
+
+
+def test_a_pod_event_pokes_the_group_the_pod_is_labelled_with_even_unselected() -> None:
+    """A pod that carries only the injector's label is reported on that group: its
+    events wake that group's loop, though the group's selector does not match it."""
+    class Loop:
+        def __init__(self, selector: dict[str, str]) -> None:
+            self.selector = LabelSelector(match_labels=selector)
+            self.pokes = 0
+
+        def poke(self) -> None:
+            self.pokes += 1
+
+    rt = GroupLoops(kube=None, settings=OperatorSettings())  # type: ignore[arg-type]
+    loops = {("ns", "orders"): Loop({"app": "w"}), ("ns", "payments"): Loop({"app": "p"}),
+             ("other", "orders"): Loop({"app": "w"})}
+    rt.controllers.update(loops)  # type: ignore[arg-type]
+    bare = pod_observation(pod("bare", group="orders"))
+    only_label = PodObservation(name="bare", labels={C.LABEL_GROUP: "orders"})
+    rt.poke_pod("ns", None, only_label)
+    rt.poke_pod("ns", only_label, None)
+    assert [loop.pokes for loop in loops.values()] == [2, 0, 0]
+    rt.poke_pod("ns", None, bare)  # labelled and selected: one poke, not two
+    assert [loop.pokes for loop in loops.values()] == [3, 0, 0]

@@ -47,7 +47,8 @@ def test_a_labelled_pod_without_the_sidecar_is_reported_until_it_is_gone(
         spec=client.V1PodSpec(node_selector={"type": "kwok"}, containers=[
             client.V1Container(name="main", image="example.invalid/worker:1"),
             client.V1Container(name=C.SIDECAR_CONTAINER, image="example.invalid/sc:1")])))
-    make_pods(kube, namespace, "bare", labels=LABELS)
+    # the injector's label alone (the selector does not match it): still the group's pod
+    make_pods(kube, namespace, "bare", labels={C.LABEL_GROUP: GROUP})
 
     st = status_where(kube, namespace, "SidecarMissing on the group",
                       lambda s: condition(s, "SidecarMissing")[0] == "True", timeout=60)
