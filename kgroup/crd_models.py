@@ -188,6 +188,18 @@ class AutoscalingStatus(_Model):
     reason: str = ""
 
 
+class SidecarMissingStatus(_Model):
+    """Running pods labelled with the group that have no kgroup sidecar container: how
+    many, and the first of them by name (at most :data:`SIDECAR_MISSING_LISTED`)."""
+
+    count: int = 0
+    pods: list[str] = Field(default_factory=list)
+
+
+SIDECAR_MISSING_LISTED = 10
+"""status.sidecarMissing.pods names at most this many pods (the count says how many)."""
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -232,5 +244,6 @@ class ConsumerGroupStatus(_Model):
     last_rebalance: LastRebalance | None = None
     load: LoadStatus | None = None
     autoscaling: AutoscalingStatus | None = None
+    sidecar_missing: SidecarMissingStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     layout: Layout | None = None

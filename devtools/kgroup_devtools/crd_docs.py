@@ -266,13 +266,21 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        f"({_TIMESTAMP}); absent while in progress.", "format": "date-time"},
     "status.lastRebalance.durationSeconds": {"description": "completedAt - startedAt, in "
                                                             "seconds."},
-    "status.conditions": {"description": "Ready, Rebalancing, Degraded, Stalled and "
-                                         "Reconciling, by the Kubernetes API conventions; "
+    "status.sidecarMissing": {"description": "Running pods labelled kgroup.dev/group with "
+                                             "this group that have no kgroup sidecar "
+                                             "container (they take no part in the group); "
+                                             "absent when there is none."},
+    "status.sidecarMissing.count": {"description": "How many such pods."},
+    "status.sidecarMissing.pods": {"description": "The first of them by name (at most 10)."},
+    "status.sidecarMissing.pods[]": {"description": "A pod name."},
+    "status.conditions": {"description": "Ready, Rebalancing, Degraded, Stalled, "
+                                         "Reconciling and SidecarMissing, by the "
+                                         "Kubernetes API conventions; "
                                          "Reconciling and Stalled as kstatus reads them "
                                          "(docs/troubleshooting.md, docs/operations.md)."},
     "status.conditions[]": {"description": "One condition."},
-    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded, Stalled or "
-                                                "Reconciling."},
+    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded, Stalled, "
+                                                "Reconciling or SidecarMissing."},
     "status.conditions[].status": {"description": "True, False or Unknown."},
     "status.conditions[].reason": {"description": "A CamelCase reason, for programs."},
     "status.conditions[].message": {"description": "What is going on, for people. "

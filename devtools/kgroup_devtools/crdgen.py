@@ -252,6 +252,9 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
     "status.members[].assignedCount": {"minimum": 0},
     "status.members[].ownedCount": {"minimum": 0},
     "status.members[].acknowledgedEpoch": {"minimum": 0},
+    "status.sidecarMissing.count": {"minimum": 0},
+    "status.sidecarMissing.pods": {"maxItems": api.SIDECAR_MISSING_LISTED},
+    "status.sidecarMissing.pods[]": {"maxLength": 253},
     "status.lastRebalance.epoch": {"minimum": 0},
     "status.lastRebalance.moved": {"minimum": 0},
     "status.lastRebalance.durationSeconds": {"minimum": 0},
@@ -276,6 +279,9 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Stalled", "type": "integer", "jsonPath": ".status.stalled"},
     {"name": "Recommended", "type": "integer",
      "jsonPath": ".status.load.recommendedMembers"},
+    # -o wide: running pods labelled with the group that have no sidecar (absent: none)
+    {"name": "Without-Sidecar", "type": "integer", "jsonPath": ".status.sidecarMissing.count",
+     "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

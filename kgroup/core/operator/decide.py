@@ -58,7 +58,12 @@ from kgroup.core.operator.planner import (
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layouts, completions_on
 from kgroup.core.operator.rollout import restart_grace
-from kgroup.core.operator.status import Problem, aggregate_status, format_timestamp
+from kgroup.core.operator.status import (
+    Problem,
+    aggregate_status,
+    format_timestamp,
+    pods_without_sidecar,
+)
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import (
     AutoscalingStatus,
@@ -473,6 +478,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance, assignable=layout.assignable,
+        bare_pods=pods_without_sidecar(str(md.get("name", "")), obs.pods),
     )
     new_status = memory.load.apply(new_status)
     scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,
