@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import threading
@@ -101,8 +102,8 @@ def patch_for(change: Change, lineage: Lineage) -> dict[str, Any]:
     if isinstance(change, Uniform):
         return {"spec": {"partitions": change.count}}
     count = len(lineage.latest.partitions) + (1 if isinstance(change, Split) else -1)
-    what: dict[str, Any] = {"split": change.partition} if isinstance(change, Split) \
-        else {"merge": [change.left, change.right]}
+    what: dict[str, Any] = {"split": change.partition, "merge": None} \
+        if isinstance(change, Split) else {"merge": [change.left, change.right], "split": None}
     return {"spec": {"partitions": count, "reshape": {"change": {
         "generation": lineage.latest.number + 1, **what}}}}
 
@@ -223,14 +224,17 @@ def schedule(args: argparse.Namespace, changes: list[Change]) -> list[Step]:
     for i in crashed:
         steps += [Step(iv * i - args.crash_stall, 0, "stall", index=i),
                   Step(iv * i, 2, "crash", index=i)]
-    slots = [iv * i + iv / 2 for i in reshapes] \
-        + [iv * i + 0.5 for i in reshapes if i not in crashed]
+    during = [iv * i + 0.5 for i in reshapes if i not in crashed]
+    between = [iv * i + iv / 2 for i in reshapes]
     kinds = ["join"] * args.joins + ["leave"] * args.leaves
     rng.shuffle(kinds)
-    at = sorted(rng.sample(slots, len(kinds)) if len(kinds) <= len(slots)
-                else [rng.choice(slots) for _ in kinds])
-    for i, (when, kind) in enumerate(zip(at, kinds, strict=True)):
-        steps.append(Step(when + 0.01 * i, 3, kind))
+    for k, kind in enumerate(kinds):  # alternately while a drain runs and between
+        pool = (during, between)[k % 2] or during or between
+        if not pool:
+            pool = [iv * i + iv / 2 for i in reshapes] or [iv / 2]
+            during, between = [], pool.copy()
+        when = pool.pop(rng.randrange(len(pool)))
+        steps.append(Step(when + 0.01 * k, 3, kind))
     return sorted(steps)
 
 
@@ -410,6 +414,9 @@ def run(args: argparse.Namespace, st: Stage, url: str, client: redis.Redis) -> d
     churn: Churn | None = None
     try:
         for pod, port in sidecars.ports.items():
+            # the apps start once their sidecars answer (before, each refusal is logged)
+            wait_until(f"{pod}'s sidecar up", lambda u=f"http://127.0.0.1:{port}":
+                       SidecarClient(u, timeout=5).assignment(), timeout=120, interval=0.2)
             workers.start(pod, port)
         wait_until("the group stable", lambda: st.stable_with(len(pods)), timeout=120)
         churn = Churn(st, sidecars, workers, layout, args.seed)
@@ -537,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=300.0)
     ap.add_argument("--base-port", type=int, default=18470)
     args = ap.parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(threadName)s %(name)s: %(message)s",
+                        level=logging.WARNING)
     st = Stage("bench-reshape")
     try:
         with RedisServer() as server:
