@@ -27,6 +27,11 @@ i-th assignable partition is slot i) and its target is turned back into partitio
 (:meth:`Layout.from_slots`). A group whose layout is one modulo generation of
 ``spec.partitions`` has partitions 0..N-1 as its slots: nothing changes for it.
 
+The class of the layouts derived is a seam (``layout_class`` of :func:`layout_of` and
+:class:`Layouts`, :class:`Layout` by default): a subclass may change one rule, as the
+simulation's broken variant that skips the wait does (``kgroup_sim.variants``), and the
+operator's pass (``decide``, through ``Memory.layouts``) then runs with it.
+
 Pure: no I/O, no clock.
 """
 
@@ -188,14 +193,16 @@ def appended(lineage: Lineage, partitions: int) -> tuple[Lineage, str | None]:
 
 
 def layout_of(partitions: int, status_layout: object, reported: Callable[[int], bool],
-              last: Lineage | None = None, policy: ReshapePolicy = "Generations") -> Layout:
+              last: Lineage | None = None, policy: ReshapePolicy = "Generations",
+              layout_class: type[Layout] = Layout) -> Layout:
     """The layout for this pass: ``partitions`` is ``spec.partitions``, ``status_layout``
     the status' ``layout`` as read (None when absent; or already decoded, a
     :class:`Lineage` or the :class:`LineageError` decoding it raised), ``reported(p)``:
     partition ``p``'s Lease records a completion; ``last`` the lineage this operator
     last derived for the group (used when the status has no layout or one that does not
     decode: it is written again); ``policy`` is ``spec.reshape.policy``: what a change of
-    ``spec.partitions`` does (a new generation, or :func:`appended`)."""
+    ``spec.partitions`` does (a new generation, or :func:`appended`); ``layout_class``
+    the class of the result (:class:`Layout`, or a subclass changing one of its rules)."""
     problem: str | None = None
     if status_layout is None and last is not None:
         lineage = last  # not written yet, or removed by hand: written again
@@ -220,15 +227,18 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
         except LineageError as exc:
             problem = (f"spec.partitions {partitions} waits: {exc} (generation "
                        f"{lineage.latest.number} has {len(lineage.latest.partitions)})")
-    return Layout(lineage, problem)
+    return layout_class(lineage, problem)
 
 
 class Layouts:
     """One group's layouts across passes: the status' layout decoded once per change (a
     decode of 2,000 partitions takes 0.1 s; the layout the operator derived itself is
-    never decoded back), and the last layout derived, kept while nothing changes it."""
+    never decoded back), and the last layout derived, kept while nothing changes it.
+    ``layout_class``: the class of the layouts derived (:class:`Layout`; a subclass
+    changes one rule for every pass of the operator that keeps these)."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout_class: type[Layout] = Layout) -> None:
+        self.layout_class = layout_class
         self._read: tuple[Any, Lineage | LineageError] | None = None
         self._layout: Layout | None = None
         self.last: Lineage | None = None
@@ -245,7 +255,8 @@ class Layouts:
                     read = exc
                 self._read = (status_layout, read)
             decoded = self._read[1]
-        layout = layout_of(partitions, decoded, reported, self.last, policy)
+        layout = layout_of(partitions, decoded, reported, self.last, policy,
+                           self.layout_class)
         kept = self._layout
         if kept is not None and kept.lineage is layout.lineage and \
                 kept.problem == layout.problem:
