@@ -23,7 +23,7 @@ RESHAPE = SimConfig(members=4, partitions=16, fault_time=40, reshape=(24, 8),
 kind (crashes, GC pauses, network cuts, operator restarts, joins, leaves, lost and
 replayed events and requests); each sealed partition's backlog 0.5-8 s, a quarter empty."""
 SKIPS = dataclasses.replace(RESHAPE, layout=SkipsTheWait)
-SLOW_SEEDS = 60
+SLOW_SEEDS = 40
 SAFETY_KINDS = {"safety", "token-order", "sink", "store-token"}
 
 
