@@ -137,6 +137,19 @@ def test_the_check_catches_the_variant_that_skips_the_wait() -> None:
     assert premature(broken.lineage, target) == [4, 5]
 
 
+def test_layouts_derive_layouts_of_the_class_they_are_given() -> None:
+    """The seam the simulation's broken variant goes through: every layout a Layouts
+    derives (and so every pass of an operator whose memory keeps it) is of its class."""
+    broken, shipped = Layouts(SkipsTheWait), Layouts()
+    status = broken.derive(4, None, reported()).status
+    assert shipped.derive(4, None, reported()).status == status
+    skipping = broken.derive(2, status, reported())
+    assert type(skipping) is SkipsTheWait and skipping.assignable == (0, 1, 2, 3, 4, 5)
+    kept = shipped.derive(2, status, reported())
+    assert type(kept) is Layout and kept.assignable == (0, 1, 2, 3)
+    assert type(layout_of(2, status, reported(), layout_class=SkipsTheWait)) is SkipsTheWait
+
+
 @pytest.mark.parametrize("target", [{"a": [4]}, {"a": [0, 9]}])
 def test_premature_names_what_may_not_be_assigned(target: dict[str, list[int]]) -> None:
     assert premature(shrunk().lineage, target) == [p for p in target["a"] if p >= 4]

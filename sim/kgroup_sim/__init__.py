@@ -5,8 +5,10 @@ code (``kgroup.core.member.converge`` with ``kgroup.core.member.reconcile`` in e
 sidecar, ``kgroup.core.operator.decide`` in the simulated operator) against a simulated
 API store holding wire-form objects, on simulated clocks that drift, with delayed, lost
 and replayed watch events, lost requests and answers, crashes, GC pauses longer than the
-lease, network cuts and operator restarts, and checks safety, token order, a fenced sink
-and liveness after every event (see :mod:`kgroup_sim.checks`). A seed fully determines a
+lease, network cuts and operator restarts (and, when configured, reshapes: changes of
+``spec.partitions`` whose sealed partitions the apps read to their seal), and checks
+safety, token order, a fenced sink, reshape order and liveness after every event (see
+:mod:`kgroup_sim.checks`). A seed fully determines a
 run, so a failing seed replays: ``python -m kgroup_sim --seed N --verbose``.
 
 Layout: ``kernel`` (time, events, processes), ``store`` (resourceVersions, conflicts),

@@ -6,6 +6,8 @@ Examples::
     python -m kgroup_sim --seed 1234 --verbose     # replay one seed's trace
     python -m kgroup_sim --seed 10 --members 4 --partitions 16 --fault-time 30 \
         --variant no-adoption --regression acquire-timeout-fails  # old bugs, put back
+    python -m kgroup_sim --reshape 16,24,8 --seeds 200    # spec.partitions 16 -> 24 -> 8
+    python -m kgroup_sim --reshape 16,24,8 --layout skips-the-wait --seeds 20  # caught
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from kgroup.core.member.reconcile import Member
 from kgroup.core.operator.decide import ExpiryRule
+from kgroup.core.operator.reshape import Layout
 from kgroup_sim.variants import (
     REGRESSIONS,
     EarlyExpiry,
@@ -28,6 +31,7 @@ from kgroup_sim.variants import (
     NoRereadExpiry,
     NoTargetRevokesMember,
     SameTokenMember,
+    SkipsTheWait,
 )
 from kgroup_sim.world import Result, SimConfig, run_seed
 
@@ -48,9 +52,36 @@ DETECTORS: dict[str, type[ExpiryRule]] = {
 }
 """The operator's failure detector: the shipped rule or a broken variant of it."""
 
+LAYOUTS: dict[str, type[Layout]] = {
+    "real": Layout,
+    "skips-the-wait": SkipsTheWait,
+}
+"""The operator's layout (which partitions a reshape lets it assign): the shipped rule or
+a broken variant of it."""
+
+SEAL_DRAIN = (0.5, 8.0)
+"""With ``--reshape``: each sealed partition's backlog, simulated seconds (a quarter of
+them empty), read by its owner before it completes the partition."""
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    """``16,24,8`` -> (16, 24, 8): the first is the group's size, then each reshape's."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of sizes: {text!r}") from None
+    if len(out) < 2 or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected at least two sizes >= 1: {text!r}")
+    return out
+
 
 def config_from(args: argparse.Namespace) -> SimConfig:
-    return SimConfig(members=args.members, partitions=args.partitions,
+    """The run's configuration (``--reshape N,...`` sets ``--partitions`` to N)."""
+    reshape: tuple[int, ...] = ()
+    if args.reshape:
+        args.partitions, reshape = args.reshape[0], args.reshape[1:]
+    return SimConfig(members=args.members, partitions=args.partitions, reshape=reshape,
+                     seal_drain=SEAL_DRAIN if reshape else None, layout=LAYOUTS[args.layout],
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
                      regressions=frozenset(args.regression), verbose=args.verbose,
                      scoped_watch=not args.whole_watch,
@@ -64,6 +95,10 @@ def adapter_flags(args: argparse.Namespace) -> str:
         flags += f" --detector {args.detector}"
     if args.no_expiry_admission:
         flags += " --no-expiry-admission"
+    if args.reshape:
+        flags += " --reshape " + ",".join(map(str, args.reshape))
+    if args.layout != "real":
+        flags += f" --layout {args.layout}"
     return flags + (" --whole-watch" if args.whole_watch else "")
 
 
@@ -108,6 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--regression", action="append", default=[], choices=sorted(REGRESSIONS),
                     help="bring back this old bug of the sidecar's decision code (a subclass "
                          "of the shipped SidecarLogic, kgroup_sim.variants; repeatable)")
+    ap.add_argument("--reshape", type=sizes, default=None, metavar="N,M[,...]",
+                    help="spec.partitions changed from N (overrides --partitions) to M and "
+                         "on, at times drawn from the seed during the faults; apps read "
+                         "sealed partitions to their seal and complete them")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="real",
+                    help="the operator's layout rule: the shipped one, or a broken variant "
+                         "that assigns successors at once (kgroup_sim.variants)")
     ap.add_argument("--whole-watch", action="store_true",
                     help="sidecars watch every Lease of the group (not their scope)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -121,11 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed: list[Result] = []
     sink = [0, 0]
     slowest: tuple[float, int] = (0.0, -1)
+    reshape_ends: list[float] = []
+    unended = completed = successors = 0
     for result in run_many(seeds, cfg, 1 if args.verbose else args.jobs):
         if args.verbose:
             print(f"# seed {result.seed}: {result.spec}")
             print("\n".join(result.trace))
         sink[0] += result.sink_accepted
+        completed += result.completed
+        successors += result.successor_acquisitions
+        for _, took in result.reshapes:
+            if took is None:
+                unended += 1
+            else:
+                reshape_ends.append(took)
         sink[1] += result.sink_refused
         for kind, n in result.faults.items():
             faults[kind] = faults.get(kind, 0) + n
@@ -150,6 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         + " (fence: a member fenced itself; lost: a member saw a lock it still held taken "
           "by another session, which a correct run never shows)")
     print(f"fenced sink: {sink[0]} app writes accepted, {sink[1]} stale-token writes refused")
+    if args.reshape:
+        ends = sorted(reshape_ends)
+        settled = (f"p50 {ends[len(ends) // 2]:.1f} s, max {ends[-1]:.1f} s" if ends
+                   else "n/a")
+        print(f"reshapes: {len(ends) + unended} ({unended} not ended by the end of the run); "
+              f"from the spec change to the layout settled {settled}; {completed} partitions "
+              f"completed, {successors} successor acquisitions")
     by_kind: dict[str, int] = {}
     for r in failed:
         for v in r.violations[:1]:

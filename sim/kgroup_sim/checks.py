@@ -16,6 +16,14 @@ Rules of this module (the definitions the simulation's verdicts rest on):
   landing on the new owner's data: a violation (its token was not lower). An open the sink
   refuses is a new owner holding a token below a stale one: a violation.
 * **Store.** Every acquisition (holder set on a partition Lease) raises the token.
+* **Reshape order.** A partition of a newer generation (a *successor*) may be acquired
+  only once every one of its predecessors was read to its seal: its Lease in the store
+  records a completed release (``kgroup.dev/completed``, ``lease_codec.completed_token``).
+  Completion is taken from the stored Leases, not from the operator's ``status.layout``
+  (which could be wrong); the lineage's shape (which partitions succeed which) is taken
+  from every ``status.layout`` the store commits, kept after the oldest generations
+  retire. A completion is a fact about the data (read to its seal), so once recorded it
+  counts even if the Lease is written again later.
 * **Hand edits.** A lock an admin deletes is taken from its holder without its consent:
   until the holder sees it gone, it and the next owner may both claim the partition. Such
   an overlap is not a safety violation only when the older claim's token is one the
@@ -24,14 +32,18 @@ Rules of this module (the definitions the simulation's verdicts rest on):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from kgroup.core.lineage import Lineage
+from kgroup.core.ranges import format_ranges
 
 __all__ = ["Checker", "Claim", "Violation"]
 
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # safety | token-order | sink | store-token | liveness
+    kind: str  # safety | token-order | sink | store-token | liveness | reshape-order | ...
     time: float  # true simulated seconds
     detail: str
     step: int = 0  # the kernel's event number
@@ -60,6 +72,37 @@ class Checker:
     # very holders may still open or claim with them until they see the deletion
     revoked_holders: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
     step: int = 0  # kept current by the world
+    # reshape order: partition -> its predecessors (from every layout committed), and
+    # partition -> when its Lease first recorded a completed release (true time)
+    predecessors: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    completed_at: dict[int, float] = field(default_factory=dict)
+    successor_acquisitions: int = 0  # acquisitions of partitions with predecessors
+
+    def layout_seen(self, lineage: Lineage) -> None:
+        """A ``status.layout`` was committed: learn each partition's predecessors (a
+        partition's are first known in the layout where it is new; numbers are never
+        reused, so what was learnt stays true after its predecessors retire)."""
+        for gen in lineage.generations[1:]:
+            for p in gen.partitions:
+                if p not in self.predecessors:
+                    self.predecessors[p] = lineage.predecessors(p)
+
+    def completion_seen(self, partition: int, now: float) -> None:
+        self.completed_at.setdefault(partition, now)
+
+    def acquired_in_order(self, partition: int, holder: str, now: float) -> None:
+        """Partition ``partition``'s lock was acquired by ``holder`` now: every
+        predecessor must be completed (recorded on its Lease) already."""
+        preds = self.predecessors.get(partition, ())
+        if not preds:
+            return
+        self.successor_acquisitions += 1
+        waiting = [q for q in preds if q not in self.completed_at]
+        if waiting:
+            self.fail("reshape-order", now,
+                      f"partition {partition} acquired by {holder} before its predecessors "
+                      f"{_short(waiting)} were read to their seal (completed: "
+                      f"{_short(q for q in preds if q in self.completed_at) or 'none'})")
 
     def revoke(self, partition: int, token: int, holder: str | None = None) -> None:
         """An admin deleted the lock of ``partition`` carrying ``token`` (held by
@@ -141,3 +184,7 @@ class Checker:
             self.fail("store-token", now,
                       f"partition {partition}: {holder} acquired with token {new_token}, "
                       f"not above {old_token}")
+
+
+def _short(partitions: Iterable[int]) -> str:
+    return format_ranges(sorted(partitions))

@@ -36,6 +36,7 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.lease_cache import GroupLeases, pod_observation
 from kgroup.core.operator.planner import PodObservation
+from kgroup.core.operator.reshape import Layouts
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
 from kgroup_sim.kernel import Process
 from kgroup_sim.store import Obj, WriteError, lease_key
@@ -56,7 +57,7 @@ class SimOperator:
     def __init__(self, world: World, proc: Process) -> None:
         self.world = world
         self.proc = proc
-        self.memory = Memory(started_at=proc.clock(), identities=world.cfg.identities())
+        self.memory = self._memory(proc.clock())
         self.leases = GroupLeases()
         self.group: Obj | None = None
         self.pods: dict[str, PodObservation] = {}
@@ -67,6 +68,13 @@ class SimOperator:
         self._due = False
         self._gen = 0
         self.quiet: Quiet | None = None  # what the last pass saw (kgroup.core.operator.wakeup)
+
+    def _memory(self, now: float) -> Memory:
+        """A new memory of the group, with the configured pod identities and layouts (the
+        shipped classes, or the broken variants of kgroup_sim.variants)."""
+        cfg = self.world.cfg
+        return Memory(started_at=now, identities=cfg.identities(),
+                      layouts=Layouts(cfg.layout))
 
     # ---- observations ----------------------------------------------------------------
 
@@ -80,8 +88,7 @@ class SimOperator:
         else:
             if not items and self.group is not None:  # deleted while we did not watch
                 self.group = None
-                self.memory = Memory(started_at=self.proc.clock(),
-                                 identities=self.world.cfg.identities())
+                self.memory = self._memory(self.proc.clock())
             for obj in items:
                 self._put_group(obj)
         self.synced.add(stream)
@@ -106,8 +113,7 @@ class SimOperator:
                 codec.meta(self.group).get("uid"):
             # As the controller's group_deleted: this group's memory ends with it.
             self.group = None
-            self.memory = Memory(started_at=self.proc.clock(),
-                                 identities=self.world.cfg.identities())
+            self.memory = self._memory(self.proc.clock())
         self.poke()
 
     def _put_group(self, obj: Obj) -> None:

@@ -16,6 +16,13 @@ With the app's part on (``SimConfig.app_timeout`` > 0) the app is a follower as
 ``kgroup.follower`` is: it starts after a delay (a slow start-up, as a Spark session's),
 keeps a long-poll open, is served every view it reads and calls again at once (takes it
 up), and reports each partition's health at every tick into the sidecar's health book.
+A sealed partition (a reshape replaced it: ``World.sealed``) is drained: from the time
+the app first sees it active and sealed, it reads the partition's backlog
+(``World.backlog``, simulated seconds; an empty one at once), then hands it back as
+completed with the seal's position, the release a real app makes with ``"completed":
+true`` (``check_release`` then ``SidecarLogic.app_release``, as the sidecar's HTTP API
+does).
+
 Faults of the app: it falls **silent** for a while (no call, no poll: hung), or goes
 **blind** (it keeps polling but believes it lost its partitions, as the old ``listen``
 did: it processes and reports nothing any more).
@@ -110,6 +117,7 @@ class SimSidecar:
         self.ack_planned: set[tuple[int, int]] = set()
         self.writes = 0
         self._observed_version = -1
+        self.draining: set[tuple[int, int]] = set()  # (partition, token) read to its seal
         # the app's part (SimConfig.app_timeout > 0)
         self.app_up = False  # started (asked for its assignment)
         self.app_silent = False  # hung: no call at all
@@ -250,6 +258,7 @@ class SimSidecar:
             return  # not up, silent (it reads nothing), or blind (reads, does nothing)
         self._observed_version = self.member.version
         view = self.member.view(self.proc.clock())
+        self._drain_sealed()
         for pv in view.partitions:
             key = (pv.partition, pv.token, view.session or "")
             if key not in self.opened:
@@ -260,6 +269,34 @@ class SimSidecar:
                 delay = self.world.ack_delay()
                 if delay is not None:
                     self.proc.schedule(delay, self._app_ack, pv.partition, pv.token)
+
+    def _drain_sealed(self) -> None:
+        """Start reading each active sealed partition of the view to its seal."""
+        sealed = self.world.sealed
+        if not sealed:
+            return
+        for pv in self.member.view(self.proc.clock()).partitions:
+            key = (pv.partition, pv.token)
+            if pv.state != "active" or pv.partition not in sealed or key in self.draining:
+                continue
+            self.draining.add(key)
+            backlog = self.world.backlog[pv.partition]
+            if backlog == float("inf"):
+                continue  # no seal marker ever reached (SimConfig.seal_drain None)
+            self.world.trace(self.pod, f"app drains p{pv.partition} token {pv.token} "
+                                       f"({backlog:.3f}s to its seal)")
+            self.proc.schedule(backlog, self._app_complete, pv.partition, pv.token)
+
+    def _app_complete(self, partition: int, token: int) -> None:
+        """Read to the seal: release the partition as completed, its position the seal's."""
+        if self.gated and (not self.app_up or self.app_silent or self.app_blind):
+            self.draining.discard((partition, token))  # taken up again when it reads
+            return
+        if self.member.check_release(partition, token, self.proc.clock()) is not None:
+            return  # lost, fenced or released meanwhile: its next owner reads it
+        self.world.trace(self.pod, f"app completes p{partition} token {token}")
+        self.logic.app_release(partition, token, f"seal:{partition}", completed=True)
+        self.poke()
 
     def _app_ack(self, partition: int, token: int) -> None:
         if self.member.check_release(partition, token, self.proc.clock()) is not None:
@@ -293,6 +330,7 @@ class SimSidecar:
             for p in view.partitions:
                 self.processed[(p.partition, p.token)] = now
         if view.partitions:
+            self._drain_sealed()
             pv = view.partitions[self.world.kernel.rng.randrange(len(view.partitions))]
             self.writes += 1
             self.proc.schedule(self.world.write_latency(), self.world.sink_write,

@@ -17,12 +17,16 @@ another member's Lease).
 Pod-identity variants (``SimConfig.identities``): subclasses of the operator's
 :class:`kgroup.core.operator.pod_identity.PodIdentities` that mark a name's locks for a pod that
 is not the one the restart grace keeps them for.
+Layout variants (``SimConfig.layout``): subclasses of the operator's
+:class:`kgroup.core.operator.reshape.Layout` (its seam: ``Layouts(layout_class)``, which
+the operator's ``Memory.layouts`` holds) that assign what a reshape must keep waiting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from functools import cached_property
 
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
@@ -35,6 +39,7 @@ from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation
 from kgroup.core.operator.pod_identity import PodIdentities
+from kgroup.core.operator.reshape import Layout
 
 __all__ = [
     "REGRESSIONS",
@@ -52,6 +57,7 @@ __all__ = [
     "NoTargetRevokesMember",
     "NoUidMember",
     "SameTokenMember",
+    "SkipsTheWait",
     "StaleRelist",
     "TokenOnlyCache",
     "TransitionsTokenMember",
@@ -157,6 +163,22 @@ class NameOnlyIdentities(PodIdentities):
         uids, _ = super().resolve(names, pods, now, grace)
         wanted = set(uids) | set(names)
         return {**uids, **{p.name: p.uid for p in pods if p.uid and p.name in wanted}}, None
+
+
+# ---- the operator's layout ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipsTheWait(Layout):
+    """BROKEN: every partition of every generation kept that is not completed is
+    assignable at once, so a reshape's successors are given Leases, marked and taken
+    while their predecessors are still being read (the wait skipped). Caught by the
+    ``reshape-order`` check."""
+
+    @cached_property
+    def assignable(self) -> tuple[int, ...]:
+        lineage = self.lineage
+        return tuple(sorted(p for p in lineage.partitions if p not in lineage.completed))
 
 
 # ---- the operator's failure detector ------------------------------------------------------

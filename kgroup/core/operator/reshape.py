@@ -27,6 +27,11 @@ i-th assignable partition is slot i) and its target is turned back into partitio
 (:meth:`Layout.from_slots`). A group whose layout is one modulo generation of
 ``spec.partitions`` has partitions 0..N-1 as its slots: nothing changes for it.
 
+The class of the layouts derived is a seam (``layout_class`` of :func:`layout_of` and
+:class:`Layouts`, :class:`Layout` by default): a subclass may change one rule, as the
+simulation's broken variant that skips the wait does (``kgroup_sim.variants``), and the
+operator's pass (``decide``, through ``Memory.layouts``) then runs with it.
+
 Pure: no I/O, no clock.
 """
 
@@ -229,7 +234,8 @@ def changed(lineage: Lineage, partitions: int,
 
 def layout_of(partitions: int, status_layout: object, reported: Callable[[int], bool],
               last: Lineage | None = None, policy: ReshapePolicy = "Generations",
-              change: ReshapeChange | None = None) -> Layout:
+              change: ReshapeChange | None = None,
+              layout_class: type[Layout] = Layout) -> Layout:
     """The layout for this pass: ``partitions`` is ``spec.partitions``, ``status_layout``
     the status' ``layout`` as read (None when absent; or already decoded, a
     :class:`Lineage` or the :class:`LineageError` decoding it raised), ``reported(p)``:
@@ -239,7 +245,8 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
     ``spec.partitions`` does (a new generation, or :func:`appended`); ``change`` is
     ``spec.reshape.change``, a split or merge (:func:`changed`): while it is newer than the
     newest generation it decides the pass, and ``spec.partitions`` is only checked
-    against it."""
+    against it; ``layout_class`` the class of the result (:class:`Layout`, or a subclass
+    changing one of its rules)."""
     problem: str | None = None
     if status_layout is None and last is not None:
         lineage = last  # not written yet, or removed by hand: written again
@@ -257,7 +264,7 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
     lineage = _completed(lineage, reported).retire()
     if change is not None and lineage.latest.number < change.generation:
         lineage, refused = changed(lineage, partitions, change)
-        return Layout(lineage, problem or refused)
+        return layout_class(lineage, problem or refused)
     if len(lineage.latest.partitions) != partitions and policy == "Append":
         lineage, refused = appended(lineage, partitions)
         problem = problem or refused
@@ -267,15 +274,18 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
         except LineageError as exc:
             problem = (f"spec.partitions {partitions} waits: {exc} (generation "
                        f"{lineage.latest.number} has {len(lineage.latest.partitions)})")
-    return Layout(lineage, problem)
+    return layout_class(lineage, problem)
 
 
 class Layouts:
     """One group's layouts across passes: the status' layout decoded once per change (a
     decode of 2,000 partitions takes 0.1 s; the layout the operator derived itself is
-    never decoded back), and the last layout derived, kept while nothing changes it."""
+    never decoded back), and the last layout derived, kept while nothing changes it.
+    ``layout_class``: the class of the layouts derived (:class:`Layout`; a subclass
+    changes one rule for every pass of the operator that keeps these)."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout_class: type[Layout] = Layout) -> None:
+        self.layout_class = layout_class
         self._read: tuple[Any, Lineage | LineageError] | None = None
         self._layout: Layout | None = None
         self.last: Lineage | None = None
@@ -293,7 +303,8 @@ class Layouts:
                     read = exc
                 self._read = (status_layout, read)
             decoded = self._read[1]
-        layout = layout_of(partitions, decoded, reported, self.last, policy, change)
+        layout = layout_of(partitions, decoded, reported, self.last, policy, change,
+                           self.layout_class)
         kept = self._layout
         if kept is not None and kept.lineage is layout.lineage and \
                 kept.problem == layout.problem:
