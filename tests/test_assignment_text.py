@@ -38,6 +38,7 @@ def test_the_body_is_the_views_json_and_a_kept_view_is_encoded_once(
     moved = (*kept[:-1], PartitionView(999, 5000, "revoking", "999-0", 12.5))
     body = json.loads(text.render(view(moved, version=2)))
     assert body["partitions"][-1] == {"partition": 999, "token": 5000, "state": "revoking",
-                                      "position": "999-0", "revokeDeadlineSeconds": 12.5}
+                                      "position": "999-0", "revokeDeadlineSeconds": 12.5,
+                                      "sealedBy": None}
     assert body["version"] == 2 and len(body["partitions"]) == 1000
     assert json.loads(text.render(view(()))) == view(()).to_json()

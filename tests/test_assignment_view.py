@@ -56,5 +56,6 @@ def test_the_scripted_sidecar_serves_the_sidecars_shape() -> None:
     wire = c.view("m").view.to_json()
     assert list(wire) == list(SERVED.to_json())
     assert wire["partitions"] == [{"partition": 1, "token": 1, "state": "active",
-                                   "position": None, "revokeDeadlineSeconds": None}]
+                                   "position": None, "revokeDeadlineSeconds": None,
+                                   "sealedBy": None}]
     assert (wire["validForSeconds"], wire["fenced"], wire["session"]) == (30.0, False, "m")
