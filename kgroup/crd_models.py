@@ -159,6 +159,7 @@ class LastRebalance(_Model):
 
 class LoadStatus(_Model):
     rate: float = 0.0
+    arrival: float | None = None
     lag: int | None = None
     busiest_over_mean: float | None = None
     bound: float | None = None

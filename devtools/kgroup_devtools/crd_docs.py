@@ -202,6 +202,11 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                                    "renewals), refreshed at most every 30 s; absent while "
                                    "no app reports a rate (docs/design.md, \"Load\")."},
     "status.load.rate": {"description": "Events/s processed, the whole group."},
+    "status.load.arrival": {
+        "description": "Events/s arriving, the whole group: each member's processed rate "
+                       "plus its lag's growth since the last figures (negative while a "
+                       "backlog drains); what recommendedMembers sizes for. Absent: not "
+                       "measured yet."},
     "status.load.lag": {"description": "Events behind, the whole group (the sum of what "
                                        "each member reports)."},
     "status.load.busiestOverMean": {
@@ -212,7 +217,7 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "these members can reach (a hot partition alone may exceed a "
                        "member's share)."},
     "status.load.recommendedMembers": {
-        "description": "Members needed to keep up with the rate and work off the lag "
+        "description": "Members needed to keep up with the arrival rate and work off the lag "
                        "within spec.sizing.catchUpSeconds, at one member's capacity as "
                        "measured; never more than the partitions, and rounded up to a count "
                        "whose busiest member keeps up. Absent: no capacity measured yet."},

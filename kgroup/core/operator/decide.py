@@ -419,9 +419,9 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
 
     generation = md.get("generation")
     member_leases = leases.member_observations()
-    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall,
-                                                  memory.load.capacity()),
-                        load_settings(spec, member_leases))
+    memory.load.refresh(now, lambda history: measure_load(
+        member_leases, holders, spec, members, wall, memory.load.capacity(), history),
+        load_settings(spec, member_leases))
     if decision is None:
         decision = layout.decision_from_slots(memory.planner.plan(
             spec=layout.slot_spec(spec), target=layout.to_slots(target), epoch=status.epoch,
