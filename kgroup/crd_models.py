@@ -172,7 +172,11 @@ class AutoscalingStatus(_Model):
     desired_members: int | None = None
     replicas: int | None = None
     last_scale_time: str | None = None
+    last_scale_replicas: int | None = None
     reason: str = ""
+    scale_down_since: str | None = None
+    scale_down_to: int | None = None
+    scale_down_from: int | None = None
 
 
 class Condition(_Model):

@@ -238,6 +238,20 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
         "format": "date-time"},
     "status.autoscaling.reason": {"description": "The last change: from -> to replicas, "
                                                  "and why."},
+    "status.autoscaling.lastScaleReplicas": {
+        "description": "The replicas the last change set (no other change until the "
+                       "group has as many members, or 300 s passed)."},
+    "status.autoscaling.scaleDownSince": {
+        "description": f"Since when every recommendation has been below scaleDownFrom / "
+                       f"(1 + scaleDownTolerance): the scale-down delay runs from then "
+                       f"({_TIMESTAMP}, to the microsecond); absent: no scale-down is "
+                       f"coming. Kept so that an operator that restarts resumes the delay.",
+        "format": "date-time"},
+    "status.autoscaling.scaleDownTo": {
+        "description": "The largest of those recommendations: the replicas a scale-down "
+                       "would set."},
+    "status.autoscaling.scaleDownFrom": {
+        "description": "The replicas those recommendations were below."},
     "status.load.measuredAt": {"description": f"When these figures were taken "
                                               f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},
