@@ -18,7 +18,7 @@ sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU
 working set; probes included), and per sidecar *process* the same /proc figures.
 
     .venv/bin/python bench/bench_sidecar_cost.py [--members 4] [--partitions 16]
-        [--window 60] [--code /tmp/old] [--real-node] [--out file.json]
+        [--window 60] [--code /tmp/old] [--real-node [--app light|pyspark]] [--out file.json]
         [--health-every 1] [--poll-rate 0] [--follow]
 
 The app's requests are chosen to split the sidecar's CPU by cause: ``--health-every 0``
@@ -111,7 +111,7 @@ def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
 
 def real_node(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_real_node import group_on_node, kubelet_stats
+    from bench_real_node import APPS, group_on_node, kubelet_stats
 
     from kgroup_devcluster.cluster import ensure_up
     from kgroup_devcluster.images import ensure_on_node
@@ -120,9 +120,12 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
     ensure_on_node(cluster.state_dir)
     http = args.probes == "http"
     port = free_port() if http else None
-    with group_on_node(cluster, args.partitions, workers=1 if http else args.members,
-                       http_probes_on=port) as (g, _producer):
-        time.sleep(15)  # settle
+    members = 1 if http else args.members
+    if args.app == "pyspark" and not http:
+        members = min(members, 3)  # three PySpark drivers on 2 cores, as make demo runs
+    with group_on_node(cluster, args.partitions, workers=members, http_probes_on=port,
+                       command=APPS[args.app]) as (g, _producer):
+        time.sleep(15 if args.app == "light" else 60)  # settle (PySpark: its first batches)
 
         def containers() -> dict[str, Any]:
             return {p["podRef"]["uid"]: c for p in kubelet_stats(cluster)
@@ -149,7 +152,8 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
                 row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
                 row["process_rss_mb"] = rss_mb(pids[uid])
             rows.append(row)
-        return {"where": "real node", "probes": args.probes, "members": len(rows),
+        return {"where": "real node", "app": args.app, "probes": args.probes,
+                "members": len(rows),
                 "partitions": args.partitions, "uptime": uptime(),
                 "window_s": args.window, "load_avg_start": load0,
                 "load_avg_end": os.getloadavg(), "containers": rows,
@@ -176,6 +180,9 @@ def main() -> None:
                     help="--real-node: the exec probes (4 workers), or the example's httpGet "
                          "probes on a free port (a hostNetwork pod's port is the node's: "
                          "1 worker)")
+    ap.add_argument("--app", choices=("light", "pyspark"), default="light",
+                    help="--real-node: the workers' app: the light worker, or the reference "
+                         "PySpark job as make demo runs it (at most 3 workers)")
     ap.add_argument("--profile", type=Path,
                     help="run the first sidecar under cProfile, its stats written here")
     ap.add_argument("--out", type=Path)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ class RealSidecars:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self.base_port = base_port
+        self._next_port = base_port
         self._stop = threading.Event()
         self._tick = 0
         self.errors = 0
@@ -55,7 +57,8 @@ class RealSidecars:
 
     def add(self, pods: list[str]) -> None:
         for pod in pods:
-            port = self.base_port + len(self.ports)
+            port = self._next_port  # never one of a running sidecar's, after a leave
+            self._next_port += 1
             self.ports[pod] = port
             env = {**os.environ, "KUBECONFIG": str(self.st.cluster.kubeconfig),
                    "KGROUP_GROUP": self.st.group, "KGROUP_NAMESPACE": self.st.ns,
@@ -78,6 +81,16 @@ class RealSidecars:
             proc.wait(60)
         finally:
             self.ports.pop(pod, None)
+
+    def crash(self, pod: str) -> float:
+        """SIGKILL, as a node lost: no release, no session ended; -> when it was sent
+        (monotonic)."""
+        proc = self.procs.pop(pod)
+        self.ports.pop(pod, None)
+        at = time.monotonic()
+        proc.kill()
+        proc.wait(10)
+        return at
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]

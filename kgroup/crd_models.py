@@ -9,7 +9,7 @@ Field-level validation that the API server must enforce lives in ``json_schema_e
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -99,10 +99,24 @@ class SizingSettings(_Model):
 ReshapePolicy = Literal["Generations", "Append"]
 
 
+class ReshapeChange(_Model):
+    """One split or one merge (docs/reshape.md, "Splits and merges"): the change that makes
+    generation ``generation`` of ``status.layout``. Applied once, when the newest
+    generation is the one before; ``spec.partitions`` must say the count it leaves (one
+    more after a split, one fewer after a merge)."""
+
+    generation: int = Field(ge=2, le=1_000_000_000)
+    split: int | None = Field(default=None, ge=0, le=999_999_999)
+    merge: list[Annotated[int, Field(ge=0, le=999_999_999)]] | None = Field(
+        default=None, min_length=2, max_length=2)
+
+
 class ReshapeSettings(_Model):
-    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy")."""
+    """What a change of ``spec.partitions`` does (docs/reshape.md, "Growth policy"), and
+    an optional split or merge."""
 
     policy: ReshapePolicy = "Generations"
+    change: ReshapeChange | None = None
 
 
 class ScaleTargetRef(_Model):
@@ -179,6 +193,18 @@ class AutoscalingStatus(_Model):
     scale_down_from: int | None = None
 
 
+class SidecarMissingStatus(_Model):
+    """Running pods labelled with the group that have no kgroup sidecar container: how
+    many, and the first of them by name (at most :data:`SIDECAR_MISSING_LISTED`)."""
+
+    count: int = 0
+    pods: list[str] = Field(default_factory=list)
+
+
+SIDECAR_MISSING_LISTED = 10
+"""status.sidecarMissing.pods names at most this many pods (the count says how many)."""
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -223,5 +249,6 @@ class ConsumerGroupStatus(_Model):
     last_rebalance: LastRebalance | None = None
     load: LoadStatus | None = None
     autoscaling: AutoscalingStatus | None = None
+    sidecar_missing: SidecarMissingStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     layout: Layout | None = None

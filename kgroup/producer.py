@@ -370,17 +370,25 @@ class Sealer:
     when it writes), and a producer still on the old layout is fenced from then on.
     Idempotent, and each partition is sealed at most once per sealer."""
 
-    def __init__(self, client: RedisLike, stream: str, layout: Callable[[], Lineage]) -> None:
+    def __init__(self, client: RedisLike, stream: str,
+                 layout: Callable[[], Lineage] | None = None) -> None:
         self.stream, self.layout = stream, layout
         self._seal = client.register_script(SEAL_LUA)
         self.sealed: dict[int, str] = {}
 
     def step(self, partitions: Iterable[int]) -> dict[int, str]:
         """Seal those of ``partitions`` the layout calls sealed; -> the ones sealed now."""
+        if self.layout is None:
+            return {}
         lineage = self.layout()
-        todo = {p: sealing_generation(lineage, p) for p in partitions
-                if p not in self.sealed and p in lineage.partitions
-                and lineage.state(p) is State.SEALED}
+        return self.seal({p: sealing_generation(lineage, p) for p in partitions
+                          if p in lineage.partitions and lineage.state(p) is State.SEALED})
+
+    def seal(self, sealed_by: Mapping[int, int]) -> dict[int, str]:
+        """Seal each partition (-> the generation that replaced it: the sidecar's view
+        says so, ``PartitionView.sealed_by``) not sealed by this sealer yet; -> the ones
+        sealed now."""
+        todo = {p: g for p, g in sealed_by.items() if p not in self.sealed}
         done = seal(self._seal, self.stream, todo)
         self.sealed.update(done)
         return done

@@ -74,8 +74,12 @@ def test_crd_names_scope_subresource_and_columns() -> None:
         "Unowned": ".status.unowned",
         "Stalled": ".status.stalled",
         "Recommended": ".status.load.recommendedMembers",
+        "Without-Sidecar": ".status.sidecarMissing.count",
         "Age": ".metadata.creationTimestamp",
     }
+    # only in -o wide: absent for most groups, it would widen every table
+    assert {c["name"] for c in version["additionalPrinterColumns"]
+            if c.get("priority")} == {"Without-Sidecar"}
 
 
 def test_source_keeps_unknown_fields() -> None:

@@ -41,12 +41,41 @@ def test_each_reader_gives_each_group_state_its_verdict() -> None:
         assert verdict["kstatus"]["status"] == case.kstatus, case.name
         assert (verdict["argocd"]["status"], verdict["argocd"]["message"]) == (
             case.argocd[0], case.argocd_message), case.name
-    # the readers agree wherever kstatus has a word for the state
+    # the readers agree wherever kstatus has a word for the state: it has none for a
+    # working group short of a replica (a labelled pod without the sidecar beside members)
     words = {"Current": {"Healthy", "Suspended"}, "InProgress": {"Progressing"},
              "Failed": {"Degraded"}}
     for case, verdict in zip(CASES.values(), got, strict=True):
-        if case.name != "no-status-yet":
+        if case.name not in ("no-status-yet", "sidecar-missing"):
             assert verdict["argocd"]["status"] in words[verdict["kstatus"]["status"]], case.name
+
+
+def test_a_health_lua_without_its_sidecar_missing_branch_fails_its_test_case(
+        tmp_path: Path) -> None:
+    broken = tmp_path / "ConsumerGroup"
+    shutil.copytree(gitops.HEALTH_DIR, broken)
+    script = (broken / "health.lua").read_text()
+    start = script.index('if says("SidecarMissing", "True") then')
+    end = script.index("end\n", start) + len("end\n")
+    (broken / "health.lua").write_text(script[:start] + script[end:])
+    out = gitops.run_health_tests(broken)
+    assert out.returncode == 1
+    failed = sorted(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
+                    if line.startswith("FAIL"))
+    # beside members the group reads Healthy without the branch; with none, Stalled
+    # already says Degraded
+    assert failed == ["testdata/sidecar-missing.yaml"]
+    (verdict,) = gitops.verdicts(CASES["sidecar-missing"].obj, lua=broken / "health.lua")
+    assert verdict["argocd"]["status"] == "Healthy"
+
+
+def test_labelled_pods_without_the_sidecar_fail_a_group_for_kstatus_only_without_members(
+        ) -> None:
+    bare, alone = gitops.verdicts(CASES["sidecar-missing"].obj,
+                                  CASES["sidecar-missing-no-members"].obj)
+    assert bare["kstatus"]["status"] == "Current"
+    assert alone["kstatus"]["status"] == "Failed"
+    assert "orders-worker-0" in alone["kstatus"]["message"]
 
 
 def test_a_health_lua_without_its_stalled_branch_fails_its_test_cases(tmp_path: Path) -> None:
@@ -63,7 +92,8 @@ def test_a_health_lua_without_its_stalled_branch_fails_its_test_cases(tmp_path: 
     assert failed == ["testdata/degraded-bad-member-annotation.yaml",
                       "testdata/degraded-partitions-stalled.yaml",
                       "testdata/degraded-partitions-unowned.yaml",
-                      "testdata/paused-and-stalled.yaml"]
+                      "testdata/paused-and-stalled.yaml",
+                      "testdata/sidecar-missing-no-members.yaml"]
 
 
 def _as_before(obj: dict[str, Any]) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from kgroup.core.lineage import State
+from kgroup.core.lineage import State, Uniform
 from kgroup.core.operator.planner import GroupPlanner
 from kgroup.core.operator.reshape import Layout, Layouts, layout_of, premature
-from kgroup.crd_models import ConsumerGroupSpec
+from kgroup.crd_models import ConsumerGroupSpec, ReshapeChange
 
 NOTHING = frozenset[int]()
 
@@ -228,3 +228,79 @@ def test_load_rates_reach_the_planner_by_slot_and_waiting_partitions_weigh_nothi
     done = layout_of(2, layout.status, reported(3))
     assert done.assignable == (4, 5)
     assert done.loads_to_slots({3: 1.0, 4: 7.0, 5: 2.0}) == {0: 7.0, 1: 2.0}
+
+
+# --- spec.reshape.change: one split or one merge ------------------------------------------
+
+def change(generation: int, *, split: int | None = None,
+           merge: tuple[int, int] | None = None) -> ReshapeChange:
+    return ReshapeChange.model_validate({"generation": generation, "split": split,
+                                         "merge": list(merge) if merge else None})
+
+
+def ranged() -> Layout:
+    """4 partitions reshaped to 4 ranges (generation 2: 4-7), every modulo one read."""
+    two = layout_of(4, layout_of(4, None, reported()).lineage.reshape(Uniform(4)),
+                    reported())
+    return layout_of(4, two.status, reported(0, 1, 2, 3))
+
+
+def test_a_split_makes_one_generation_once_and_its_halves_wait_for_it() -> None:
+    base = ranged()
+    assert base.lineage.latest.partitions == (4, 5, 6, 7) and base.assignable == (4, 5, 6, 7)
+    split = layout_of(5, base.status, reported(), change=change(3, split=5))
+    assert split.problem is None
+    assert split.lineage.latest.number == 3
+    assert split.lineage.latest.partitions == (4, 8, 9, 6, 7)
+    assert split.lineage.predecessors(8) == (5,) == split.lineage.predecessors(9)
+    # the halves wait for 5 only: the unrelated 4, 6, 7 carry on, 5 is read to its seal
+    assert split.assignable == (4, 5, 6, 7)
+    # the next pass reads the status it wrote: the change is history, not applied again
+    again = layout_of(5, split.status, reported(), change=change(3, split=5))
+    assert again.lineage.latest.number == 3 and again.problem is None
+    done = layout_of(5, again.status, reported(5), change=change(3, split=5))
+    assert done.assignable == (4, 6, 7, 8, 9)
+
+
+def test_a_merge_of_neighbours_waits_for_both() -> None:
+    merged = layout_of(3, ranged().status, reported(), change=change(3, merge=(6, 7)))
+    assert merged.problem is None
+    assert merged.lineage.latest.partitions == (4, 5, 8)
+    assert merged.lineage.predecessors(8) == (6, 7)
+    assert layout_of(3, merged.status, reported(6), change=change(3, merge=(6, 7))) \
+        .assignable == (4, 5, 7)
+    assert layout_of(3, merged.status, reported(6, 7), change=change(3, merge=(6, 7))) \
+        .assignable == (4, 5, 8)
+
+
+@pytest.mark.parametrize(("partitions", "spec_change", "expected"), [
+    (4, change(3, split=5), "it leaves 5 partitions, but spec.partitions is 4; set "
+                            "spec.partitions: 5 with it"),
+    (5, change(4, split=5), "the newest generation is 2; a change makes generation 3"),
+    (3, change(3, merge=(4, 6)), "not adjacent"),
+    (5, change(3, split=1), "partition 1 is not in the newest generation"),
+])
+def test_a_change_that_cannot_apply_waits_says_why_and_does_nothing_else(
+        partitions: int, spec_change: ReshapeChange, expected: str) -> None:
+    base = ranged()
+    layout = layout_of(partitions, base.status, reported(), change=spec_change)
+    assert layout.problem is not None and expected in layout.problem, layout.problem
+    assert layout.problem.startswith("spec.reshape.change (")
+    # neither the change nor a uniform reshape to spec.partitions
+    assert layout.lineage.latest.number == 2 and layout.assignable == (4, 5, 6, 7)
+
+
+def test_a_modulo_group_splits_only_after_a_uniform_reshape() -> None:
+    modulo = layout_of(4, None, reported()).status
+    layout = layout_of(5, modulo, reported(), change=change(2, split=1))
+    assert layout.problem is not None and "its first reshape must be uniform" in layout.problem
+    assert layout.lineage.latest.number == 1 and layout.assignable == (0, 1, 2, 3)
+
+
+def test_a_change_kept_in_the_spec_does_not_stop_a_later_uniform_reshape() -> None:
+    split = layout_of(5, ranged().status, reported(5), change=change(3, split=5))
+    settled = layout_of(5, split.status, reported(5), change=change(3, split=5))
+    assert settled.assignable == (4, 6, 7, 8, 9)
+    grown = layout_of(10, settled.status, reported(), change=change(3, split=5))
+    assert grown.problem is None and grown.lineage.latest.number == 4
+    assert len(grown.lineage.latest.partitions) == 10

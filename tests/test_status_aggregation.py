@@ -239,5 +239,5 @@ def test_the_status_and_every_condition_carry_the_observed_generation() -> None:
     st, _ = agg(generation=7)
     assert st.observed_generation == 7 and st.to_wire()["observedGeneration"] == 7
     assert {c.type for c in st.conditions} == {"Ready", "Rebalancing", "Degraded", "Stalled",
-                                               "Reconciling"}
+                                               "Reconciling", "SidecarMissing"}
     assert all(c.observed_generation == 7 for c in st.conditions)

@@ -155,3 +155,17 @@ def test_one_generation_keeps_the_table_as_it_was_and_a_bad_layout_falls_back() 
     assert "LAYOUT" not in plain and "generation" not in plain.splitlines()[0]
     garbled = build_view(group(layout={"generation": "x"}), LEASES)
     assert [r.partition for r in garbled.partitions] == [0, 1, 2, 3]
+
+
+def test_pods_without_the_sidecar_get_a_line_under_the_header() -> None:
+    g = group(sidecarMissing={"count": 12, "pods": [f"bare-{i}" for i in range(10)]})
+    view = build_view(g, LEASES)
+    assert (view.sidecar_missing, view.sidecar_missing_pods[:2]) == (12, ["bare-0", "bare-1"])
+    lines = render_table(view).splitlines()
+    assert lines[1] == ("Without the sidecar: 12 pods labelled with the group (bare-0, "
+                        "bare-1, bare-2, bare-3, bare-4, bare-5, bare-6, bare-7, bare-8, "
+                        "bare-9 and 2 more), taking no part in it; delete them to have "
+                        "them re-created with the sidecar")
+    assert json.loads(render(view, "json"))["sidecar_missing_pods"][0] == "bare-0"
+    assert not any(line.startswith("Without the sidecar")
+                   for line in render_table(build_view(group(), LEASES)).splitlines())

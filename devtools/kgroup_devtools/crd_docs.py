@@ -127,6 +127,24 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "change once status.layout is not one modulo generation (after a "
                        "Generations reshape). "
                        "Default: Generations."},
+    "spec.reshape.change": {
+        "description": "Optional: one split or one merge of the newest generation's key-hash "
+                       "ranges, under policy Generations (docs/reshape.md, \"Splits and "
+                       "merges\"). Applied once, when status.layout's newest generation is "
+                       "generation - 1; set spec.partitions in the same change to the count "
+                       "it leaves (one more after a split, one fewer after a merge). The "
+                       "group's first reshape must be a change of spec.partitions (a uniform "
+                       "one): a modulo generation has no ranges to cut."},
+    "spec.reshape.change.generation": {
+        "description": "The generation this change makes (2 or more): it applies once, when "
+                       "the newest generation is the one before, and is then kept as history."},
+    "spec.reshape.change.split": {
+        "description": "A partition of the newest generation whose key-hash range is cut "
+                       "into two halves: two new partitions succeed it."},
+    "spec.reshape.change.merge": {
+        "description": "Two partitions of the newest generation with adjacent key-hash "
+                       "ranges: one new partition succeeds both."},
+    "spec.reshape.change.merge[]": {"description": "A partition number."},
     "spec.autoscaling": {
         "description": "Optional: the operator sets the replicas of a Deployment or "
                        "StatefulSet of this namespace to status.load.recommendedMembers "
@@ -220,7 +238,9 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
         "description": "Members needed to keep up with the arrival rate and work off the lag "
                        "within spec.sizing.catchUpSeconds, at one member's capacity as "
                        "measured; never more than the partitions, and rounded up to a count "
-                       "whose busiest member keeps up. Absent: no capacity measured yet."},
+                       "whose busiest member keeps up. Absent: no capacity measured "
+                       "yet, or a member is behind and what arrives is not measured yet "
+                       "(the first figures)."},
     "status.load.capacity": {
         "description": "Events/s one member is taken to process: the largest rate of a "
                        "member that is behind, else the larger of the busiest member's "
@@ -267,13 +287,21 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        f"({_TIMESTAMP}); absent while in progress.", "format": "date-time"},
     "status.lastRebalance.durationSeconds": {"description": "completedAt - startedAt, in "
                                                             "seconds."},
-    "status.conditions": {"description": "Ready, Rebalancing, Degraded, Stalled and "
-                                         "Reconciling, by the Kubernetes API conventions; "
+    "status.sidecarMissing": {"description": "Running pods labelled kgroup.dev/group with "
+                                             "this group that have no kgroup sidecar "
+                                             "container (they take no part in the group); "
+                                             "absent when there is none."},
+    "status.sidecarMissing.count": {"description": "How many such pods."},
+    "status.sidecarMissing.pods": {"description": "The first of them by name (at most 10)."},
+    "status.sidecarMissing.pods[]": {"description": "A pod name."},
+    "status.conditions": {"description": "Ready, Rebalancing, Degraded, Stalled, "
+                                         "Reconciling and SidecarMissing, by the "
+                                         "Kubernetes API conventions; "
                                          "Reconciling and Stalled as kstatus reads them "
                                          "(docs/troubleshooting.md, docs/operations.md)."},
     "status.conditions[]": {"description": "One condition."},
-    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded, Stalled or "
-                                                "Reconciling."},
+    "status.conditions[].type": {"description": "Ready, Rebalancing, Degraded, Stalled, "
+                                                "Reconciling or SidecarMissing."},
     "status.conditions[].status": {"description": "True, False or Unknown."},
     "status.conditions[].reason": {"description": "A CamelCase reason, for programs."},
     "status.conditions[].message": {"description": "What is going on, for people. "

@@ -143,6 +143,33 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
             }
         ],
     },
+    "spec.reshape": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.change) || self.policy == 'Generations'",
+                "message": "spec.reshape.change (a split or a merge) needs "
+                           "spec.reshape.policy: Generations: it makes a new generation",
+                "fieldPath": ".change",
+                "reason": "FieldValueForbidden",
+            }
+        ],
+    },
+    "spec.reshape.change": {
+        "x-kubernetes-validations": [
+            {
+                "rule": "has(self.split) != has(self.merge)",
+                "message": "spec.reshape.change takes one split (a partition number) or "
+                           "one merge (two adjacent partition numbers), not both or neither",
+                "reason": "FieldValueInvalid",
+            },
+            {
+                "rule": "!has(self.merge) || self.merge[0] != self.merge[1]",
+                "message": "spec.reshape.change.merge names two different partitions",
+                "fieldPath": ".merge",
+                "reason": "FieldValueInvalid",
+            },
+        ],
+    },
     "spec.autoscaling": {
         "x-kubernetes-validations": [
             {
@@ -225,6 +252,9 @@ SCHEMA_OVERLAY: dict[str, Schema] = {
     "status.members[].assignedCount": {"minimum": 0},
     "status.members[].ownedCount": {"minimum": 0},
     "status.members[].acknowledgedEpoch": {"minimum": 0},
+    "status.sidecarMissing.count": {"minimum": 0},
+    "status.sidecarMissing.pods": {"maxItems": api.SIDECAR_MISSING_LISTED},
+    "status.sidecarMissing.pods[]": {"maxLength": 253},
     "status.lastRebalance.epoch": {"minimum": 0},
     "status.lastRebalance.moved": {"minimum": 0},
     "status.lastRebalance.durationSeconds": {"minimum": 0},
@@ -249,6 +279,9 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Stalled", "type": "integer", "jsonPath": ".status.stalled"},
     {"name": "Recommended", "type": "integer",
      "jsonPath": ".status.load.recommendedMembers"},
+    # -o wide: running pods labelled with the group that have no sidecar (absent: none)
+    {"name": "Without-Sidecar", "type": "integer", "jsonPath": ".status.sidecarMissing.count",
+     "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -92,7 +92,8 @@ def _obj(spec: ConsumerGroupSpec, status: ConsumerGroupStatus | None, *,
 def _status(spec: ConsumerGroupSpec, *, members: set[str] | None = None,
             acked: Mapping[str, str] | None = None, holders: Mapping[int, str] | None = None,
             target: Mapping[str, list[int]] | None = None, stalled: str = "",
-            now: float = 1.0, generation: int = 2) -> ConsumerGroupStatus:
+            now: float = 1.0, generation: int = 2,
+            bare: tuple[str, ...] = ()) -> ConsumerGroupStatus:
     """The status the operator writes for this observation (epoch 3, 8 partitions)."""
     target = _TARGET if target is None else target
     members = set(target) if members is None else members
@@ -106,7 +107,7 @@ def _status(spec: ConsumerGroupSpec, *, members: set[str] | None = None,
         spec=spec, generation=generation, previous=ConsumerGroupStatus(), epoch=3,
         target=target, members=members, member_leases=leases,
         holders=_HELD if holders is None else holders, last_change_at=0.0, now=now,
-        wall=_WALL)
+        wall=_WALL, bare_pods=bare)
     return status
 
 
@@ -141,6 +142,15 @@ def cases() -> list[Case]:
         Case("pending-no-members",
              _obj(spec, _status(spec, members=set(), target={}, holders={}, now=40.0)),
              ("Progressing", "Ready"), "InProgress"),
+        # a labelled pod without the sidecar beside working members: Argo CD's Degraded;
+        # kstatus has no word for a working group short of a replica (Current)
+        Case("sidecar-missing", _obj(spec, _status(spec, bare=("orders-worker-2",))),
+             ("Degraded", "SidecarMissing"), "Current"),
+        # without any member: nothing consumes until the pods are replaced (Failed)
+        Case("sidecar-missing-no-members",
+             _obj(spec, _status(spec, members=set(), target={}, holders={},
+                                bare=("orders-worker-0",))),
+             ("Degraded", "Stalled"), "Failed"),
         Case("paused", _obj(paused, _status(paused)),
              ("Suspended", "ConsumerGroup is paused (spec.paused): its target assignment "
                            "is frozen"), "Current"),

@@ -92,6 +92,31 @@ INVALID: list[tuple[str, Body, list[str]]] = [
         {"reshape": {"policy": "Rehash"}},
         ["spec.reshape.policy", "Unsupported value", "Generations", "Append"],
     ),
+    (
+        "a split and a merge in one change",
+        {"reshape": {"change": {"generation": 2, "split": 1, "merge": [2, 3]}}},
+        ["spec.reshape.change takes one split (a partition number) or one merge"],
+    ),
+    (
+        "a change that names nothing",
+        {"reshape": {"change": {"generation": 2}}},
+        ["spec.reshape.change takes one split (a partition number) or one merge"],
+    ),
+    (
+        "a merge of a partition with itself",
+        {"reshape": {"change": {"generation": 2, "merge": [3, 3]}}},
+        ["spec.reshape.change.merge names two different partitions"],
+    ),
+    (
+        "a change under Append",
+        {"reshape": {"policy": "Append", "change": {"generation": 2, "split": 1}}},
+        ["spec.reshape.change (a split or a merge) needs spec.reshape.policy: Generations"],
+    ),
+    (
+        "a change that makes generation 1",
+        {"reshape": {"change": {"generation": 1, "split": 1}}},
+        ["spec.reshape.change.generation", "greater than or equal to 2"],
+    ),
     ("no partitions", {"partitions": 0}, ["spec.partitions", "greater than or equal to 1"]),
     ("too many", {"partitions": 100_001}, ["spec.partitions", "less than or equal to 100000"]),
     ("no selector", {"selector": None}, ["spec.selector", "Required value"]),

@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_harness import GROUP, OperatorProcess, _free_port
-from test_operator import event_reasons, make_group
+from test_operator import condition, event_reasons, make_group, status_where
 
 from kgroup_devcluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
@@ -232,6 +232,11 @@ def test_a_labelled_pod_without_the_sidecar_is_reported_on_its_group(
     (missing,) = [e for e in events.items if e.reason == "SidecarMissing"]
     assert missing.type == "Warning" and missing.involved_object.name == GROUP
     assert "pod bare" in missing.message
+    # and in the group's status, for as long as it runs
+    st = status_where(kube, injector.namespace, "SidecarMissing in the status",
+                      lambda s: condition(s, "SidecarMissing")[0] == "True", timeout=30)
+    assert condition(st, "SidecarMissing") == ("True", "PodsWithoutSidecar")
+    assert st["sidecarMissing"] == {"count": 1, "pods": ["bare"]}
 
 
 def bundle_size(inj: Injector) -> int:

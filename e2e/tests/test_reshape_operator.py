@@ -112,6 +112,54 @@ def test_four_to_two_partitions_waits_for_every_predecessors_completion(
                  lambda s: s.get("phase") == "Stable" and s.get("unowned") == 0, timeout=60)
 
 
+def group_events(kube: client.ApiClient, namespace: str, reason: str) -> list[str]:
+    events: Any = client.CoreV1Api(kube).list_namespaced_event(namespace)
+    return [e.message for e in events.items
+            if e.involved_object.kind == C.KIND and e.reason == reason]
+
+
+def test_a_split_in_the_spec_cuts_one_partition_and_only_its_halves_wait(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,  # noqa: F811
+    members_factory: Callable[..., Members],  # noqa: F811
+) -> None:
+    """4 -> 2 (partitions 4-5, key-hash halves), then a split of 4 in the spec: 6 and 7
+    succeed 4 alone, 5 is not touched; a change with the wrong count is refused by the
+    operator with a reason and does nothing."""
+    stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"), partitions=4)
+    patch_spec(kube, namespace, {"partitions": 2})
+    status_where(kube, namespace, "generation 2 in status.layout",
+                 lambda s: s.get("layout", {}).get("generation") == 2)
+    for p in range(4):
+        complete(kube, namespace, p)
+    status_where(kube, namespace, "4 and 5 assigned", lambda s: assigned(s) == {4, 5},
+                 timeout=30)
+
+    wrong = {"generation": 3, "split": 4}
+    patch_spec(kube, namespace, {"partitions": 2, "reshape": {"change": wrong}})
+    wait_for("the wrong count's Event", lambda: any(
+        "set spec.partitions: 3 with it" in m
+        for m in group_events(kube, namespace, "LayoutNotApplied")), timeout=30)
+    assert get_status(kube, namespace)["layout"]["generation"] == 2
+
+    patch_spec(kube, namespace, {"partitions": 3, "reshape": {"change": wrong}})
+    st = status_where(kube, namespace, "generation 3 in status.layout",
+                      lambda s: s.get("layout", {}).get("generation") == 3)
+    # in key-hash order: 4's two quarters, then 5's half
+    assert st["layout"]["generations"][-1] == {
+        "generation": 3, "placement": "range", "partitions": "6-7,5", "widths": "1/4*2,1/2"}
+    assert st["layout"]["states"] == {"open": "5-7", "sealed": "4"}
+    assert assigned(st) == {4, 5}  # 5 carries on; 4 is read to its seal
+    stays("6 and 7 neither assigned nor locked while 4 is not completed",
+          lambda: not assigned(get_status(kube, namespace)) & {6, 7}
+          and not partition_leases(kube, namespace) & {6, 7}, seconds=4)
+
+    complete(kube, namespace, 4)
+    status_where(kube, namespace, "5, 6 and 7 assigned", lambda s: assigned(s) == {5, 6, 7},
+                 timeout=30)
+    status_where(kube, namespace, "Stable after the split",
+                 lambda s: s.get("phase") == "Stable" and s.get("unowned") == 0, timeout=60)
+
+
 def test_real_sidecars_complete_a_shrink_and_take_up_the_successors(
     cluster: Cluster, kube: client.ApiClient, namespace: str,
     operator: OperatorProcess, tmp_path: Path,  # noqa: F811
@@ -139,6 +187,14 @@ def test_real_sidecars_complete_a_shrink_and_take_up_the_successors(
         patch_spec(kube, namespace, {"partitions": 2})
         status_where(kube, namespace, "generation 2",
                      lambda s: s.get("layout", {}).get("generation") == 2)
+        def sealed() -> dict[int, int | None]:
+            return {p.partition: p.sealed_by for app in apps.values()
+                    for p in app.assignment().active}
+
+        # each app's view says which held partitions the reshape sealed, and by which
+        # generation: what an app seals them with when no producer has
+        wait_for("the views say 0-3 sealed by generation 2",
+                 lambda: sealed() == {0: 2, 1: 2, 2: 2, 3: 2}, timeout=30)
         owners = held()
         for p in (0, 1, 2, 3):
             pod, token = owners[p]

@@ -21,13 +21,16 @@ class PartitionView:
     """One partition the member holds: ``state`` is ``"active"`` (process it) or
     ``"revoking"`` (finish, then release with the position); ``position`` is what the
     previous owner handed over; ``revoke_deadline_seconds`` is left of the drain time of a
-    revoking partition."""
+    revoking partition; ``sealed_by``: the partition is sealed (replaced by a reshape,
+    read it to its seal marker and complete it), by that generation (what its seal marker
+    records), None when open."""
 
     partition: int
     token: int
     state: str = "active"
     position: str | None = None
     revoke_deadline_seconds: float | None = None
+    sealed_by: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +39,7 @@ class PartitionView:
             "state": self.state,
             "position": self.position,
             "revokeDeadlineSeconds": self.revoke_deadline_seconds,
+            "sealedBy": self.sealed_by,
         }
 
     @classmethod
@@ -46,6 +50,7 @@ class PartitionView:
             state=str(body["state"]),
             position=body.get("position"),
             revoke_deadline_seconds=body.get("revokeDeadlineSeconds"),
+            sealed_by=body.get("sealedBy"),
         )
 
 

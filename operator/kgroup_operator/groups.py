@@ -178,9 +178,12 @@ class GroupLoops:
     def poke_pod(
         self, namespace: str, old: PodObservation | None, new: PodObservation | None
     ) -> None:
-        """Poke the groups in `namespace` whose selector matches the pod before or after."""
-        for (ns, _), c in self.controllers.items():
-            if ns != namespace or c.selector is None:
+        """Poke the groups in `namespace` whose selector matches the pod before or after,
+        and the group it is labelled with (a pod without the sidecar is reported on it)."""
+        named = {p.labels.get(C.LABEL_GROUP) for p in (old, new) if p is not None}
+        for (ns, name), c in self.controllers.items():
+            if ns != namespace:
                 continue
-            if any(p is not None and c.selector.matches(dict(p.labels)) for p in (old, new)):
+            if name in named or (c.selector is not None and any(
+                    p is not None and c.selector.matches(dict(p.labels)) for p in (old, new))):
                 c.poke()

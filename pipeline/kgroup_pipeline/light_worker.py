@@ -46,7 +46,8 @@ class LightWorker:
                  layout: Callable[[], Lineage] | None = None) -> None:
         """``layout``: the group's partition layout; with it, the worker seals a partition
         it holds that the layout calls sealed (``kgroup.producer.Sealer``), so a reshape
-        completes with no producer running."""
+        completes with no producer running. Without it, the sidecar's view says which held
+        partitions are sealed (``PartitionView.sealed_by``), and the worker seals those."""
         self.store = FencedStore(client, stream)
         self.stream = stream
         self.ownership = ownership
@@ -55,7 +56,7 @@ class LightWorker:
         self.log_every = log_every
         self.handoff = HandoffController(ownership, self.store, drain_timeout)
         self.completion = Completer(ownership)
-        self.sealer = Sealer(client, stream, layout) if layout is not None else None
+        self.sealer = Sealer(client, stream, layout)
         self.stats = Stats()
         self.health = HealthReporter(self.store, getattr(ownership, "report_health", None))
 
@@ -65,8 +66,11 @@ class LightWorker:
             active = self.ownership.assignment().active
         except (OSError, SidecarError):
             active = ()  # the sidecar did not answer: own nothing until it does
-        if self.sealer is not None and active:
+        if self.sealer.layout is not None and active:
             self.sealer.step(p.partition for p in active)
+        elif active:
+            self.sealer.seal({p.partition: p.sealed_by for p in active
+                              if p.sealed_by is not None})
         plans = self.store.plan(active, max_rows=max(1, self.max_rows // max(1, len(active))))
         results = []
         for plan in plans:

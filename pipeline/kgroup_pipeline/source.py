@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from kgroup.client import SidecarError
+from kgroup.producer import Sealer
 from kgroup_pipeline.completion import Completer
 from kgroup_pipeline.fencing import FencedStore
 from kgroup_pipeline.health import HealthReporter
@@ -100,6 +101,7 @@ class KgroupStreamReader(DataSourceStreamReader):
         self._ownership: Ownership | None = None
         self._health: HealthReporter | None = None
         self._completion: Completer | None = None
+        self._sealer: Sealer | None = None
         # The first batch plans nothing and asks the sidecar nothing: it pays the query's
         # first-time costs (planning, code generation, the sink's first call) before the
         # first ask, which is when the sidecar joins the group for this app.
@@ -108,7 +110,7 @@ class KgroupStreamReader(DataSourceStreamReader):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_store"] = state["_ownership"] = state["_health"] = None
-        state["_completion"] = None
+        state["_completion"] = state["_sealer"] = None
         return state
 
     def _planner(self) -> tuple[FencedStore, Ownership]:
@@ -142,6 +144,13 @@ class KgroupStreamReader(DataSourceStreamReader):
         total = UNLIMITED_ROWS if isinstance(limit, ReadAllAvailable) else self.max_rows
         if isinstance(limit, ReadMaxRows):
             total = limit.max_rows
+        # what the sidecar's view calls sealed (a reshape replaced it) is sealed in the
+        # stream if no producer has, so it can be read to its seal and completed
+        sealed = {p.partition: p.sealed_by for p in active if p.sealed_by is not None}
+        if sealed:
+            if self._sealer is None:
+                self._sealer = Sealer(store.client, self.stream)
+            self._sealer.seal(sealed)
         plans = store.plan(active, max_rows=max(1, total // len(active)))
         self._reporter(store, ownership).observe(plans)
         # a sealed partition whose committed offset reached its marker: hand it back as

@@ -211,6 +211,20 @@ def warm_up(spark: Any) -> threading.Thread:
     return thread
 
 
+def wait_unless_stopped(thread: threading.Thread, stop: threading.Event,
+                        timeout: float, step: float = 0.2) -> bool:
+    """Join ``thread`` for at most ``timeout`` seconds, but return as soon as ``stop`` is
+    set: a pod told to stop during its warm-up does not wait for it. True when the thread
+    finished, False when stopped or timed out."""
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        thread.join(min(step, remaining))
+    return not thread.is_alive()
+
+
 def held(handoff: HandoffController) -> bool:
     try:
         return bool(handoff.ownership.assignment().partitions)
@@ -237,7 +251,13 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
             print(f"worker: session on {master} {time.monotonic() - started:.1f}s after launch",
                   flush=True)
         if warm and read_on == "tasks":
-            warm_up(spark).join(timeout=120.0)
+            wait_unless_stopped(warm_up(spark), stop, timeout=120.0)
+    if stop.is_set():
+        # Stopped before the query started: it never asked its sidecar, so it holds
+        # nothing and has nothing to hand back.
+        if own_session:
+            spark.stop()
+        return Progress()
     sink = FencedBatchSink(redis_url=redis_url, stream=stream, quiet=quiet)
     query = start_query(spark, redis_url=redis_url, stream=stream, ownership=ownership,
                         checkpoint=checkpoint, sink=sink, trigger_seconds=trigger_seconds,

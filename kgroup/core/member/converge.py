@@ -42,7 +42,12 @@ from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
 from kgroup.core.member.app_presence import AppPresence, AppState
-from kgroup.core.member.group_spec import member_spec, partition_bound, spec_partitions
+from kgroup.core.member.group_spec import (
+    member_spec,
+    partition_bound,
+    sealed_by,
+    spec_partitions,
+)
 from kgroup.core.member.journal import Journal
 from kgroup.core.member.pacing import renew_retry_seconds, request_timeout
 from kgroup.core.member.reconcile import (
@@ -267,7 +272,8 @@ class SidecarLogic:
             self._warn_once(f"assign:{str(ranges)[:80]}",
                             f"ConsumerGroup {name}: bad assignment: {exc}")
             return  # keep the previous target (the operator corrects the status)
-        self.target = Target(epoch=epoch, partitions=partitions)
+        self.target = Target(epoch=epoch, partitions=partitions,
+                             sealed_by=sealed_by(status, bound))
         self.in_target = self.pod in assignment
 
     def _apply_lease(self, event_type: str, obj: Obj) -> None:

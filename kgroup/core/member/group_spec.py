@@ -15,7 +15,7 @@ from typing import Any
 
 from kgroup.constants import DRAIN_TIMEOUT_SECONDS, LEASE_DURATION_SECONDS, RENEW_INTERVAL_SECONDS
 from kgroup.core.locks import LeaseTiming
-from kgroup.core.ranges import MAX_PARTITIONS
+from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 
 
 def _field(section: Any, key: str, path: str, bounds: tuple[int, int, int]) -> int:
@@ -67,3 +67,35 @@ def partition_bound(status: Mapping[str, Any], partitions: int) -> int:
     if type(bound) is int and partitions <= bound <= _MAX_NUMBER + 1:
         return bound
     return partitions
+
+
+def sealed_by(status: Mapping[str, Any], bound: int) -> dict[int, int]:
+    """The sealed partitions of ``status.layout`` (replaced by a reshape, not yet read to
+    their seal), each with the number of the generation that replaced it: what its seal
+    marker records (``kgroup.core.routing.sealing_generation``), so the app that holds one
+    can seal it when no producer has (``kgroup.producer.Sealer``). Read from the layout's
+    ranges alone (at most 8 generations, no key-hash widths decoded); ``bound`` is
+    :func:`partition_bound`. Anything malformed reads as nothing sealed: the operator
+    corrects its status, and a partition sealed late only waits longer."""
+    layout = status.get("layout")
+    if not isinstance(layout, Mapping):
+        return {}
+    states, generations = layout.get("states"), layout.get("generations")
+    if not isinstance(states, Mapping) or not isinstance(generations, list) \
+            or len(generations) < 2 or not isinstance(states.get("sealed"), str):
+        return {}
+    longest = max_ranges_chars(bound) + 1
+    try:
+        sealed = set(parse_ranges(states["sealed"][:longest], limit=bound))
+        kept = [(int(g["generation"]), set(parse_ranges(str(g["partitions"])[:longest],
+                                                        limit=bound)))
+                for g in generations[:8]]
+    except (ValueError, TypeError, KeyError):
+        return {}
+    out: dict[int, int] = {}
+    for i, (_, members) in enumerate(kept):
+        for p in members & sealed:
+            later = next((n for n, after in kept[i + 1:] if p not in after), None)
+            if later is not None and p not in out:
+                out[p] = later
+    return out

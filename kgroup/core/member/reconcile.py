@@ -69,7 +69,7 @@ its vocabulary (:mod:`~kgroup.core.member.view`), pacing and watch scope live ap
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kgroup.core.assignment import PartitionView, View
@@ -185,6 +185,7 @@ class Member:
         self._relinquished: dict[int, tuple[int | None, float]] = {}
         self._epoch: int | None = None
         self.version = 0
+        self._sealed_by: Mapping[int, int] = {}  # the target's, as last shown
         self._view_parts: tuple[int, tuple[PartitionView, ...]] | None = None
         self.fenced = False
         self.shutting_down = False
@@ -235,7 +236,8 @@ class Member:
                 revoke_deadline = None
                 if o.state is PartitionState.REVOKING and o.revoking_since is not None:
                     revoke_deadline = max(0.0, o.revoking_since + self._drain_timeout - now)
-                parts.append(PartitionView(p, o.token, o.state.value, o.position, revoke_deadline))
+                parts.append(PartitionView(p, o.token, o.state.value, o.position, revoke_deadline,
+                                           self._sealed_by.get(p)))
             # Kept while the version stands (every change of what the view shows bumps
             # it: the long-poll's contract), unless a revoking partition's deadline counts
             # down with ``now``. An app polling 1,000 partitions every second rebuilt
@@ -321,6 +323,11 @@ class Member:
         if snap.target is not None and snap.target.epoch != self._epoch:
             self._epoch = snap.target.epoch
             self._bump()
+        if snap.target is not None and snap.target.sealed_by != self._sealed_by:
+            changed = set(snap.target.sealed_by.items()) ^ set(self._sealed_by.items())
+            self._sealed_by = snap.target.sealed_by
+            if any(p in self.owned for p, _ in changed):
+                self._bump()  # what the view shows of a held partition changed
         # 1. the session: fence on a passed deadline, then (re)start.
         actions = self._fence() if self._expired(snap.now) else []
         if self.session is None:

@@ -26,6 +26,9 @@ class PartitionState(enum.Enum):
 class Target:
     epoch: int
     partitions: frozenset[int]
+    # sealed partitions -> the generation that replaced them (``group_spec.sealed_by``):
+    # shown to the app that holds one, which may seal it when no producer has
+    sealed_by: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

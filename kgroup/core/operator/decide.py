@@ -63,6 +63,7 @@ from kgroup.core.operator.status import (
     aggregate_status,
     format_timestamp,
     parse_timestamp,
+    pods_without_sidecar,
 )
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import (
@@ -385,7 +386,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     raw_status = body.get("status") or {}
     layout = memory.layouts.derive(spec.partitions, raw_status.get("layout"),
                                    completions_on(obs.leases.bodies, str(md.get("name"))),
-                                   spec.reshape.policy)
+                                   spec.reshape.policy, spec.reshape.change)
     status, target, hand_problem, server = memory.status_of(raw_status, layout.space)
     problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
@@ -479,6 +480,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         members=members, member_leases=member_leases, holders=holders,
         last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
         last_rebalance=last_rebalance, assignable=layout.assignable,
+        bare_pods=pods_without_sidecar(str(md.get("name", "")), obs.pods),
     )
     new_status = memory.load.apply(new_status)
     scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,

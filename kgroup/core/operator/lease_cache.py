@@ -27,6 +27,7 @@ from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import MemberLease, Obj
 from kgroup.core.locks import Lock, SessionTracker
+from kgroup.core.operator.injection import has_sidecar
 from kgroup.core.operator.planner import LockObservation, PodObservation
 from kgroup.core.operator.status import MemberLeaseObservation
 
@@ -72,6 +73,7 @@ def pod_observation(body: Mapping[str, Any]) -> PodObservation:
         workload=workload,
         revision=revision,
         uid=str(meta.get("uid") or ""),
+        sidecar=has_sidecar(body),
     )
 
 

@@ -79,7 +79,8 @@ class PodObservation:
     controller ("" for a bare pod). ``revision``: the pod template's revision
     (``pod-template-hash`` or ``controller-revision-hash``; "" when unknown). ``uid``: the
     pod object's uid ("" when unknown), what the assignment mark binds
-    (:mod:`kgroup.core.operator.pod_identity`).
+    (:mod:`kgroup.core.operator.pod_identity`). ``sidecar``: the pod has a kgroup sidecar
+    container (``kgroup.core.operator.status.pods_without_sidecar``).
     """
 
     name: str
@@ -91,6 +92,7 @@ class PodObservation:
     workload: str = ""
     revision: str = ""
     uid: str = ""
+    sidecar: bool = True
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,21 @@ from typing import Any
 from kgroup.constants import partition_lease_name
 from kgroup.core.layout_status import layout_from_status, layout_to_status
 from kgroup.core.lease_codec import Obj, completed_token
-from kgroup.core.lineage import Lineage, LineageError, Placement, Uniform, initial
+from kgroup.core.lineage import (
+    Change,
+    Lineage,
+    LineageError,
+    Merge,
+    Placement,
+    Split,
+    Uniform,
+    initial,
+)
 from kgroup.core.operator.planner import Decision
 from kgroup.core.ranges import format_ranges
-from kgroup.crd_models import ConsumerGroupSpec, ReshapePolicy
+from kgroup.crd_models import ConsumerGroupSpec, ReshapeChange, ReshapePolicy
 
-__all__ = ["Layout", "Layouts", "appended", "completions_on", "layout_of", "premature"]
+__all__ = ["Layout", "Layouts", "appended", "changed", "completions_on", "layout_of", "premature"]
 
 
 @dataclass(frozen=True)
@@ -187,15 +196,50 @@ def appended(lineage: Lineage, partitions: int) -> tuple[Lineage, str | None]:
     return initial(partitions), None
 
 
+def changed(lineage: Lineage, partitions: int,
+            change: ReshapeChange) -> tuple[Lineage, str | None]:
+    """``spec.reshape.change`` on ``lineage`` whose newest generation is older than the
+    change's: ``lineage`` with the split or merge as a new generation, and None; or
+    ``lineage`` unchanged and why it waits. It applies only to the generation just before
+    its own (a change written for another is not guessed at), and only when
+    ``spec.partitions`` says the count it leaves: a change of ``spec.partitions`` alone is
+    a uniform reshape, so the two must agree or neither is done."""
+    latest = lineage.latest
+    what = (f"split {change.split}" if change.split is not None
+            else f"merge {change.merge[0]} + {change.merge[1]}" if change.merge else "nothing")
+    head = f"spec.reshape.change ({what}, generation {change.generation}) waits: "
+    if latest.number != change.generation - 1:
+        return lineage, (f"{head}the newest generation is {latest.number}; a change "
+                         f"makes generation {latest.number + 1}")
+    step: Change
+    if change.split is not None:
+        step, count = Split(change.split), len(latest.partitions) + 1
+    elif change.merge:
+        step, count = Merge(change.merge[0], change.merge[1]), len(latest.partitions) - 1
+    else:
+        return lineage, f"{head}it names no split and no merge"
+    if partitions != count:
+        return lineage, (f"{head}it leaves {count} partitions, but spec.partitions is "
+                         f"{partitions}; set spec.partitions: {count} with it")
+    try:
+        return lineage.reshape(step), None
+    except LineageError as exc:
+        return lineage, f"{head}{exc}"
+
+
 def layout_of(partitions: int, status_layout: object, reported: Callable[[int], bool],
-              last: Lineage | None = None, policy: ReshapePolicy = "Generations") -> Layout:
+              last: Lineage | None = None, policy: ReshapePolicy = "Generations",
+              change: ReshapeChange | None = None) -> Layout:
     """The layout for this pass: ``partitions`` is ``spec.partitions``, ``status_layout``
     the status' ``layout`` as read (None when absent; or already decoded, a
     :class:`Lineage` or the :class:`LineageError` decoding it raised), ``reported(p)``:
     partition ``p``'s Lease records a completion; ``last`` the lineage this operator
     last derived for the group (used when the status has no layout or one that does not
     decode: it is written again); ``policy`` is ``spec.reshape.policy``: what a change of
-    ``spec.partitions`` does (a new generation, or :func:`appended`)."""
+    ``spec.partitions`` does (a new generation, or :func:`appended`); ``change`` is
+    ``spec.reshape.change``, a split or merge (:func:`changed`): while it is newer than the
+    newest generation it decides the pass, and ``spec.partitions`` is only checked
+    against it."""
     problem: str | None = None
     if status_layout is None and last is not None:
         lineage = last  # not written yet, or removed by hand: written again
@@ -211,6 +255,9 @@ def layout_of(partitions: int, status_layout: object, reported: Callable[[int], 
             problem = f"status.layout is not a layout ({exc}); written again"
             lineage = last if last is not None else initial(partitions)
     lineage = _completed(lineage, reported).retire()
+    if change is not None and lineage.latest.number < change.generation:
+        lineage, refused = changed(lineage, partitions, change)
+        return Layout(lineage, problem or refused)
     if len(lineage.latest.partitions) != partitions and policy == "Append":
         lineage, refused = appended(lineage, partitions)
         problem = problem or refused
@@ -235,7 +282,8 @@ class Layouts:
 
     def derive(self, partitions: int, status_layout: object,
                reported: Callable[[int], bool],
-               policy: ReshapePolicy = "Generations") -> Layout:
+               policy: ReshapePolicy = "Generations",
+               change: ReshapeChange | None = None) -> Layout:
         decoded: object = None
         if status_layout is not None:
             if self._read is None or self._read[0] != status_layout:
@@ -245,7 +293,7 @@ class Layouts:
                     read = exc
                 self._read = (status_layout, read)
             decoded = self._read[1]
-        layout = layout_of(partitions, decoded, reported, self.last, policy)
+        layout = layout_of(partitions, decoded, reported, self.last, policy, change)
         kept = self._layout
         if kept is not None and kept.lineage is layout.lineage and \
                 kept.problem == layout.problem:

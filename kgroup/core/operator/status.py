@@ -28,12 +28,21 @@ pkg/kstatus/status), so GitOps tools (Flux, kpt, Argo CD through
   or the group is degraded while it has members (phase ``Degraded``, or a paused group
   with the same problems): partitions unowned past the deadline, a malformed member
   annotation, a lock's name taken. A group without members is waiting, not failed: it
-  stays ``Stalled=False`` (reason ``NoMembers``) whatever its Degraded condition says.
+  stays ``Stalled=False`` (reason ``NoMembers``) whatever its Degraded condition says,
+  unless pods labelled with it run without the sidecar (reason ``SidecarMissing``: the
+  members it waits for are those pods, and they never join until replaced).
 - ``Reconciling=True`` (kstatus: InProgress): exactly the phase ``Rebalancing``, so never
   together with ``Stalled=True`` (kstatus takes the first of the two it meets in the
   list); its reason and message are the Rebalancing condition's.
 - otherwise ``Ready`` decides: True is Current, False is InProgress (Pending, or
   partitions briefly unowned).
+
+``SidecarMissing`` (True: reason ``PodsWithoutSidecar``, naming the pods, at most
+five; ``status.sidecarMissing`` counts them and lists the first ten by name): running
+pods labelled ``kgroup.dev/group=<group>`` that have no kgroup sidecar container. It
+changes neither the phase nor Ready: the members work on, partitions all owned, and the
+pod is a lost replica, not a failure of the group (Argo CD reads it as Degraded;
+kstatus has no word for a working group short of a replica, docs/design.md).
 
 ``status.observedGeneration`` is the spec generation the status was computed from:
 kstatus reads a status whose ``observedGeneration`` lags ``metadata.generation`` as
@@ -42,20 +51,24 @@ InProgress.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from kgroup import constants as C
 from kgroup.core.health import parse_summary
+from kgroup.core.operator.planner import PodObservation
 from kgroup.core.ranges import format_ranges
 from kgroup.crd_models import (
+    SIDECAR_MISSING_LISTED,
     Condition,
     ConsumerGroupSpec,
     ConsumerGroupStatus,
     LastRebalance,
     MemberStatus,
     Phase,
+    SidecarMissingStatus,
 )
 
 _Verdict = tuple[Literal["True", "False"], str, str]
@@ -67,6 +80,7 @@ __all__ = [
     "format_timestamp",
     "parse_acknowledged_epoch",
     "parse_timestamp",
+    "pods_without_sidecar",
     "stalled_partitions",
 ]
 
@@ -142,6 +156,39 @@ def stalled_partitions(
                              + "; ".join(reasons[:3]) + more)
 
 
+def pods_without_sidecar(group: str, pods: Iterable[PodObservation]) -> list[str]:
+    """The names, sorted, of the pods labelled ``kgroup.dev/group=<group>`` that run
+    (phase Running, not terminating) without a kgroup sidecar container: created while the
+    injector was off or failing open, or labelled after their creation. Such a pod never
+    joins the group; it idles unless it is replaced. A pod the selector matches but that
+    does not carry the label is not counted: nothing says it is meant to have a sidecar."""
+    return sorted(p.name for p in pods
+                  if not p.sidecar and p.running and not p.terminating
+                  and p.labels.get(C.LABEL_GROUP) == group)
+
+
+def _sidecar_missing(bare: Sequence[str]) -> tuple[_Verdict, SidecarMissingStatus | None]:
+    """The SidecarMissing condition's verdict and ``status.sidecarMissing`` (absent when
+    every labelled pod has the sidecar)."""
+    if not bare:
+        return ("False", "AllPodsHaveSidecar",
+                "every running pod labelled with the group has the kgroup sidecar"), None
+    shown = ", ".join(bare[:_NAMED]) + (f" and {len(bare) - _NAMED} more"
+                                        if len(bare) > _NAMED else "")
+    one = len(bare) == 1
+    them = "it" if one else "them"
+    return (("True", "PodsWithoutSidecar",
+             f"{len(bare)} {'pod' if one else 'pods'} labelled with the group "
+             f"{'runs' if one else 'run'} without the {C.SIDECAR_CONTAINER} container, "
+             f"taking no part in it: {shown} (delete {them} to have {them} re-created "
+             "with the sidecar)"),
+            SidecarMissingStatus(count=len(bare), pods=list(bare[:SIDECAR_MISSING_LISTED])))
+
+
+_NAMED = 5
+"""The SidecarMissing condition's message names at most this many pods."""
+
+
 def _phase(
     *,
     spec: ConsumerGroupSpec,
@@ -177,6 +224,7 @@ def aggregate_status(
     extra_problems: Sequence[Problem] = (),
     last_rebalance: LastRebalance | None = None,
     assignable: Collection[int] | None = None,
+    bare_pods: Sequence[str] = (),
 ) -> tuple[ConsumerGroupStatus, list[Problem]]:
     """The status to write, and every problem seen (for Events).
 
@@ -185,6 +233,8 @@ def aggregate_status(
     changed; `last_rebalance` replaces ``previous.last_rebalance`` when a new epoch is
     being written in the same update. `assignable`: the partitions the group may assign
     now (its layout's, ``kgroup.core.operator.reshape``); None: 0..spec.partitions-1.
+    `bare_pods`: the pods labelled with the group that run without the sidecar
+    (:func:`pods_without_sidecar`).
     """
     problems: list[Problem] = list(extra_problems)
     counted = range(spec.partitions) if assignable is None else frozenset(assignable)
@@ -226,6 +276,7 @@ def aggregate_status(
         epoch=epoch,
         stalled_message=stalled_message,
         has_members=bool(members),
+        bare_pods=bare_pods,
     )
     status = ConsumerGroupStatus(
         observed_generation=generation,
@@ -238,6 +289,7 @@ def aggregate_status(
         assignment={m: format_ranges(ps) for m, ps in sorted(target.items())},
         members=_member_rows(names, target=target, owned=owned, acked=acked),
         last_rebalance=rebalance,
+        sidecar_missing=_sidecar_missing(bare_pods)[1],
         conditions=conditions,
     )
     return status, problems
@@ -322,6 +374,7 @@ def _conditions(
     epoch: int,
     stalled_message: str = "",
     has_members: bool = True,
+    bare_pods: Sequence[str] = (),
 ) -> list[Condition]:
     rebalancing = bool(unacked) or misplaced > 0 or bool(joined) or bool(left)
     ready = _ready(phase=phase, stalled_message=stalled_message, rebalancing=rebalancing,
@@ -329,8 +382,9 @@ def _conditions(
     rebal = _rebalancing(rebalancing=rebalancing, unacked=unacked, misplaced=misplaced,
                          joined=joined, left=left, epoch=epoch)
     degraded = _degraded(unowned=unowned, unowned_too_long=unowned_too_long, problem=problem)
+    sidecar_missing, _ = _sidecar_missing(bare_pods)
     stall = _stalled(stalled_message=stalled_message, degraded=degraded,
-                     has_members=has_members)
+                     has_members=has_members, sidecar_missing=sidecar_missing)
     reconciling = _reconciling(phase=phase, stall=stall, rebal=rebal)
     return _with_transitions(
         (
@@ -339,6 +393,7 @@ def _conditions(
             ("Degraded", degraded),
             ("Stalled", stall),
             ("Reconciling", reconciling),
+            ("SidecarMissing", sidecar_missing),
         ),
         previous=previous,
         generation=generation,
@@ -395,12 +450,17 @@ def _degraded(*, unowned: int, unowned_too_long: bool, problem: Problem | None) 
     return ("False", "Healthy", "no problem seen")
 
 
-def _stalled(*, stalled_message: str, degraded: _Verdict, has_members: bool) -> _Verdict:
-    """The Stalled condition's verdict (kstatus' Failed)."""
+def _stalled(*, stalled_message: str, degraded: _Verdict, has_members: bool,
+             sidecar_missing: _Verdict = ("False", "", "")) -> _Verdict:
+    """The Stalled condition's verdict (kstatus' Failed). Pods without the sidecar stall
+    a group only while it has no member at all: then nothing consumes, and nothing will
+    until they are replaced. Beside members, the group works on without them."""
     if stalled_message:
         return ("True", "PartitionsStalled", stalled_message)
     if degraded[0] == "True" and has_members:
         return degraded
+    if sidecar_missing[0] == "True" and not has_members:
+        return ("True", "SidecarMissing", f"no member: {sidecar_missing[2]}")
     if degraded[0] == "True":
         return ("False", "NoMembers", "no member: the group waits for members, it is not "
                 "stalled (see the Ready condition)")

@@ -14,6 +14,9 @@ renewals; without a report, the position handed over on the lock), and a state:
 - ``active``: held by its target member (or, with no target yet, by anyone);
 - ``free``: no live holder.
 
+Pods labelled with the group that run without the sidecar (``status.sidecarMissing``)
+get a line of their own under the header, with the SidecarMissing condition below.
+
 The partitions are those of the group's layout (``status.layout``; without one,
 0..spec.partitions-1). While a reshape is under way (more than one generation kept) each
 row also shows its place in the lineage (``open``, ``sealed``, ``completed``) and, for a
@@ -80,6 +83,9 @@ class GroupView:
     load: Obj | None = None  # status.load as written (rate, lag, recommendedMembers, ...)
     generation: int = 1
     generations: int = 1  # kept in status.layout: more than one while a reshape runs
+    # status.sidecarMissing: running pods labelled with the group without the sidecar
+    sidecar_missing: int = 0
+    sidecar_missing_pods: list[str] = field(default_factory=list)
 
     def to_dict(self) -> Obj:
         return asdict(self)
@@ -152,6 +158,8 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
                                  target.get(p), str(lineage.state(p)) if lineage else "open",
                                  format_ranges(waits)))
 
+    bare = status.get("sidecarMissing")
+    bare = bare if isinstance(bare, dict) else {}
     members = []
     for m in status.get("members") or []:
         name = str(m.get("name", ""))
@@ -175,6 +183,8 @@ def build_view(group: Obj, leases: Iterable[Obj]) -> GroupView:
         load=status["load"] if isinstance(status.get("load"), dict) else None,
         generation=lineage.latest.number if lineage is not None else 1,
         generations=len(lineage.generations) if lineage is not None else 1,
+        sidecar_missing=int(bare.get("count") or 0),
+        sidecar_missing_pods=[str(p) for p in bare.get("pods") or []],
     )
 
 
@@ -197,6 +207,16 @@ def _load_line(load: Obj) -> str:
             f"{_dash(recommended)} (measured {_dash(load.get('measuredAt'))})")
 
 
+def _sidecar_missing_line(view: GroupView) -> str:
+    """status.sidecarMissing in one line: how many pods, the first of them by name."""
+    more = view.sidecar_missing - len(view.sidecar_missing_pods)
+    names = ", ".join(view.sidecar_missing_pods) + (f" and {more} more" if more > 0 else "")
+    pods, them = ("pod", "it") if view.sidecar_missing == 1 else ("pods", "them")
+    return (f"Without the sidecar: {view.sidecar_missing} {pods} labelled with the group "
+            f"({names}), taking no part in it; delete {them} to have {them} re-created "
+            "with the sidecar")
+
+
 def render_table(view: GroupView) -> str:
     """The human view: a header line, partitions, members, conditions (kubectl style)."""
     lines = [f"ConsumerGroup {view.namespace}/{view.name}: {view.phase}, epoch {view.epoch}, "
@@ -207,6 +227,8 @@ def render_table(view: GroupView) -> str:
         lines[0] += f", generation {view.generation} ({view.generations} kept)"
     if view.load is not None:
         lines.append(_load_line(view.load))
+    if view.sidecar_missing:
+        lines.append(_sidecar_missing_line(view))
     lines.append("")
     if view.generations > 1:
         lines += _table(("PARTITION", "OWNER", "STATE", "TOKEN", "POSITION", "LAG",

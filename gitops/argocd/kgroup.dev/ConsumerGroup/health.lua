@@ -2,6 +2,7 @@
 -- writes (kstatus conventions: docs/operations.md, "GitOps health"):
 --   status not written yet, or written for an older spec generation -> Progressing
 --   Stalled=True (partitions stalled or unowned too long, or another problem) -> Degraded
+--   SidecarMissing=True (labelled pods run without the sidecar and idle) -> Degraded
 --   spec.paused -> Suspended
 --   Reconciling=True (a rebalance under way) -> Progressing
 --   Ready=True -> Healthy; otherwise Progressing (no member yet, partitions briefly unowned)
@@ -39,6 +40,9 @@ local function text(ctype)
 end
 if says("Stalled", "True") then
   return answer("Degraded", text("Stalled"))
+end
+if says("SidecarMissing", "True") then
+  return answer("Degraded", text("SidecarMissing"))
 end
 if obj.spec ~= nil and obj.spec.paused == true then
   return answer("Suspended",
