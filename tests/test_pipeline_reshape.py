@@ -261,7 +261,7 @@ def test_with_the_layout_a_worker_seals_what_no_producer_sealed_and_completes_it
                          layout=lambda: reshaped)
     wait_for(lambda: worker.run_once() >= 0 and len(sighted.completed) == 4,
              what="four completions")
-    assert sorted(worker.sealer.sealed) == [0, 1, 2, 3]  # type: ignore[union-attr]
+    assert sorted(worker.sealer.sealed) == [0, 1, 2, 3]
     with pytest.raises(LayoutBehind):  # a producer still on the old layout is fenced
         LayoutProducer(rclient, stream, lambda: lineage, layout_wait=0.05,
                        sleep=lambda s: None).send(["k"], [{"key": "k"}])
