@@ -173,6 +173,7 @@ class LastRebalance(_Model):
 
 class LoadStatus(_Model):
     rate: float = 0.0
+    arrival: float | None = None
     lag: int | None = None
     busiest_over_mean: float | None = None
     bound: float | None = None
@@ -185,7 +186,11 @@ class AutoscalingStatus(_Model):
     desired_members: int | None = None
     replicas: int | None = None
     last_scale_time: str | None = None
+    last_scale_replicas: int | None = None
     reason: str = ""
+    scale_down_since: str | None = None
+    scale_down_to: int | None = None
+    scale_down_from: int | None = None
 
 
 class SidecarMissingStatus(_Model):

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
 
-from kgroup.core.operator.autoscale import SETTLE_SECONDS, Autoscaler, ScaleChange, ScaleSettings
+from kgroup.core.operator.autoscale import (
+    SETTLE_SECONDS,
+    Autoscaler,
+    Saved,
+    ScaleChange,
+    ScaleSettings,
+)
 
 SAMPLE_SECONDS = 30.0
 JOIN_SECONDS = 60.0
@@ -37,8 +43,11 @@ class World:
 
 def run(recommend: Callable[[float], int], *, replicas: int, minutes: float,
         settings: ScaleSettings | None = None, scaler: Autoscaler | None = None,
+        restarts: Sequence[float] = (), restore: bool = True,
         ) -> list[tuple[float, ScaleChange]]:
-    """Every change the autoscaler makes over ``minutes`` (time, change)."""
+    """Every change the autoscaler makes over ``minutes`` (time, change); at each of
+    ``restarts`` the operator restarts: a new autoscaler, restored from what the old one
+    saved (``restore``) or not."""
     settings = settings or ScaleSettings(min_members=1, max_members=64,
                                          scale_down_delay_seconds=300)
     scaler = scaler or Autoscaler()
@@ -46,6 +55,11 @@ def run(recommend: Callable[[float], int], *, replicas: int, minutes: float,
     changes: list[tuple[float, ScaleChange]] = []
     now = 0.0
     while now <= minutes * 60:
+        if now in restarts:
+            saved = scaler.saved(world.replicas, settings)
+            scaler = Autoscaler()
+            if restore:
+                scaler.restore(saved, replicas=world.replicas, settings=settings)
         taken = math.floor(now / SAMPLE_SECONDS) * SAMPLE_SECONDS
         scaler.observe(taken, recommend(taken), settings)
         if world.members != world.replicas and now >= world.changed_at + JOIN_SECONDS:
@@ -272,7 +286,84 @@ def test_the_wait_before_a_scale_down_is_reported() -> None:
     assert "before scaling down" in scaler.waiting
 
 
+# -- a restart of the operator: what the status keeps -------------------------------------
+
+
+@pytest.mark.parametrize("restart", [1810.0, 1950.0, 2090.0])
+def test_a_restart_in_the_scale_down_window_changes_no_decision(restart: float) -> None:
+    alone = run(step_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS)
+    assert run(step_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS,
+               restarts=[restart]) == alone
+
+
+def sooner_30(t: float) -> int:
+    """16 members' worth from 600 s, 30 from 630 s (before the 16's pods join at 660)."""
+    return 8 if t < 600 else 16 if t < 630 else 30
+
+
+def test_a_restart_while_the_last_change_settles_still_waits_for_its_members() -> None:
+    alone = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS)
+    # up at once, then 30 only once the 16 joined (660) and rebalanced (20 s)
+    assert [(t, c.replicas) for t, c in alone] == [(600, 16), (680, 30)]
+    assert run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS,
+               restarts=[610.0]) == alone
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_restarts_at_random_moments_change_no_decision(seed: int) -> None:
+    """Steps, dips and noise at random levels, restarts at random moments: the same
+    changes at the same moments as without them."""
+    rng = random.Random(seed)
+    levels: list[tuple[float, int]] = []
+    t = 0.0
+    while t < 4 * 3600:
+        levels.append((t, rng.randint(1, 40)))
+        t += rng.choice([30.0, 120.0, 600.0, 1800.0])
+
+    def recommend(at: float) -> int:
+        return next(v for start, v in reversed(levels) if start <= at)
+
+    settings = ScaleSettings(min_members=rng.randint(1, 3), max_members=rng.randint(20, 40),
+                             scale_down_delay_seconds=rng.choice([60, 300, 900]),
+                             scale_down_tolerance=rng.choice([0.0, 0.2, 0.5]))
+    restarts = sorted(rng.randrange(0, 4 * 360) * TICK for _ in range(rng.randint(1, 8)))
+    alone = run(recommend, replicas=8, minutes=4 * 60, settings=settings)
+    assert run(recommend, replicas=8, minutes=4 * 60, settings=settings,
+               restarts=restarts) == alone, restarts
+
+
+def test_a_saved_window_for_other_replicas_or_a_peak_within_the_tolerance_is_dropped() -> None:
+    saved = Saved(below_since=100.0, below_peak=4, below_replicas=12)
+    scaler = Autoscaler()
+    scaler.restore(saved, replicas=10, settings=DEFAULTS)  # set by hand since
+    assert not scaler.samples
+    scaler.restore(saved, replicas=12, settings=ScaleSettings(
+        min_members=1, max_members=64, scale_down_tolerance=2.0))  # 4 x 3 = 12: not below
+    assert not scaler.samples
+    scaler.restore(saved, replicas=12, settings=DEFAULTS)
+    assert list(scaler.samples) == [(100.0, 4)]
+
+
 # -- broken variants: each fails a check above ---------------------------------------------
+
+
+def test_forgetting_the_last_change_on_a_restart_changes_again_before_the_members_join(
+        ) -> None:
+    forgot = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS, restarts=[610.0],
+                 restore=False)
+    # 30 asked for at 630 while the 16 members' pods were still starting
+    assert [(t, c.replicas) for t, c in forgot] == [(600, 16), (630, 30)]
+
+
+def test_forgetting_the_window_on_a_restart_delays_a_due_scale_down() -> None:
+    alone = run(step_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS)
+    forgot = run(step_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS,
+                 restarts=[2090.0], restore=False)
+    assert forgot != alone
+    # the new window starts with the first recommendation after the restart: 270 s late
+    assert forgot[1][0] - alone[1][0] >= DEFAULTS.scale_down_delay_seconds - SAMPLE_SECONDS
+
+
 
 
 def test_without_a_scale_down_delay_a_dip_scales_down_and_back_up() -> None:

@@ -53,7 +53,8 @@ def test_timestamps_carry_format_date_time() -> None:
               if node.get("format") == "date-time"}
     assert stamps == {"status.conditions[].lastTransitionTime",
                       "status.lastRebalance.startedAt", "status.lastRebalance.completedAt",
-                      "status.load.measuredAt", "status.autoscaling.lastScaleTime"}
+                      "status.load.measuredAt", "status.autoscaling.lastScaleTime",
+                      "status.autoscaling.scaleDownSince"}
 
 
 def test_every_description_names_an_existing_field() -> None:

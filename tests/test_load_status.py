@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,7 +13,9 @@ from test_operator_logic import Op, held_lease, member_lease
 from kgroup.core.load import encode_load
 from kgroup.core.operator.load_status import (
     LOAD_REFRESH_SECONDS,
+    History,
     LoadTracker,
+    Taken,
     group_load,
     load_status,
 )
@@ -75,9 +78,20 @@ def test_a_backlog_behind_at_capacity_asks_for_more_members() -> None:
     holders = {0: "a", 1: "a", 2: "b", 3: "b"}
     load = group_load(leases, holders, partitions=4)
     assert load is not None
-    status, _ = load_status(load, ["a", "b"], 4, catch_up_seconds=200, wall=WALL)
-    # 100/s + 20,000 / 200 s = 200/s at 50 per member: 4
-    assert status.recommended_members == 4
+    # the first figures: what arrives on members behind is not known yet
+    first, _ = load_status(load, ["a", "b"], 4, catch_up_seconds=200, wall=WALL)
+    assert first.recommended_members is None and first.arrival is None
+    assert first.capacity == 50.0
+    # 30 s later, the same lags: 100/s arrive + 20,000 / 200 s = 200/s at 50 per member: 4
+    history = History(load.readings(), 30.0, {})
+    status, _ = load_status(load, ["a", "b"], 4, catch_up_seconds=200, wall=WALL,
+                            history=history)
+    assert status.arrival == 100.0 and status.recommended_members == 4
+    # a's lag grew by 3,000 in those 30 s: 100/s more arrive than it works off: 5
+    grown = {**history.readings, "a": replace(history.readings["a"], lag=7_000)}
+    more, _ = load_status(load, ["a", "b"], 4, catch_up_seconds=200, wall=WALL,
+                          history=History(grown, 30.0, {}))
+    assert more.arrival == 200.0 and more.recommended_members == 4  # 4 partitions at most
 
 
 def member_with_load(member: str, rv: str, rates: dict[int, float]) -> dict[str, Any]:
@@ -123,9 +137,9 @@ def test_a_changed_setting_takes_the_figures_again_at_once() -> None:
     tracker = LoadTracker()
     taken: list[float] = []
 
-    def measure() -> tuple[LoadStatus, dict[str, float], dict[int, float]]:
+    def measure(_history: object) -> Taken:
         taken.append(1.0)
-        return LoadStatus(rate=1.0), {}, {0: 1.0}
+        return LoadStatus(rate=1.0), {}, {0: 1.0}, {}, {}
 
     tracker.refresh(0.0, measure, "catch-up 300")
     tracker.refresh(10.0, measure, "catch-up 300")

@@ -220,6 +220,11 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                                    "renewals), refreshed at most every 30 s; absent while "
                                    "no app reports a rate (docs/design.md, \"Load\")."},
     "status.load.rate": {"description": "Events/s processed, the whole group."},
+    "status.load.arrival": {
+        "description": "Events/s arriving, the whole group: each member's processed rate "
+                       "plus its lag's growth since the last figures (negative while a "
+                       "backlog drains); what recommendedMembers sizes for. Absent: not "
+                       "measured yet."},
     "status.load.lag": {"description": "Events behind, the whole group (the sum of what "
                                        "each member reports)."},
     "status.load.busiestOverMean": {
@@ -230,10 +235,12 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "these members can reach (a hot partition alone may exceed a "
                        "member's share)."},
     "status.load.recommendedMembers": {
-        "description": "Members needed to keep up with the rate and work off the lag "
+        "description": "Members needed to keep up with the arrival rate and work off the lag "
                        "within spec.sizing.catchUpSeconds, at one member's capacity as "
                        "measured; never more than the partitions, and rounded up to a count "
-                       "whose busiest member keeps up. Absent: no capacity measured yet."},
+                       "whose busiest member keeps up. Absent: no capacity measured "
+                       "yet, or a member is behind and what arrives is not measured yet "
+                       "(the first figures)."},
     "status.load.capacity": {
         "description": "Events/s one member is taken to process: the largest rate of a "
                        "member that is behind, else the larger of the busiest member's "
@@ -251,6 +258,20 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
         "format": "date-time"},
     "status.autoscaling.reason": {"description": "The last change: from -> to replicas, "
                                                  "and why."},
+    "status.autoscaling.lastScaleReplicas": {
+        "description": "The replicas the last change set (no other change until the "
+                       "group has as many members, or 300 s passed)."},
+    "status.autoscaling.scaleDownSince": {
+        "description": f"Since when every recommendation has been below scaleDownFrom / "
+                       f"(1 + scaleDownTolerance): the scale-down delay runs from then "
+                       f"({_TIMESTAMP}, to the microsecond); absent: no scale-down is "
+                       f"coming. Kept so that an operator that restarts resumes the delay.",
+        "format": "date-time"},
+    "status.autoscaling.scaleDownTo": {
+        "description": "The largest of those recommendations: the replicas a scale-down "
+                       "would set."},
+    "status.autoscaling.scaleDownFrom": {
+        "description": "The replicas those recommendations were below."},
     "status.load.measuredAt": {"description": f"When these figures were taken "
                                               f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},

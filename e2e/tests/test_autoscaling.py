@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from operator_harness import GROUP, Members, OperatorProcess
 from test_operator import event_reasons, get_status, make_group, make_pods
 
 from kgroup.core.load import encode_load
+from kgroup.core.operator.status import parse_timestamp
 from kgroup_devcluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import admin_api_client
@@ -186,3 +188,55 @@ def test_the_charts_rbac_lets_the_operator_scale_and_nothing_more(
     finally:
         ops.close()
         impersonated.close()  # type: ignore[no-untyped-call]
+
+
+def test_a_restarted_operator_resumes_the_scale_down_delay(
+        kube: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
+    """The window of a coming scale-down is kept in status.autoscaling: an operator
+    restarted in the middle of the delay scales down when the delay ends, not one delay
+    after its start."""
+    delay = 45
+    make_deployment(kube, namespace, replicas=4)
+    make_pods(kube, namespace, "w-0", "w-1")
+    uid = make_group(kube, namespace, autoscaling={
+        "minMembers": 1, "maxMembers": 6, "scaleDownDelaySeconds": delay,
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": TARGET}})
+    members = Members(kube, namespace, uid, converge=True)
+    try:
+        # two members keeping up at 20/s each (4 partitions at 5/s): 2 are enough,
+        # 4 replicas are more than 2 x 1.5: a scale-down to 2 is coming
+        for pod in ("w-0", "w-1"):
+            text = encode_load({p: 5.0 for p in range(8)}, {0: 0})
+            assert text is not None
+            members.loads[pod] = text
+        members.join("w-0", "w-1")
+
+        def coming() -> str | None:
+            auto = get_status(kube, namespace).get("autoscaling") or {}
+            since = auto.get("scaleDownSince")
+            return str(since) if since and auto.get("scaleDownTo") == 2 else None
+
+        since = parse_timestamp(str(wait_for("status.autoscaling.scaleDownSince", coming,
+                                             timeout=90)))
+        assert since is not None
+        # restart a third of the way into the delay
+        pause = since.timestamp() + delay / 3 - time.time()
+        if pause > 0:
+            time.sleep(pause)
+        operator.stop()
+        operator.start()
+
+        def scaled() -> Any:
+            auto = get_status(kube, namespace).get("autoscaling") or {}
+            return auto if auto.get("lastScaleTime") and auto.get("replicas") == 2 else None
+
+        auto = wait_for("scaled down to 2", scaled, timeout=delay + 60)
+        at = parse_timestamp(auto["lastScaleTime"])
+        assert at is not None
+        waited = (at - since).total_seconds()
+        # not before the delay; and not one delay after the restart (delay / 3 later)
+        assert delay - 1 <= waited < delay + delay / 3 - 2, (since, at)
+        assert auto["reason"].startswith("4 -> 2: ")
+        assert deployment(kube, namespace).spec.replicas == 2
+    finally:
+        members.close()

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "SETTLE_SECONDS",
     "Autoscaler",
+    "Saved",
     "ScaleChange",
     "ScaleSettings",
 ]
@@ -89,16 +90,72 @@ class ScaleChange:
     reason: str
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What the autoscaler keeps in ``status.autoscaling`` so that a restarted operator
+    decides as the one before it would have (times on the caller's clock): the window of
+    a coming scale-down (:meth:`Autoscaler.window`: since when every recommendation was
+    below ``below_replicas / (1 + tolerance)``, and the largest of them), and the last
+    change (when, and the replicas it asked for: the settling rule waits for them)."""
+
+    below_since: float | None = None
+    below_peak: int | None = None
+    below_replicas: int | None = None
+    last_change_at: float | None = None
+    last_change_replicas: int | None = None
+
+
 @dataclass
 class Autoscaler:
-    """The autoscaler's memory of one group (the operator process's; a restart forgets
-    the window, which delays a scale-down by at most one delay)."""
+    """The autoscaler's memory of one group (the operator process's; what a restart
+    needs is kept in the status: :class:`Saved`, :meth:`window`, :meth:`restore`)."""
 
     # recommendations (clamped) taken since the last change: (taken at, members)
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     last_change_at: float | None = None  # on the caller's clock
-    last_change: ScaleChange | None = None
+    last_change: ScaleChange | None = None  # made by this process
+    settle_for: int | None = None  # the replicas the last change asked for
     waiting: str = ""  # why the last decision changed nothing (for the status)
+
+    def restore(self, saved: Saved, *, replicas: int | None, settings: ScaleSettings
+                ) -> None:
+        """Start from what an earlier process saved (call before the first
+        :meth:`observe`). The window is taken only while it still holds: the replicas are
+        those it was below, and its peak is below them by the tolerance (the settings may
+        have changed)."""
+        if saved.last_change_at is not None:
+            self.last_change_at = saved.last_change_at
+            self.settle_for = saved.last_change_replicas
+        if saved.below_since is None or saved.below_peak is None \
+                or saved.below_replicas is None or replicas != saved.below_replicas:
+            return
+        peak = settings.clamp(saved.below_peak)
+        if peak * (1 + settings.scale_down_tolerance) < replicas - 1e-9:
+            self.samples.appendleft((saved.below_since, peak))
+
+    def saved(self, replicas: int | None, settings: ScaleSettings) -> Saved:
+        """What :meth:`restore` needs, as of now (``replicas``: as read)."""
+        window = None if replicas is None else self.window(replicas, settings)
+        return Saved(below_since=None if window is None else window[0],
+                     below_peak=None if window is None else window[1],
+                     below_replicas=None if window is None else replicas,
+                     last_change_at=self.last_change_at,
+                     last_change_replicas=self.settle_for)
+
+    def window(self, replicas: int, settings: ScaleSettings) -> tuple[float, int] | None:
+        """Since when every recommendation (since the last change) has been below
+        ``replicas / (1 + tolerance)``, and the largest of them; None: the latest is
+        not."""
+        start: float | None = None
+        peak = 0
+        for taken, value in reversed(self.samples):
+            if value * (1 + settings.scale_down_tolerance) >= replicas - 1e-9:
+                break
+            start, peak = taken, max(peak, value)
+        if start is None:
+            return None
+        since = self.last_change_at if self.last_change_at is not None else -math.inf
+        return max(start, since), peak
 
     def observe(self, taken_at: float, recommended: int | None,
                 settings: ScaleSettings) -> None:
@@ -141,11 +198,10 @@ class Autoscaler:
                                     f"up at once"), None
             return self._change(now, bounded, replicas,
                                 f"below minMembers {settings.min_members}"), None
-        if self.last_change is not None and self.last_change_at is not None \
-                and members != self.last_change.replicas \
+        if self.settle_for is not None and self.last_change_at is not None \
+                and members != self.settle_for \
                 and now < self.last_change_at + SETTLE_SECONDS:
-            self.waiting = (f"waiting for {self.last_change.replicas} members "
-                            f"(has {members})")
+            self.waiting = f"waiting for {self.settle_for} members (has {members})"
             return None, self.last_change_at + SETTLE_SECONDS - now
         if latest > replicas:
             return self._change(now, latest, replicas,
@@ -156,19 +212,11 @@ class Autoscaler:
     def _down(self, now: float, replicas: int, settings: ScaleSettings
               ) -> tuple[ScaleChange | None, float | None]:
         delay = settings.scale_down_delay_seconds
-        # the run of samples up to now with value * (1 + tolerance) < replicas, and when it
-        # started
-        start: float | None = None
-        peak = 0
-        for taken, value in reversed(self.samples):
-            if value * (1 + settings.scale_down_tolerance) >= replicas - 1e-9:
-                break
-            start, peak = taken, max(peak, value)
-        if start is None:
+        window = self.window(replicas, settings)
+        if window is None:
             self.waiting = ""
             return None, None
-        since = self.last_change_at if self.last_change_at is not None else -math.inf
-        began = max(start, since)
+        began, peak = window
         if now - began < delay:
             self.waiting = (f"recommended at most {peak} for {now - began:.0f} s of "
                             f"{delay:.0f} s before scaling down")
@@ -185,6 +233,7 @@ class Autoscaler:
         """``change`` was written at ``now``: the window starts again after it."""
         self.last_change_at = now
         self.last_change = change
+        self.settle_for = change.replicas
         latest = self.samples[-1] if self.samples else None
         self.samples.clear()
         if latest is not None:  # the figure still stands until the next one is taken

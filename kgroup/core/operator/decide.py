@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.lease_codec import Obj
-from kgroup.core.operator.autoscale import Autoscaler, ScaleChange, ScaleSettings
+from kgroup.core.operator.autoscale import Autoscaler, Saved, ScaleChange, ScaleSettings
 from kgroup.core.operator.failure_detector import Expiry, ExpiryRule, expiries_to_mark
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
@@ -62,6 +62,7 @@ from kgroup.core.operator.status import (
     Problem,
     aggregate_status,
     format_timestamp,
+    parse_timestamp,
     pods_without_sidecar,
 )
 from kgroup.core.ranges import parse_ranges
@@ -157,6 +158,7 @@ class Memory:
     load: LoadTracker = field(default_factory=LoadTracker)  # status.load as last taken
     layouts: Layouts = field(default_factory=Layouts)  # status.layout, read and derived
     autoscaler: Autoscaler = field(default_factory=Autoscaler)  # spec.autoscaling's memory
+    autoscaler_restored: bool = False  # from status.autoscaling, once per process
     last_scale_time: str | None = None  # status.autoscaling.lastScaleTime
     # parses of the last spec and status seen (bodies are never mutated: identity suffices)
     _spec: tuple[Any, ConsumerGroupSpec | ValidationError] | None = None
@@ -424,9 +426,9 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
 
     generation = md.get("generation")
     member_leases = leases.member_observations()
-    memory.load.refresh(now, lambda: measure_load(member_leases, holders, spec, members, wall,
-                                                  memory.load.capacity()),
-                        load_settings(spec, member_leases))
+    memory.load.refresh(now, lambda history: measure_load(
+        member_leases, holders, spec, members, wall, memory.load.capacity(), history),
+        load_settings(spec, member_leases))
     if decision is None:
         decision = layout.decision_from_slots(memory.planner.plan(
             spec=layout.slot_spec(spec), target=layout.to_slots(target), epoch=status.epoch,
@@ -482,7 +484,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
     )
     new_status = memory.load.apply(new_status)
     scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,
-                                               len(members), decision)
+                                               len(members), decision, wall)
     wire = {**new_status.to_wire(), "layout": layout.status}
     expiries, next_lock_expiry = expiries_to_mark(memory.expiries_sent, leases, now,
                                                   rule or ExpiryRule())
@@ -529,12 +531,12 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
 
 def _autoscale(obs: Observation, memory: Memory, spec: ConsumerGroupSpec,
                previous: ConsumerGroupStatus, status: ConsumerGroupStatus, now: float,
-               members: int, decision: Decision
+               members: int, decision: Decision, wall: datetime
                ) -> tuple[ScaleChange | None, float | None, ConsumerGroupStatus]:
     """``spec.autoscaling``: the recommendation last taken fed to the autoscaler, its
     change (if any), when to look again, and ``status`` with ``status.autoscaling`` (the
-    last change as ``previous`` shows it until this process makes one: a restart keeps
-    it)."""
+    last change as ``previous`` shows it until this process makes one, and what a
+    restarted process resumes from: :class:`~kgroup.core.operator.autoscale.Saved`)."""
     auto = spec.autoscaling
     if auto is None:
         return None, None, status
@@ -543,20 +545,48 @@ def _autoscale(obs: Observation, memory: Memory, spec: ConsumerGroupSpec,
                              scale_down_tolerance=auto.scale_down_tolerance,
                              partitions=spec.partitions)
     scaler = memory.autoscaler
+    before = previous.autoscaling or AutoscalingStatus()
+    if not memory.autoscaler_restored:
+        memory.autoscaler_restored = True
+        scaler.restore(_saved(before, now, wall), replicas=obs.replicas, settings=settings)
     if memory.load.status is not None and memory.load.taken_at is not None:
         scaler.observe(memory.load.taken_at, memory.load.status.recommended_members, settings)
     rebalancing = decision.target is not None or status.phase == "Rebalancing"
     change, wait = scaler.decide(now, replicas=obs.replicas, settings=settings,
                                  rebalancing=rebalancing, members=members)
     last = scaler.last_change
-    before = previous.autoscaling or AutoscalingStatus()
+    saved = scaler.saved(obs.replicas, settings)
     shown = AutoscalingStatus(
         desired_members=scaler.samples[-1][1] if scaler.samples else None,
         replicas=obs.replicas,
         last_scale_time=memory.last_scale_time or before.last_scale_time,
+        last_scale_replicas=saved.last_change_replicas,
         reason=before.reason if last is None
-        else f"{last.previous} -> {last.replicas}: {last.reason}")
+        else f"{last.previous} -> {last.replicas}: {last.reason}",
+        scale_down_since=None if saved.below_since is None else _precise(
+            wall - timedelta(seconds=now - saved.below_since)),
+        scale_down_to=saved.below_peak, scale_down_from=saved.below_replicas)
     return change, wait, status.model_copy(update={"autoscaling": shown})
+
+
+def _precise(wall: datetime) -> str:
+    """RFC 3339 in UTC to the microsecond (a restarted operator resumes the scale-down
+    delay where it was)."""
+    return wall.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _saved(shown: AutoscalingStatus, now: float, wall: datetime) -> Saved:
+    """``status.autoscaling`` as :meth:`Autoscaler.restore` takes it, its times on the
+    caller's clock (``now`` is ``wall``). ``lastScaleTime`` has whole seconds: the change
+    is taken as made at the end of its second (the settling wait is never cut short)."""
+    def clock(text: str | None, slack: float = 0.0) -> float | None:
+        at = None if text is None else parse_timestamp(text)
+        return None if at is None else now - (wall - at).total_seconds() + slack
+
+    return Saved(below_since=clock(shown.scale_down_since), below_peak=shown.scale_down_to,
+                 below_replicas=shown.scale_down_from,
+                 last_change_at=clock(shown.last_scale_time, 1.0),
+                 last_change_replicas=shown.last_scale_replicas)
 
 
 def written(memory: Memory, plan: Plan, stored: Obj, now: float) -> list[Event]:

@@ -30,18 +30,29 @@ from datetime import datetime
 
 from kgroup.core.load import MemberLoad, parse_load
 from kgroup.core.operator.load_balance import effective_loads
-from kgroup.core.operator.sizing import busiest_share, member_capacity, recommend_members
+from kgroup.core.operator.sizing import (
+    MIN_GROWTH_SECONDS,
+    Reading,
+    arrival_rates,
+    busiest_share,
+    is_behind,
+    member_capacity,
+    recommend_members,
+)
 from kgroup.core.operator.status import MemberLeaseObservation, format_timestamp
 from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LoadStatus
 
 __all__ = [
     "LOAD_REFRESH_SECONDS",
     "GroupLoad",
+    "History",
     "LoadTracker",
     "group_load",
     "load_settings",
     "load_status",
     "measure_load",
+    "member_arrivals",
+    "take_load",
 ]
 
 LOAD_REFRESH_SECONDS = 30.0
@@ -56,6 +67,14 @@ class GroupLoad:
     member_rates: dict[str, float]  # events/s of each reporting member
     member_lags: dict[str, int]  # events behind, of each member reporting a lag
     lag: int | None  # the group's; None: nobody reported one
+    # the partitions each reporting member holds now
+    member_partitions: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    def readings(self) -> dict[str, Reading]:
+        """Each reporting member's figures, for the next take's lag growth."""
+        return {m: Reading(self.member_rates.get(m, 0.0), self.member_lags.get(m),
+                           self.member_partitions.get(m, frozenset()))
+                for m in sorted(set(self.member_rates) | set(self.member_lags))}
 
 
 def group_load(member_leases: Mapping[str, MemberLeaseObservation],
@@ -90,7 +109,8 @@ def group_load(member_leases: Mapping[str, MemberLeaseObservation],
         if ml.lag is not None:
             member_lags[name] = ml.lag
     lag = sum(member_lags.values()) if member_lags else None
-    return GroupLoad(rates, member_rates, member_lags, lag)
+    return GroupLoad(rates, member_rates, member_lags, lag,
+                     {m: frozenset(held.get(m, ())) for m in parsed})
 
 
 def _figure(value: float) -> float:
@@ -99,14 +119,69 @@ def _figure(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
-                catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
-                known_capacity: float | None = None) -> tuple[LoadStatus, dict[str, float]]:
-    """``status.load`` and each current member's load (events/s) from what they report;
-    ``known_capacity``: the capacity per member used last time
-    (:func:`~kgroup.core.operator.sizing.member_capacity`)."""
+def arrival_loads(load: GroupLoad, arrivals: Mapping[str, float]) -> dict[int, float]:
+    """Each reported partition's arrival rate: its processed rate scaled by its holder's
+    arrival over processed (spread evenly over the holder's partitions when it processed
+    nothing)."""
+    out = dict(load.partition_rates)
+    for m, arrival in arrivals.items():
+        mine = sorted(load.member_partitions.get(m, ()))
+        if not mine:
+            continue
+        rate = sum(load.partition_rates.get(p, 0.0) for p in mine)
+        for p in mine:
+            out[p] = (load.partition_rates.get(p, 0.0) * arrival / rate if rate > 0
+                      else arrival / len(mine))
+    return out
+
+
+@dataclass(frozen=True)
+class History:
+    """What the next take of the figures needs from the earlier ones."""
+
+    readings: Mapping[str, Reading]  # each member's, at the take growth is measured from
+    seconds: float | None  # since then (None: too recent to measure growth)
+    arrivals: Mapping[int, float]  # each partition's arrival rate as last estimated
+
+
+def member_arrivals(load: GroupLoad, history: History | None) -> dict[str, float] | None:
+    """Each reporting member's arrival rate (events/s:
+    :func:`~kgroup.core.operator.sizing.arrival_rates`); where no growth is measured, the
+    processed rate of a member keeping up, the last arrivals of the partitions of one
+    behind; None when one behind has neither (the first figures)."""
+    readings = load.readings()
+    measured = arrival_rates(None if history is None else history.readings, readings,
+                             None if history is None else history.seconds)
+    out: dict[str, float] = {}
+    for m, r in readings.items():
+        arrival = measured[m]
+        if arrival is None:
+            if not is_behind(r.rate, r.lag):
+                arrival = r.rate
+            elif history is not None and r.partitions \
+                    and all(p in history.arrivals for p in r.partitions):
+                arrival = sum(history.arrivals[p] for p in r.partitions)
+            else:
+                return None
+        out[m] = arrival
+    return out
+
+
+Taken = tuple[LoadStatus, dict[str, float], dict[int, float], dict[str, Reading],
+              dict[int, float]]
+"""status.load, each member's load, each reported partition's rate, each member's
+reading (the next take's lag growth starts from it), each reported partition's arrival
+rate."""
+
+
+def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
+              catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
+              known_capacity: float | None = None, history: History | None = None) -> Taken:
+    """The figures of one take (:func:`load_status`'s, and what the next take needs)."""
     rate = sum(load.member_rates.values())
-    loads = effective_loads(partitions, load.partition_rates)
+    arrivals = member_arrivals(load, history)
+    known = arrival_loads(load, arrivals or {})
+    loads = effective_loads(partitions, known)
     current = sorted(set(members))
     per_member = {m: _figure(load.member_rates[m]) for m in current if m in load.member_rates}
     busiest = bound = None
@@ -115,35 +190,55 @@ def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
         top = max((load.member_rates.get(m, 0.0) for m in current), default=0.0)
         busiest = _figure(top / mean) if mean > 0 else 1.0
         bound = _figure(busiest_share(len(current), loads, count_balanced=False))
+    settled = None if history is None else {
+        m for m, r in load.readings().items()
+        if m in history.readings and history.readings[m].partitions == r.partitions}
     capacity = member_capacity({m: load.member_rates[m] for m in current
                                 if m in load.member_rates}, load.member_lags,
-                                known_capacity)
-    recommended = recommend_members(rate=rate, lag=load.lag or 0, capacity=capacity,
-                                    loads=loads, catch_up_seconds=catch_up_seconds,
-                                    count_balanced=count_balanced)
-    status = LoadStatus(rate=_figure(rate), lag=load.lag, busiest_over_mean=busiest,
+                               known_capacity, settled)
+    arrival = None if arrivals is None else sum(arrivals.values())
+    recommended = None if arrival is None else recommend_members(
+        rate=arrival, lag=load.lag or 0, capacity=capacity, loads=loads,
+        catch_up_seconds=catch_up_seconds, count_balanced=count_balanced)
+    status = LoadStatus(rate=_figure(rate), arrival=None if arrival is None else _figure(arrival),
+                        lag=load.lag, busiest_over_mean=busiest,
                         bound=bound, recommended_members=recommended,
                         capacity=None if capacity is None else _figure(capacity),
                         measured_at=format_timestamp(wall))
-    return status, per_member
+    return (status, per_member, load.partition_rates, load.readings(),
+            known if arrivals is not None else {})
 
 
-Taken = tuple[LoadStatus, dict[str, float], dict[int, float]]
-"""status.load, each member's load, each reported partition's rate."""
+def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
+                catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
+                known_capacity: float | None = None, history: History | None = None
+                ) -> tuple[LoadStatus, dict[str, float]]:
+    """``status.load`` and each current member's load (events/s) from what they report;
+    ``known_capacity``: the capacity per member used last time
+    (:func:`~kgroup.core.operator.sizing.member_capacity`); ``history``: what the earlier
+    takes left (the lags' growth: the arrival rate)."""
+    taken = take_load(load, members, partitions, catch_up_seconds=catch_up_seconds,
+                      wall=wall, count_balanced=count_balanced,
+                      known_capacity=known_capacity, history=history)
+    return taken[0], taken[1]
+
+
+Measure = Callable[[History | None], Taken | None]
+"""Takes the figures, given what the earlier takes left."""
 
 
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
-                 wall: datetime, known_capacity: float | None = None) -> Taken | None:
+                 wall: datetime, known_capacity: float | None = None,
+                 history: History | None = None) -> Taken | None:
     """The load figures from one pass's observations; None: no reports."""
     load = group_load(member_leases, holders, spec.partitions)
     if load is None:
         return None
-    status, per_member = load_status(
+    return take_load(
         load, sorted(members), spec.partitions, catch_up_seconds=spec.sizing.catch_up_seconds,
         wall=wall, count_balanced=spec.balance.mode == "count",
-        known_capacity=known_capacity)
-    return status, per_member, load.partition_rates
+        known_capacity=known_capacity, history=history)
 
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
@@ -167,29 +262,45 @@ class LoadTracker:
     # waits for its new holder's first report (load balancing plans on these)
     rates: dict[int, float] = field(default_factory=dict)
     taken_at: float | None = None  # when the figures were last taken (the caller's clock)
+    # the members' readings the lag growth is measured from, and when they were taken
+    readings: dict[str, Reading] | None = None
+    readings_at: float | None = None
+    # each partition's arrival rate as last estimated (a member behind whose growth
+    # cannot be measured takes its partitions')
+    arrivals: dict[int, float] = field(default_factory=dict)
 
     def capacity(self) -> float | None:
         """The capacity per member the last figures used (remembered while the members
         are not behind: :func:`~kgroup.core.operator.sizing.member_capacity`)."""
         return self.status.capacity if self.status is not None else None
 
-    def refresh(self, now: float, measure: Callable[[], Taken | None],
-                settings: object = None) -> None:
+    def refresh(self, now: float, measure: Measure, settings: object = None) -> None:
         """Take the figures again (``measure``) when they are due, or when ``settings``
         (what the figures are computed with, e.g. the spec's catch-up time) changed; while
         the group reports no load, at every pass (load reports that start wake the loop:
-        the first figures come at once)."""
+        the first figures come at once). The lags' growth is measured from the readings
+        of the last take at least :data:`MIN_GROWTH_SECONDS` old (a take sooner keeps
+        them)."""
         if self.status is not None and now < self.next_at and settings == self.settings:
             return
         self.next_at = now + self.interval
         self.taken_at = now
         self.settings = settings
-        taken = measure()
+        age = None if self.readings_at is None else now - self.readings_at
+        ripe = age is not None and age >= MIN_GROWTH_SECONDS
+        history = None if self.readings is None else History(
+            self.readings, age if ripe else None, self.arrivals)
+        taken = measure(history)
         if taken is None:
             self.status, self.members, self.rates = None, {}, {}
+            self.readings = self.readings_at = None
+            self.arrivals = {}
             return
         self.status, self.members = taken[0], taken[1]
         self.rates = {**self.rates, **taken[2]}
+        if ripe or self.readings is None:
+            self.readings, self.readings_at = taken[3], now
+        self.arrivals = {**self.arrivals, **taken[4]}
 
     def deadline(self) -> float | None:
         """When to look again for the next figures (None: the group reports no load)."""

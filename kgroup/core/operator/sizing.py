@@ -6,7 +6,7 @@ The rule, in the shape of the Flink Kubernetes operator's autoscaler rather than
 lag threshold (``replicas = lag / lagThreshold`` knows nothing of how fast a member
 works, so a threshold right for one app is wrong for the next):
 
-    demand   = input rate + backlog / catchUpSeconds            (events/s)
+    demand   = arrival rate + backlog / catchUpSeconds          (events/s)
     needed   = ceil(demand / capacity)                           (members)
 
 then the smallest count ``m`` from ``needed`` up to the partitions whose busiest member
@@ -27,7 +27,10 @@ allowed" whenever a catching-up partition's rate briefly exceeded the measured c
 **Capacity** (:func:`member_capacity`), events/s one member can process, is measured from
 the members' rates: a member that is *behind* (its lag is more than
 :data:`BEHIND_SECONDS` of its own rate) is working as fast as it can, so its rate is its
-capacity, and the largest such rate is taken. When no member is behind, no member has
+capacity, and the largest such rate is taken, of the members whose partitions did not
+change since the last figures (a member that just took partitions over reports a rate
+still ramping up to them: behind, it would pass for a slow one, and the capacity right
+after each scale-up fell to a third). When no such member is behind, no member has
 shown its limit now: the capacity is the larger of the busiest member's rate (a lower
 bound) and the capacity known from before (``known``: the operator keeps the capacity it
 last used, :class:`~kgroup.core.operator.load_status.LoadTracker`). Without that memory
@@ -37,30 +40,119 @@ capacity that is too high (the app became slower) sizes the group too small for 
 while: its members fall behind, and their rates replace it. No rate at all and nothing
 known: no recommendation (None).
 
-The input rate is the processed rate: while a group falls behind it processes less than
-arrives, and the difference shows as a growing backlog, which the second term answers
-within ``catchUpSeconds``.
+**The input rate is the arrival rate** (:func:`arrival_rates`), not the processed rate:
+a member that is behind processes at its capacity whatever arrives, so after a step of
+the input its processed rate understates the demand (sized from it, a group grew one
+member per look while it fell further behind), and while a backlog drains every member
+works at capacity, above the input (sized from it, a group that was catching up asked
+for more members the more it had: 8 then 18 in the benchmark). What arrives on a
+member's partitions is what it processed plus what its lag grew by: ``rate + d lag / dt``,
+with ``d lag / dt`` the change of its reported lag between two takes of the figures (30 s
+apart: the difference is the mean growth over those 30 s, which smooths the input's
+noise without delaying a step by more than one take), negative while a backlog drains,
+the sum never below 0. The difference is only meaningful over the same partitions: a
+member whose partitions did not change is estimated alone; the members whose partitions
+changed hands (joined, left, or moved partitions among themselves) are estimated as one
+pool when between them they held the same partitions at both takes (their summed lag
+changed only by arrivals and work), and the pool's arrival is shared in proportion to
+their processed rates. Otherwise (a partition unheld at one take, a member without a
+lag, the first take) a member keeping up stands for what arrives (its lag is not
+growing much); one behind takes the arrival its partitions had at the last take, and
+when there was none (the first figures), the group has no recommendation yet: its
+processed rate says nothing of what arrives, and during a drain it would ask for the
+members a backlog needs on top of those already catching it up.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["BEHIND_SECONDS", "busiest_share", "member_capacity", "recommend_members"]
+__all__ = [
+    "BEHIND_SECONDS",
+    "MIN_GROWTH_SECONDS",
+    "Reading",
+    "arrival_rates",
+    "busiest_share",
+    "is_behind",
+    "member_capacity",
+    "recommend_members",
+]
 
 BEHIND_SECONDS = 10.0
 """A member whose lag is more than this many seconds of its own rate is behind: it is
 working at its capacity."""
 
 
+MIN_GROWTH_SECONDS = 10.0
+"""Two takes closer than this give no lag growth (a take out of turn, when a member
+starts reporting or the settings change, would divide the lag's jitter by a second)."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One member's figures at one take: its processed rate (events/s), its lag (events;
+    None: not reported) and the partitions it held."""
+
+    rate: float
+    lag: int | None
+    partitions: frozenset[int]
+
+
+def arrival_rates(before: Mapping[str, Reading] | None, now: Mapping[str, Reading],
+                  seconds: float | None) -> dict[str, float | None]:
+    """Events/s arriving on each member's partitions (every member of ``now``): its rate
+    plus its lag's growth since ``before``, taken ``seconds`` earlier, never below 0; a
+    member whose partitions changed is estimated in a pool with the others whose
+    partitions changed. None: no growth can be measured for it (no earlier reading, no
+    lag, or its pool did not hold the same partitions at both takes)."""
+    out: dict[str, float | None] = dict.fromkeys(now)
+    if before is None or seconds is None or seconds < MIN_GROWTH_SECONDS:
+        return out
+    pool: list[str] = []
+    for m, r in now.items():
+        b = before.get(m)
+        if b is not None and b.partitions == r.partitions:
+            if r.lag is not None and b.lag is not None:
+                out[m] = max(0.0, r.rate + (r.lag - b.lag) / seconds)
+        else:
+            pool.append(m)
+    gone = [m for m, b in before.items()
+            if m not in now or now[m].partitions != b.partitions]
+    if not pool:
+        return out
+    held_now = frozenset().union(*(now[m].partitions for m in pool))
+    held_before = frozenset().union(*(before[m].partitions for m in gone))
+    lags_now = [now[m].lag for m in pool]
+    lags_before = [before[m].lag for m in gone]
+    if held_now != held_before or not held_now or None in lags_now or None in lags_before:
+        return out
+    rate = sum(now[m].rate for m in pool)
+    grown = sum(v for v in lags_now if v is not None) - sum(
+        v for v in lags_before if v is not None)
+    arrival = max(0.0, rate + grown / seconds)
+    for m in pool:
+        share = now[m].rate / rate if rate > 0 else len(now[m].partitions) / len(held_now)
+        out[m] = arrival * share
+    return out
+
+
+def is_behind(rate: float, lag: int | None) -> bool:
+    """A member with this rate and lag is behind: working at its capacity."""
+    return rate > 0 and (lag or 0) > BEHIND_SECONDS * rate
+
+
 def member_capacity(rates: Mapping[str, float], lags: Mapping[str, int | None],
-                    known: float | None = None) -> float | None:
-    """Events/s one member can process: the largest rate of a member that is behind, else
-    the largest rate or ``known`` (the capacity known from before), whichever is larger
-    (a lower bound); None when no member processed anything and nothing is known."""
-    behind = [r for m, r in rates.items()
-              if r > 0 and (lags.get(m) or 0) > BEHIND_SECONDS * r]
+                    known: float | None = None,
+                    settled: Collection[str] | None = None) -> float | None:
+    """Events/s one member can process: the largest rate of a member that is behind (of
+    the ``settled`` ones, when given: those whose partitions did not change since the
+    last figures), else the largest rate or ``known`` (the capacity known from before),
+    whichever is larger (a lower bound); None when no member processed anything and
+    nothing is known."""
+    behind = [r for m, r in rates.items() if is_behind(r, lags.get(m))
+              and (settled is None or m in settled)]
     if behind:
         return max(behind)
     top = max(max(rates.values(), default=0.0), known or 0.0)
@@ -105,7 +197,8 @@ class _Shares:
 def recommend_members(*, rate: float, lag: int, capacity: float | None,
                       loads: Sequence[float], catch_up_seconds: float,
                       count_balanced: bool = True) -> int | None:
-    """The members needed to keep up with ``rate`` (events/s, the whole group) and work
+    """The members needed to keep up with ``rate`` (events/s arriving, the whole group:
+    :func:`arrival_rates`) and work
     off ``lag`` (events) within ``catch_up_seconds``, at ``capacity`` events/s per member,
     over ``loads`` (per partition: their count is the ceiling). None: no capacity known."""
     if not (math.isfinite(rate) and rate >= 0) or lag < 0:
