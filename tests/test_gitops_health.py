@@ -50,18 +50,24 @@ def test_each_reader_gives_each_group_state_its_verdict() -> None:
             assert verdict["argocd"]["status"] in words[verdict["kstatus"]["status"]], case.name
 
 
-def test_a_health_lua_without_its_sidecar_missing_branch_fails_its_test_case(
-        tmp_path: Path) -> None:
+def without_branch(tmp_path: Path, condition: str) -> tuple[Path, list[str]]:
+    """A copy of the health check without its branch for ``condition`` True, and the test
+    cases it then fails (its test run must fail)."""
     broken = tmp_path / "ConsumerGroup"
     shutil.copytree(gitops.HEALTH_DIR, broken)
     script = (broken / "health.lua").read_text()
-    start = script.index('if says("SidecarMissing", "True") then')
+    start = script.index(f'if says("{condition}", "True") then')
     end = script.index("end\n", start) + len("end\n")
     (broken / "health.lua").write_text(script[:start] + script[end:])
     out = gitops.run_health_tests(broken)
     assert out.returncode == 1
-    failed = sorted(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
-                    if line.startswith("FAIL"))
+    return broken, sorted(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
+                          if line.startswith("FAIL"))
+
+
+def test_a_health_lua_without_its_sidecar_missing_branch_fails_its_test_case(
+        tmp_path: Path) -> None:
+    broken, failed = without_branch(tmp_path, "SidecarMissing")
     # beside members the group reads Healthy without the branch; with none, Stalled
     # already says Degraded
     assert failed == ["testdata/sidecar-missing.yaml"]
@@ -79,16 +85,7 @@ def test_labelled_pods_without_the_sidecar_fail_a_group_for_kstatus_only_without
 
 
 def test_a_health_lua_without_its_stalled_branch_fails_its_test_cases(tmp_path: Path) -> None:
-    broken = tmp_path / "ConsumerGroup"
-    shutil.copytree(gitops.HEALTH_DIR, broken)
-    script = (broken / "health.lua").read_text()
-    start = script.index('if says("Stalled", "True") then')
-    end = script.index("end\n", start) + len("end\n")
-    (broken / "health.lua").write_text(script[:start] + script[end:])
-    out = gitops.run_health_tests(broken)
-    assert out.returncode == 1
-    failed = sorted(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
-                    if line.startswith("FAIL"))
+    _, failed = without_branch(tmp_path, "Stalled")
     assert failed == ["testdata/degraded-bad-member-annotation.yaml",
                       "testdata/degraded-partitions-stalled.yaml",
                       "testdata/degraded-partitions-unowned.yaml",

@@ -67,22 +67,32 @@ def deployment(kube: client.ApiClient, namespace: str) -> Any:
     return client.AppsV1Api(kube).read_namespaced_deployment(TARGET, namespace)
 
 
-def test_the_operator_sets_a_deployments_replicas_through_its_scale_subresource(
-        kube: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
-    make_deployment(kube, namespace, replicas=1)
+def reporting_members(kube: client.ApiClient, namespace: str, *, replicas: int, delay: int,
+                      rate: float, lag: int) -> Members:
+    """The target Deployment at ``replicas``, a group autoscaling it (1 to 6, the delay)
+    and two members joined, each reporting every partition at ``rate`` and partition 0
+    ``lag`` behind (the caller closes them)."""
+    make_deployment(kube, namespace, replicas=replicas)
     make_pods(kube, namespace, "w-0", "w-1")
     uid = make_group(kube, namespace, autoscaling={
-        "minMembers": 1, "maxMembers": 6, "scaleDownDelaySeconds": 600,
+        "minMembers": 1, "maxMembers": 6, "scaleDownDelaySeconds": delay,
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": TARGET}})
     members = Members(kube, namespace, uid, converge=True)
+    for pod in ("w-0", "w-1"):
+        text = encode_load({p: rate for p in range(8)}, {0: lag})
+        assert text is not None
+        members.loads[pod] = text
+    members.join("w-0", "w-1")
+    return members
+
+
+def test_the_operator_sets_a_deployments_replicas_through_its_scale_subresource(
+        kube: client.ApiClient, namespace: str, operator: OperatorProcess) -> None:
+    # every member reports every partition at 25/s: a rate counts only for the
+    # partitions the reporter holds (4 each: 100/s), and 30,000 behind each
+    members = reporting_members(kube, namespace, replicas=1, delay=600, rate=25.0,
+                                lag=30_000)
     try:
-        # every member reports every partition at 25/s: a rate counts only for the
-        # partitions the reporter holds (4 each: 100/s), and 30,000 behind each
-        for pod in ("w-0", "w-1"):
-            text = encode_load({p: 25.0 for p in range(8)}, {0: 30_000})
-            assert text is not None
-            members.loads[pod] = text
-        members.join("w-0", "w-1")
 
         def scaled() -> Any:
             st = get_status(kube, namespace)
@@ -196,20 +206,10 @@ def test_a_restarted_operator_resumes_the_scale_down_delay(
     restarted in the middle of the delay scales down when the delay ends, not one delay
     after its start."""
     delay = 45
-    make_deployment(kube, namespace, replicas=4)
-    make_pods(kube, namespace, "w-0", "w-1")
-    uid = make_group(kube, namespace, autoscaling={
-        "minMembers": 1, "maxMembers": 6, "scaleDownDelaySeconds": delay,
-        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": TARGET}})
-    members = Members(kube, namespace, uid, converge=True)
+    # two members keeping up at 20/s each (4 partitions at 5/s): 2 are enough,
+    # 4 replicas are more than 2 x 1.5: a scale-down to 2 is coming
+    members = reporting_members(kube, namespace, replicas=4, delay=delay, rate=5.0, lag=0)
     try:
-        # two members keeping up at 20/s each (4 partitions at 5/s): 2 are enough,
-        # 4 replicas are more than 2 x 1.5: a scale-down to 2 is coming
-        for pod in ("w-0", "w-1"):
-            text = encode_load({p: 5.0 for p in range(8)}, {0: 0})
-            assert text is not None
-            members.loads[pod] = text
-        members.join("w-0", "w-1")
 
         def coming() -> str | None:
             auto = get_status(kube, namespace).get("autoscaling") or {}
