@@ -67,8 +67,10 @@ def config_from(args: argparse.Namespace) -> SimConfig:
                      load=ZipfLoad(s=args.load_skew, noise=args.load_noise,
                                    shift_at=args.load_shift) if on else None,
                      balance=BALANCES[args.balance] if on else None,
-                     oscillation=OscillationCheck(settle=args.settle, window=args.window,
-                                                  max_moves=args.window_moves)
+                     oscillation=OscillationCheck(
+                         settle=args.settle, window=args.window,
+                         max_moves=None if args.window_moves < 0 else args.window_moves,
+                         max_rebalances=args.window_rebalances)
                      if on else None)
 
 
@@ -78,8 +80,11 @@ def load_flags(args: argparse.Namespace) -> str:
     flags = f" --load {args.load} --load-skew {args.load_skew:g} --load-noise {args.load_noise:g}"
     if args.load_shift is not None:
         flags += f" --load-shift {args.load_shift:g}"
-    return flags + (f" --balance {args.balance} --settle {args.settle:g} --window "
-                    f"{args.window:g} --window-moves {args.window_moves}")
+    flags += (f" --balance {args.balance} --settle {args.settle:g} --window "
+              f"{args.window:g} --window-moves {args.window_moves}")
+    if args.window_rebalances is not None:
+        flags += f" --window-rebalances {args.window_rebalances}"
+    return flags
 
 
 def adapter_flags(args: argparse.Namespace) -> str:
@@ -152,9 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=180.0,
                     help="simulated seconds after the faults and the shift before the window")
     ap.add_argument("--window", type=float, default=300.0,
-                    help="simulated seconds in which load rebalances must not move more "
-                         "than --window-moves partitions")
-    ap.add_argument("--window-moves", type=int, default=0)
+                    help="simulated seconds in which load rebalances must stay within "
+                         "--window-moves and --window-rebalances")
+    ap.add_argument("--window-moves", type=int, default=0,
+                    help="the most partitions load rebalances may move in the window "
+                         "(-1: no bound)")
+    ap.add_argument("--window-rebalances", type=int, default=None,
+                    help="the most changes of target that move any in the window "
+                         "(default: no bound)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)

@@ -23,8 +23,11 @@ Rules of this module (the definitions the simulation's verdicts rest on):
 * **Oscillation** (load mode, :class:`OscillationCheck`). Once the faults have ended and
   the load has stopped changing (its last shift), the planner has ``settle`` seconds to
   rebalance; in the ``window`` seconds after that, with the load steady up to its noise,
-  the target may move at most ``max_moves`` partitions (0: none). Membership is settled
-  then (no faults), so every change of target in the window is a load rebalance.
+  the target may move at most ``max_moves`` partitions (0: none) in at most
+  ``max_rebalances`` changes. Membership is settled then (no faults), so every change of
+  target in the window is a load rebalance. A planner that chases noise changes the
+  target at nearly every load refresh (30 s); one whose band noise rarely crosses moves
+  a few partitions once in a while.
 """
 
 from __future__ import annotations
@@ -49,11 +52,17 @@ class Violation:
 @dataclass(frozen=True)
 class OscillationCheck:
     """After the faults and the load's last shift, ``settle`` seconds to rebalance, then
-    at most ``max_moves`` partitions moved in the next ``window`` seconds."""
+    in the next ``window`` seconds at most ``max_moves`` partitions moved and at most
+    ``max_rebalances`` changes of target that moved any (None: that one not bounded)."""
 
     settle: float = 180.0
     window: float = 300.0
-    max_moves: int = 0
+    max_moves: int | None = 0
+    max_rebalances: int | None = None
+
+    def exceeded(self, moves: int, rebalances: int) -> bool:
+        return (self.max_moves is not None and moves > self.max_moves) or (
+            self.max_rebalances is not None and rebalances > self.max_rebalances)
 
 
 def target_moves(epochs: Sequence[tuple[float, Any, Mapping[str, str]]], since: float,

@@ -664,11 +664,12 @@ class World:
             if self.kernel.now < closes:
                 self.kernel.run_until(closes, self._after_event)
             window_moves, changes = target_moves(self.epochs, opens, closes)
-            if not checker.violations and window_moves > osc.max_moves:
+            if not checker.violations and osc.exceeded(window_moves, changes):
                 checker.fail("oscillation", closes, (
                     f"{window_moves} partitions moved by {changes} rebalances in "
                     f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
-                    f"{osc.max_moves}); settle {osc.settle:g} s after "
+                    f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
+                    f"{osc.settle:g} s after "
                     f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
             if not checker.violations:
                 self._converge(max(closes, self.kernel.now))  # still live at the end
