@@ -200,8 +200,8 @@ def test_on_every_seed_the_planner_rests_after_a_shift_and_without_hysteresis_it
     broken = list(run_many(range(LOAD_SEEDS // 4), shifting("no-hysteresis", window=240.0),
                            jobs=2))
     caught = [r.seed for r in broken if any(v.kind == "oscillation" for v in r.violations)]
-    # not every seed: where the hottest partition alone sets the busiest member, no move
-    # helps and even the broken balance rests (42 of these 50 seeds caught)
+    # not every seed: on 8 of these 50 even the broken balance changed the target at
+    # most twice in the window (on 4 not at all), as the real planner may
     assert len(caught) >= 0.75 * len(broken), caught
 
 
