@@ -655,9 +655,11 @@ class World:
         if shift is not None and shift > start and not checker.violations:
             self.kernel.run_until(shift, self._after_event)
             start = shift
-        stable_since = self._converge(start)
-        window_moves = None
         osc = cfg.oscillation
+        # load rebalances may follow one another after a shift (a refresh each, the
+        # dwell time between moves of a partition): the settle time is theirs too
+        stable_since = self._converge(start, osc.settle if osc is not None else 0.0)
+        window_moves = None
         if osc is not None and not checker.violations:
             opens = start + osc.settle
             closes = opens + osc.window
@@ -706,14 +708,14 @@ class World:
             load_bound=bound,
         )
 
-    def _converge(self, start: float) -> float | None:
+    def _converge(self, start: float, slack: float = 0.0) -> float | None:
         """From ``start`` (no faults any more), run until the group is converged and quiet
-        for ``quiet_time``, or a violation (liveness: not so within :meth:`bound`); returns
-        since when it was converged and unchanged, or None."""
+        for ``quiet_time``, or a violation (liveness: not so within :meth:`bound` plus
+        ``slack``); returns since when it was converged and unchanged, or None."""
         cfg, checker = self.cfg, self.checker
         stable_since: float | None = None  # converged, and unchanged since
         fingerprint: tuple[Any, ...] = ()
-        deadline = start + self.bound()
+        deadline = start + self.bound() + slack
         t = start
         while not checker.violations:
             t += 0.5
@@ -729,8 +731,8 @@ class World:
                 break
             if (stable_since is None and t > deadline) or t > deadline + cfg.quiet_time:
                 state = why or "epoch or locks changed while converged"
-                checker.fail("liveness", t, f"not converged and quiet {self.bound():.1f}s "
-                             f"after faults stopped: {state}")
+                checker.fail("liveness", t, f"not converged and quiet "
+                             f"{self.bound() + slack:.1f}s after faults stopped: {state}")
         return stable_since
 
 
