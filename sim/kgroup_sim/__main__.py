@@ -6,9 +6,13 @@ Examples::
     python -m kgroup_sim --seed 1234 --verbose     # replay one seed's trace
     python -m kgroup_sim --seed 10 --members 4 --partitions 16 --fault-time 30 \
         --variant no-adoption --regression acquire-timeout-fails  # old bugs, put back
-    python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 120 --seeds 500 \
-        --jobs 2      # spec.balance.mode load: skewed, noisy, shifting load; must settle
-    python -m kgroup_sim --load zipf --load-noise 0.2 --balance no-hysteresis --seeds 20
+    python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 60 --settle 150 \
+        --window 240 --window-moves -1 --window-rebalances 2 --members 4 \
+        --partitions 16 --fault-time 30 --seeds 500 --jobs 2
+        # spec.balance.mode load under a skewed, noisy, shifting load: the rebalances stop
+    python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 60 \
+        --window-rebalances 2 --window-moves -1 --balance no-hysteresis --seeds 20
+        # the balance without hysteresis: caught oscillating
 """
 
 from __future__ import annotations
