@@ -17,7 +17,8 @@ runtime and controller), ``checks`` (the invariants), ``run`` (one run: watches,
 processes, verdict), ``faults`` (process faults, drawn or scripted), ``hand_edits`` (an
 admin's edits of the stored objects, the garbage collector), ``variants`` (the shipped
 code with one decision broken, to prove the checks fail); ``load`` (load-aware planning
-over simulated time: skewed loads, noise, plans on a period).
+over simulated time: skewed loads, noise, plans on a period; the apps' load reports in a
+whole run, with a shift of the hot set, checked by ``checks.OscillationCheck``).
 """
 
 from kgroup_sim.checks import Violation

@@ -8,11 +8,19 @@ Examples::
         --variant no-adoption --regression acquire-timeout-fails  # old bugs, put back
     python -m kgroup_sim --reshape 16,24,8 --seeds 200    # spec.partitions 16 -> 24 -> 8
     python -m kgroup_sim --reshape 16,24,8 --layout skips-the-wait --seeds 20  # caught
+    python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 60 --settle 150 \
+        --window 240 --window-moves -1 --window-rebalances 2 --members 4 \
+        --partitions 16 --fault-time 30 --seeds 500 --jobs 2
+        # spec.balance.mode load under a skewed, noisy, shifting load: the rebalances stop
+    python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 60 \
+        --window-rebalances 2 --window-moves -1 --balance no-hysteresis --seeds 20
+        # the balance without hysteresis: caught oscillating
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -21,7 +29,10 @@ from concurrent.futures import ProcessPoolExecutor
 from kgroup.core.member.reconcile import Member
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.reshape import Layout
+from kgroup_sim.checks import OscillationCheck
+from kgroup_sim.load import ZipfLoad
 from kgroup_sim.variants import (
+    BALANCES,
     REGRESSIONS,
     EarlyExpiry,
     MarkerCompareExpiry,
@@ -80,13 +91,35 @@ def config_from(args: argparse.Namespace) -> SimConfig:
     reshape: tuple[int, ...] = ()
     if args.reshape:
         args.partitions, reshape = args.reshape[0], args.reshape[1:]
+    on = bool(args.load)
     return SimConfig(members=args.members, partitions=args.partitions, reshape=reshape,
                      seal_drain=SEAL_DRAIN if reshape else None, layout=LAYOUTS[args.layout],
                      fault_time=args.fault_time, member_factory=VARIANTS[args.variant],
                      regressions=frozenset(args.regression), verbose=args.verbose,
                      scoped_watch=not args.whole_watch,
                      expiry_rule=DETECTORS[args.detector],
-                     expiry_admission=not args.no_expiry_admission)
+                     expiry_admission=not args.no_expiry_admission,
+                     load=ZipfLoad(s=args.load_skew, noise=args.load_noise,
+                                   shift_at=args.load_shift) if on else None,
+                     balance=BALANCES[args.balance] if on else None,
+                     oscillation=OscillationCheck(
+                         settle=args.settle, window=args.window,
+                         max_moves=None if args.window_moves < 0 else args.window_moves,
+                         max_rebalances=args.window_rebalances)
+                     if on else None)
+
+
+def load_flags(args: argparse.Namespace) -> str:
+    if not args.load:
+        return ""
+    flags = f" --load {args.load} --load-skew {args.load_skew:g} --load-noise {args.load_noise:g}"
+    if args.load_shift is not None:
+        flags += f" --load-shift {args.load_shift:g}"
+    flags += (f" --balance {args.balance} --settle {args.settle:g} --window "
+              f"{args.window:g} --window-moves {args.window_moves}")
+    if args.window_rebalances is not None:
+        flags += f" --window-rebalances {args.window_rebalances}"
+    return flags
 
 
 def adapter_flags(args: argparse.Namespace) -> str:
@@ -119,7 +152,7 @@ def run_many(seeds: Sequence[int], cfg: SimConfig, jobs: int = 1) -> Iterator[Re
 def repro(args: argparse.Namespace, seed: int) -> str:
     return (f"python -m kgroup_sim --seed {seed} --members {args.members} "
             f"--partitions {args.partitions} --fault-time {args.fault_time:g} "
-            f"--variant {args.variant}{adapter_flags(args)} --verbose")
+            f"--variant {args.variant}{adapter_flags(args)}{load_flags(args)} --verbose")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,9 +185,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "that assigns successors at once (kgroup_sim.variants)")
     ap.add_argument("--whole-watch", action="store_true",
                     help="sidecars watch every Lease of the group (not their scope)")
+    ap.add_argument("--load", choices=["zipf"], default=None,
+                    help="the apps report skewed load on their renewals and the group runs "
+                         "spec.balance.mode load; the run then checks that load rebalances "
+                         "stop (--settle, --window)")
+    ap.add_argument("--load-skew", type=float, default=0.8,
+                    help="the Zipf exponent s of the rates (1/rank**s, placed at random)")
+    ap.add_argument("--load-noise", type=float, default=0.0,
+                    help="each reported rate times a uniform factor in [1-x, 1+x], drawn "
+                         "at every renewal")
+    ap.add_argument("--load-shift", type=float, default=None,
+                    help="at this simulated second the hot set moves (a new random "
+                         "placement of the same rates)")
+    ap.add_argument("--balance", choices=sorted(BALANCES), default="real",
+                    help="spec.balance: the planner's defaults, or a broken setting "
+                         "(kgroup_sim.variants.BALANCES)")
+    ap.add_argument("--settle", type=float, default=180.0,
+                    help="simulated seconds after the faults and the shift before the window")
+    ap.add_argument("--window", type=float, default=300.0,
+                    help="simulated seconds in which load rebalances must stay within "
+                         "--window-moves and --window-rebalances")
+    ap.add_argument("--window-moves", type=int, default=0,
+                    help="the most partitions load rebalances may move in the window "
+                         "(-1: no bound)")
+    ap.add_argument("--window-rebalances", type=int, default=None,
+                    help="the most changes of target that move any in the window "
+                         "(default: no bound)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--verbose", action="store_true", help="print the trace of each seed")
     args = ap.parse_args(argv)
+    if not args.load and (args.balance != "real" or args.load_shift is not None
+                          or args.load_noise):
+        ap.error("--balance, --load-shift and --load-noise need --load")
     seeds = [args.seed] if args.seed is not None else list(
         range(args.start, args.start + args.seeds))
     cfg = config_from(args)
@@ -165,7 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     slowest: tuple[float, int] = (0.0, -1)
     reshape_ends: list[float] = []
     unended = completed = successors = 0
+    done: list[Result] = []
     for result in run_many(seeds, cfg, 1 if args.verbose else args.jobs):
+        if args.load:
+            result.trace = []
+            done.append(result)
         if args.verbose:
             print(f"# seed {result.seed}: {result.spec}")
             print("\n".join(result.trace))
@@ -219,8 +285,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"slowest convergence: {slowest[0]:.1f} simulated s (seed {slowest[1]})")
     else:
         print("slowest convergence: n/a (no seed converged)")
+    if args.load:
+        print_load(done, args)
     print(f"wall time: {wall:.1f}s ({len(seeds) / wall:.1f} seeds/s)")
     return 1 if failed else 0
+
+
+def _spread(values: Sequence[float], fmt: str = "g") -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return (f"median {statistics.median(ordered):{fmt}}, p99 {p99:{fmt}}, "
+            f"max {ordered[-1]:{fmt}}")
+
+
+def print_load(results: Sequence[Result], args: argparse.Namespace) -> None:
+    """The load figures of a --load run: moves, their end, the oscillation window."""
+    shift = f", hot set shifted at {args.load_shift:g}s" if args.load_shift is not None else ""
+    print(f"load: zipf s={args.load_skew:g}, noise +-{args.load_noise:g} per renewal{shift}; "
+          f"balance {args.balance}")
+    print(f"partitions moved after the faults{' and the shift' if shift else ''} "
+          f"(per seed): {_spread([r.moves for r in results])}; rebalances: "
+          f"{_spread([r.rebalances for r in results])}")
+    print("last move (simulated s after that start): "
+          + _spread([r.last_move_after for r in results if r.last_move_after is not None],
+                    ".1f"))
+    window = [r.window_moves for r in results if r.window_moves is not None]
+    print(f"moved in the window [{args.settle:g}, {args.settle + args.window:g}] s after it: "
+          f"{sum(1 for w in window if w)} of {len(window)} seeds moved any, "
+          f"{sum(window)} partitions in all, {_spread(window)} per seed")
+    busiest = [r.busiest for r in results if r.busiest is not None]
+    above = sum(1 for r in results if r.busiest is not None and r.load_bound is not None
+                and r.busiest > max(1.2, r.load_bound) + 1e-9)
+    print(f"final busiest / mean (true rates): {_spread(busiest, '.3f')}; load_bound "
+          f"{_spread([r.load_bound for r in results if r.load_bound is not None], '.3f')}; "
+          f"above max(1.2, bound): {above} seeds")
 
 
 if __name__ == "__main__":

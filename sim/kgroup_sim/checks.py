@@ -28,17 +28,26 @@ Rules of this module (the definitions the simulation's verdicts rest on):
   until the holder sees it gone, it and the next owner may both claim the partition. Such
   an overlap is not a safety violation only when the older claim's token is one the
   deletion revoked; the fenced sink must still refuse the old holder's writes.
+* **Oscillation** (load mode, :class:`OscillationCheck`). Once the faults have ended and
+  the load has stopped changing (its last shift), the planner has ``settle`` seconds to
+  rebalance; in the ``window`` seconds after that, with the load steady up to its noise,
+  the target may move at most ``max_moves`` partitions (0: none) in at most
+  ``max_rebalances`` changes. Membership is settled then (no faults), so every change of
+  target in the window is a load rebalance. A planner that chases noise changes the
+  target at nearly every load refresh (30 s); one whose band noise rarely crosses moves
+  a few partitions once in a while.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kgroup.core.lineage import Lineage
-from kgroup.core.ranges import format_ranges
+from kgroup.core.ranges import format_ranges, parse_ranges
 
-__all__ = ["Checker", "Claim", "Violation"]
+__all__ = ["Checker", "Claim", "OscillationCheck", "Violation", "target_moves"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,39 @@ class Violation:
     time: float  # true simulated seconds
     detail: str
     step: int = 0  # the kernel's event number
+
+
+@dataclass(frozen=True)
+class OscillationCheck:
+    """After the faults and the load's last shift, ``settle`` seconds to rebalance, then
+    in the next ``window`` seconds at most ``max_moves`` partitions moved and at most
+    ``max_rebalances`` changes of target that moved any (None: that one not bounded)."""
+
+    settle: float = 180.0
+    window: float = 300.0
+    max_moves: int | None = 0
+    max_rebalances: int | None = None
+
+    def exceeded(self, moves: int, rebalances: int) -> bool:
+        return (self.max_moves is not None and moves > self.max_moves) or (
+            self.max_rebalances is not None and rebalances > self.max_rebalances)
+
+
+def target_moves(epochs: Sequence[tuple[float, Any, Mapping[str, str]]], since: float,
+                 until: float = float("inf")) -> tuple[int, int]:
+    """``(partitions moved, targets that moved any)`` over the target changes at times in
+    ``(since, until]``; ``epochs`` are ``(time, epoch, status.assignment)`` in time order.
+    A partition moves when its target owner changes (a first owner is no move)."""
+    moved = changes = 0
+    before: dict[int, str] | None = None
+    for t, _, target in epochs:
+        owners = {p: m for m, ranges in target.items() for p in parse_ranges(ranges)}
+        if before is not None and since < t <= until:
+            n = sum(1 for p, m in owners.items() if p in before and before[p] != m)
+            moved += n
+            changes += n > 0
+        before = owners
+    return moved, changes
 
 
 @dataclass

@@ -9,7 +9,8 @@ bench/bench_load_assignor.py.
 :class:`LoadFeed` is the other use: the apps' load reports in the whole simulation
 (``SimConfig.load``), so the operator's load mode (``spec.balance.mode: load``) runs there
 on the shipped decision code, fed through the member Leases' ``kgroup.dev/load`` as on a
-cluster.
+cluster. :class:`ZipfLoad` draws a feed per seed (``SimConfig.load`` takes either): skewed
+rates placed at random, and optionally a shift of the hot set at a simulated time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kgroup.core.operator.assignors import Member, get_assignor
 from kgroup.core.operator.load_balance import LoadBalance, LoadPlan, plan_load_balance
 from kgroup.core.ranges import parse_ranges
 
-__all__ = ["Balancer", "LoadFeed", "jitter", "moves_between", "zipf_loads"]
+__all__ = ["Balancer", "LoadFeed", "ZipfLoad", "jitter", "moves_between", "zipf_loads"]
 
 
 def zipf_loads(partitions: int, s: float, rng: random.Random) -> list[float]:
@@ -94,17 +95,60 @@ class Balancer:
 @dataclass(frozen=True)
 class LoadFeed:
     """What every simulated app reports: each partition's rate (events/s), times an
-    independent uniform factor in ``[1 - noise, 1 + noise]`` drawn at each renewal."""
+    independent uniform factor in ``[1 - noise, 1 + noise]`` drawn at each renewal.
+
+    ``shifted``/``shift_at``: from ``shift_at`` (true simulated seconds) on, the rates are
+    ``shifted`` instead (the hot set moved); None: the rates never change."""
 
     rates: tuple[float, ...]
     noise: float = 0.0
+    shifted: tuple[float, ...] | None = None
+    shift_at: float | None = None
 
-    def summary(self, held: Iterable[int], rng: random.Random | Any) -> str | None:
-        """The ``kgroup.dev/load`` annotation of a member holding ``held``."""
-        rates = {p: self.rates[p] * (rng.uniform(1 - self.noise, 1 + self.noise)
-                                     if self.noise else 1.0)
-                 for p in sorted(held) if p < len(self.rates)}
+    def __post_init__(self) -> None:
+        if (self.shifted is None) != (self.shift_at is None):
+            raise ValueError("shifted and shift_at go together")
+        if self.shifted is not None and len(self.shifted) != len(self.rates):
+            raise ValueError("shifted needs a rate per partition, as rates")
+
+    def for_seed(self, seed: int, partitions: int) -> LoadFeed:
+        """The feed of one run: this one, whatever the seed."""
+        return self
+
+    def rates_at(self, now: float) -> tuple[float, ...]:
+        """The true rates (no noise) at ``now``."""
+        if self.shifted is not None and self.shift_at is not None and now >= self.shift_at:
+            return self.shifted
+        return self.rates
+
+    def summary(self, held: Iterable[int], rng: random.Random | Any,
+                now: float = 0.0) -> str | None:
+        """The ``kgroup.dev/load`` annotation of a member holding ``held`` at ``now``."""
+        true = self.rates_at(now)
+        rates = {p: true[p] * (rng.uniform(1 - self.noise, 1 + self.noise)
+                               if self.noise else 1.0)
+                 for p in sorted(held) if p < len(true)}
         return encode_load(rates, {})
+
+
+@dataclass(frozen=True)
+class ZipfLoad:
+    """A :class:`LoadFeed` per seed: rates ``1 / rank**s`` placed on the partitions at
+    random, noise ``noise``; with ``shift_at``, a second random placement of the same rates
+    from then on (the hot set moves). The placements come from a generator of their own
+    seeded by the run's seed, so they do not disturb the run's other draws."""
+
+    s: float = 0.8
+    noise: float = 0.0
+    shift_at: float | None = None
+
+    def for_seed(self, seed: int, partitions: int) -> LoadFeed:
+        rng = random.Random(f"kgroup_sim.load/{seed}")
+        rates = tuple(zipf_loads(partitions, self.s, rng))
+        if self.shift_at is None:
+            return LoadFeed(rates, self.noise)
+        return LoadFeed(rates, self.noise, tuple(zipf_loads(partitions, self.s, rng)),
+                        self.shift_at)
 
 
 def moves_between(before: Mapping[str, str], after: Mapping[str, str], partitions: int) -> int:

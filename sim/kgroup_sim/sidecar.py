@@ -126,10 +126,10 @@ class SimSidecar:
                                  if world.cfg.report_silence else None)
         # (partition, token) -> when the app last processed it (on this process's clock)
         self.processed: dict[tuple[int, int], float] = {}
-        feed = world.cfg.load
+        feed = world.load_feed
         if feed is not None:  # the app's load reports, on the renewals (kgroup.dev/load)
             self.logic.load_summary = lambda: feed.summary(
-                self.member.held_tokens(proc.clock()), world.kernel.rng)
+                self.member.held_tokens(proc.clock()), world.kernel.rng, world.kernel.now)
 
     @property
     def member(self) -> Member:

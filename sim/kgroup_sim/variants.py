@@ -20,6 +20,9 @@ is not the one the restart grace keeps them for.
 Layout variants (``SimConfig.layout``): subclasses of the operator's
 :class:`kgroup.core.operator.reshape.Layout` (its seam: ``Layouts(layout_class)``, which
 the operator's ``Memory.layouts`` holds) that assign what a reshape must keep waiting.
+Balance variants (``SimConfig.balance``, :data:`BALANCES`): the load-aware planner set up
+through its public seam, ``spec.balance``, with the settings that make it what it is
+switched off; the planner's code is the shipped one.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout
+from kgroup.crd_models import BalanceSettings
 
 __all__ = [
+    "BALANCES",
     "REGRESSIONS",
     "AcquireTimeoutFails",
     "DeafToSilence",
@@ -309,3 +314,18 @@ def logic_with(names: Iterable[str]) -> type[SidecarLogic]:
     if len(chosen) == 1:
         return chosen[0]
     return type("+".join(c.__name__ for c in chosen), chosen, {})
+
+
+# ---- the load-aware planner's settings ------------------------------------------------------
+
+
+BALANCES: dict[str, BalanceSettings] = {
+    # spec.balance.mode load with the documented defaults (tolerance 0.15, margin 0.05,
+    # dwellSeconds 60)
+    "real": BalanceSettings(mode="load"),
+    # BROKEN: no hysteresis: no band (tolerance 0, margin 0: any member above the mean
+    # with a gain to make triggers a rebalance) and no dwell time (a partition may move at
+    # every plan), so noise in the reports moves partitions back and forth
+    "no-hysteresis": BalanceSettings(mode="load", tolerance=0, margin=0, dwell_seconds=0),
+}
+"""``spec.balance`` for load-mode runs, by name (``python -m kgroup_sim --balance``)."""

@@ -39,18 +39,20 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.layout_status import layout_from_status
 from kgroup.core.lineage import Lineage, LineageError
 from kgroup.core.member.reconcile import Lock, Member
+from kgroup.core.operator.assignors import Member as Assignee
 from kgroup.core.operator.decide import ExpiryRule
+from kgroup.core.operator.load_balance import busiest_ratio, load_bound
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout
 from kgroup.core.ranges import parse_ranges
-from kgroup.crd_models import ConsumerGroupSpec
+from kgroup.crd_models import BalanceSettings, ConsumerGroupSpec
 from kgroup_sim import faults
-from kgroup_sim.checks import Checker, Violation
+from kgroup_sim.checks import Checker, OscillationCheck, Violation, target_moves
 from kgroup_sim.control import GROUP_KEY, SimOperator
 from kgroup_sim.faults import FAULT_KINDS, Fault
 from kgroup_sim.hand_edits import HAND_EDIT_KINDS
 from kgroup_sim.kernel import Kernel, Process
-from kgroup_sim.load import LoadFeed
+from kgroup_sim.load import LoadFeed, ZipfLoad
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup_sim.store import Obj, Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
@@ -119,7 +121,16 @@ class SimConfig:
     # the sidecar judges an app that reports by its reports (a partition it stopped
     # reporting on is stalled); False: the broken variant a blind app is caught with
     report_silence: bool = True
-    load: LoadFeed | None = None  # the apps' load reports (kgroup_sim.load); None: none
+    # the apps' load reports (kgroup_sim.load): one feed for every seed, or a ZipfLoad
+    # drawing each seed's own; None: no reports
+    load: LoadFeed | ZipfLoad | None = None
+    # spec.balance for the run, over the given or drawn spec (mode load: the load-aware
+    # planner; kgroup_sim.variants.BALANCES); None: the spec's own
+    balance: BalanceSettings | None = None
+    # after the faults and the load's last shift, the window in which load rebalances
+    # must stop (kgroup_sim.checks.OscillationCheck); None: not checked, the run ends
+    # once converged and quiet
+    oscillation: OscillationCheck | None = None
     # Reshapes: the sizes spec.partitions is changed to, in order, each at a time drawn
     # from the seed within ``reshape_window`` (fractions of the fault phase); the policy
     # is the spec's (Generations by default). () : no reshape.
@@ -150,6 +161,17 @@ class Result:
     sink_accepted: int = 0
     sink_refused: int = 0  # stale-token writes the fenced sink refused
     trace: list[str] = field(default_factory=list)
+    # the target's changes after the faults (and the load's last shift, if later):
+    # partitions moved and targets that moved any (SimConfig.load runs; 0 otherwise)
+    moves: int = 0
+    rebalances: int = 0
+    last_move_after: float | None = None  # simulated s from the same start to the last
+    # partitions moved in the oscillation window (None: SimConfig.oscillation unset)
+    window_moves: int | None = None
+    # the final target's busiest member over the mean, on the true (noise-free) rates,
+    # and the best any assignment could do (load_bound); None: no load
+    busiest: float | None = None
+    load_bound: float | None = None
     # reshapes: each spec change's time and how long until the layout settled after it
     # (None: not settled), partitions completed, acquisitions of successors
     reshapes: list[tuple[float, float | None]] = field(default_factory=list)
@@ -209,6 +231,11 @@ class World:
         self.kernel = Kernel(seed)
         self.rng = self.kernel.rng
         self.spec = cfg.spec or draw_spec(self.rng, cfg)
+        if cfg.balance is not None:
+            self.spec = self.spec.model_copy(update={"balance": cfg.balance})
+        # this run's load reports (a ZipfLoad draws them from the seed)
+        self.load_feed: LoadFeed | None = (None if cfg.load is None
+                                           else cfg.load.for_seed(seed, cfg.partitions))
         self.checker = Checker()
         self.store = Store(self._committed, expiry_admission=cfg.expiry_admission,
                            holder_admission=cfg.holder_admission)
@@ -774,10 +801,79 @@ class World:
             self.kernel.after(self.rng.expovariate(cfg.fault_rate), faults.random_fault, self)
         checker = self.checker
         self.kernel.run_until(cfg.fault_time, self._after_event)
+        # the load's last change, when after the faults, starts the convergence phase
+        start = cfg.fault_time
+        shift = self.load_feed.shift_at if self.load_feed is not None else None
+        if shift is not None and shift > start and not checker.violations:
+            self.kernel.run_until(shift, self._after_event)
+            start = shift
+        osc = cfg.oscillation
+        # load rebalances may follow one another after a shift (a refresh each, the
+        # dwell time between moves of a partition): the settle time is theirs too
+        stable_since = self._converge(start, osc.settle if osc is not None else 0.0)
+        window_moves = None
+        if osc is not None and not checker.violations:
+            opens = start + osc.settle
+            closes = opens + osc.window
+            if self.kernel.now < closes:
+                self.kernel.run_until(closes, self._after_event)
+            window_moves, changes = target_moves(self.epochs, opens, closes)
+            if not checker.violations and osc.exceeded(window_moves, changes):
+                checker.fail("oscillation", closes, (
+                    f"{window_moves} partitions moved by {changes} rebalances in "
+                    f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
+                    f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
+                    f"{osc.settle:g} s after "
+                    f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
+            if not checker.violations:
+                self._converge(max(closes, self.kernel.now))  # still live at the end
+        moves, rebalances = target_moves(self.epochs, start)
+        last = max((t for t, _, _ in self.epochs if t > start), default=None)
+        busiest = bound = None
+        if self.load_feed is not None and self.epochs:
+            rates = list(self.load_feed.rates_at(self.kernel.now))
+            final = {m: [p for p in parse_ranges(r) if p < len(rates)]
+                     for m, r in self.epochs[-1][2].items()}
+            members = [Assignee(m) for m in sorted(final)]
+            if members:
+                busiest = busiest_ratio(final, rates, members)
+                bound = load_bound(rates, members)
+        converged_at = stable_since
+        return Result(
+            seed=self.seed,
+            violations=list(checker.violations),
+            faults=dict(sorted(self.faults.items())),
+            converged_after=None if converged_at is None else converged_at - start,
+            sim_time=self.kernel.now,
+            events=self.kernel.events,
+            store_writes=self.store.writes,
+            bound=self.bound(),
+            spec=_describe(self.spec),
+            sink_accepted=checker.sink_accepted,
+            sink_refused=checker.sink_refused,
+            trace=self.lines,
+            moves=moves,
+            rebalances=rebalances,
+            last_move_after=None if last is None else last - start,
+            window_moves=window_moves,
+            busiest=busiest,
+            load_bound=bound,
+            reshapes=[(t, None if e is None else e - t)
+                      for t, e in zip(self.reshape_times, self.reshape_ends, strict=True)],
+            completed=len(checker.completed_at),
+            successor_acquisitions=checker.successor_acquisitions,
+        )
+
+    def _converge(self, start: float, slack: float = 0.0) -> float | None:
+        """From ``start`` (no faults any more), run until the group is converged and quiet
+        for ``quiet_time``, or a violation (liveness: not so within :meth:`bound` plus
+        ``slack``); returns since when it was converged and unchanged, or None."""
+        cfg, checker = self.cfg, self.checker
         stable_since: float | None = None  # converged, and unchanged since
         fingerprint: tuple[Any, ...] = ()
-        deadline = cfg.fault_time + (self.reshape_bound() if cfg.reshape else self.bound())
-        t = cfg.fault_time
+        bound = self.reshape_bound() if cfg.reshape else self.bound()
+        deadline = start + bound + slack
+        t = start
         while not checker.violations:
             t += 0.5
             self.kernel.run_until(t, self._after_event)
@@ -792,27 +888,9 @@ class World:
                 break
             if (stable_since is None and t > deadline) or t > deadline + cfg.quiet_time:
                 state = why or "epoch or locks changed while converged"
-                checker.fail("liveness", t, f"not converged and quiet {self.bound():.1f}s "
-                             f"after faults stopped: {state}")
-        converged_at = stable_since
-        return Result(
-            seed=self.seed,
-            violations=list(checker.violations),
-            faults=dict(sorted(self.faults.items())),
-            converged_after=None if converged_at is None else converged_at - cfg.fault_time,
-            sim_time=self.kernel.now,
-            events=self.kernel.events,
-            store_writes=self.store.writes,
-            bound=self.bound(),
-            spec=_describe(self.spec),
-            sink_accepted=checker.sink_accepted,
-            sink_refused=checker.sink_refused,
-            trace=self.lines,
-            reshapes=[(t, None if e is None else e - t)
-                      for t, e in zip(self.reshape_times, self.reshape_ends, strict=True)],
-            completed=len(checker.completed_at),
-            successor_acquisitions=checker.successor_acquisitions,
-        )
+                checker.fail("liveness", t, f"not converged and quiet "
+                             f"{bound + slack:.1f}s after faults stopped: {state}")
+        return stable_since
 
 
 def _describe(spec: ConsumerGroupSpec) -> str:
