@@ -17,7 +17,7 @@ each confirmed lock's conditional mark. The drivers (``kgroup_operator.controlle
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,21 +83,23 @@ class ExpiryRule:
         return self.session_over(leases, member, session, now)
 
 
-def expiries_to_mark(sent: dict[int, tuple[str, str]], leases: GroupLeases, now: float,
-                     rule: ExpiryRule) -> tuple[list[Expiry], float | None]:
+def expiries_to_mark(sent: Mapping[int, tuple[str, str]], leases: GroupLeases, now: float,
+                     rule: ExpiryRule) -> tuple[list[Expiry], float | None, list[int]]:
     """The held locks whose holder's session is over and that carry no expiry mark of it
     yet, less those in flight for the lock as cached (``sent``: partition -> the session
-    and lock resourceVersion of the mark sent, ``Memory.expiries_sent``; entries of locks
-    no longer held by a live session are dropped); and the earliest future moment a
-    held lock's session would be over (the next pass's deadline)."""
+    and lock resourceVersion of the mark sent, ``Memory.expiries_sent``); the earliest
+    future moment a held lock's session would be over (the next pass's deadline); and the
+    entries of ``sent`` to forget (their lock is no longer held, or marked already)."""
     out: list[Expiry] = []
+    settled: list[int] = []
     later: float | None = None
     # per holder session, asked once: (over?, when it would be); a group's 10,000 locks
     # have a few hundred sessions at most (asked per lock, this was 40 % of a pass)
     sessions: dict[tuple[str, str], tuple[bool, float | None]] = {}
     for p, lock in leases.partitions.items():  # the few expiries are sorted at the end
         if not lock.holder or lock.session is None or lock.expired == lock.session:
-            sent.pop(p, None)
+            if p in sent:
+                settled.append(p)
             continue
         key = (lock.holder, lock.session)
         seen = sessions.get(key)
@@ -114,7 +116,7 @@ def expiries_to_mark(sent: dict[int, tuple[str, str]], leases: GroupLeases, now:
             continue
         out.append(Expiry(p, lock.holder, lock.session, lock.resource_version))
     out.sort(key=lambda e: e.partition)
-    return out, later
+    return out, later, settled
 
 
 class ExpiryLedger(Protocol):
