@@ -7,7 +7,9 @@ post Events, write the status with the read ``resourceVersion``), reports the ou
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
 Assignment marks are sent after the status write succeeded (or at once when the pass
-writes none), after the expiry marks (each holder's member Lease re-read first; a mark
+writes none), after the expiry marks (the core's request chains,
+``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
+dispatcher ``_drive``/``_perform``: each holder's member Lease re-read first; a mark
 refused because the lock changed re-reads the lock and decides again); each stored Lease
 goes into the cache at once. A pass awaits its creates (the slice) and its status write,
 not its marks: those run behind it (``writes``) in the lock gate's order (a crash's

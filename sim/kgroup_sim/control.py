@@ -6,9 +6,9 @@ caches (a :class:`~kgroup.core.operator.lease_cache.GroupLeases`, pods, the grou
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
 the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
 assignment marks written after it (one atomic read-modify-write at the store, as the API
-server applies a merge patch), the expiry marks (per holder session a read of its member
-Lease fed to the cache, then each confirmed mark a conditional write on the lock's
-resourceVersion as read; a refused one re-reads the lock and decides again), Events
+server applies a merge patch), the expiry marks (the core's request chains,
+``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
+dispatcher ``_drive``/``_perform`` as the controller's performs them), Events
 counted, outcomes reported back to the memory. One pass at a time, as the controller
 awaits its status write; its marks run behind the pass, as the controller's do. The
 operator's memory lives in one incarnation: an operator restart builds a new one that

@@ -22,9 +22,10 @@ the target again, so a lost write, a restart or a hand edit of a mark is repaire
 Expiry marks (``Plan.expiries``: the ``kgroup.dev/expired-session`` annotation; the operator
 is the group's failure detector, docs/design.md): a lock whose holder's session is over on
 the operator's own clock (:class:`ExpiryRule`) is marked so its next owner may take it.
-The driver groups them by holder, re-reads each holder's member Lease (a quorum GET, fed
-to the cache), asks :meth:`ExpiryRule.confirm` again, and writes each confirmed mark as a
-merge patch conditional on the lock's resourceVersion as read; each reported with
+:func:`~kgroup.core.operator.failure_detector.expiry_chains` turns them into request
+chains the driver performs: grouped by holder, each holder's member Lease re-read (a
+quorum GET, fed to the cache), :meth:`ExpiryRule.confirm` asked again, each confirmed mark
+a merge patch conditional on the lock's resourceVersion as read; each reported with
 :meth:`Memory.expiry_sent` / :meth:`Memory.expiry_failed`.
 Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
 status. The memory lives as long as the operator process: a restart starts from what it
