@@ -7,7 +7,9 @@ post Events, write the status with the read ``resourceVersion``), reports the ou
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
 Assignment marks are sent after the status write succeeded (or at once when the pass
-writes none), after the expiry marks (each holder's member Lease re-read first; a mark
+writes none), after the expiry marks (the core's request chains,
+``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
+dispatcher ``_drive``/``_perform``: each holder's member Lease re-read first; a mark
 refused because the lock changed re-reads the lock and decides again); each stored Lease
 goes into the cache at once. A pass awaits its creates (the slice) and its status write,
 not its marks: those run behind it (``writes``) in the lock gate's order (a crash's
@@ -29,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from kgroup.constants import member_lease_name, partition_lease_name
+from kgroup.constants import partition_lease_name
 from kgroup.core.lease_codec import not_older
 from kgroup.core.operator.autoscale import ScaleChange
 from kgroup.core.operator.decide import (
@@ -45,7 +47,6 @@ from kgroup.core.operator.decide import (
     FAILED_PASS_RETRY_SECONDS,
     IDLE_RECHECK,
     Event,
-    Expiry,
     ExpiryRule,
     Mark,
     Memory,
@@ -54,7 +55,19 @@ from kgroup.core.operator.decide import (
     decide,
     written,
 )
+from kgroup.core.operator.failure_detector import expiry_chains
 from kgroup.core.operator.lease_cache import Cache, GroupKey
+from kgroup.core.operator.lock_requests import (
+    Answer,
+    Chain,
+    LockRequest,
+    MarkExpired,
+    NoAnswer,
+    Ok,
+    ReadLease,
+    Refused,
+    Then,
+)
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, pass_pause, read_pause
 from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
@@ -349,10 +362,10 @@ class GroupController:
 
     def _send_marks(self, plan: Plan) -> None:
         """The plan's expiry marks, then its assignment marks, behind the pass."""
-        if plan.expiries:
-            for e in plan.expiries:
-                self.memory.expiry_sent(e)  # in flight from now: no later pass sends it again
-            self._behind("expiries", self._expire(plan.expiries))
+        if plan.expiries:  # in flight from now: no later pass sends them again
+            self._behind("expiries", self._drive_all(expiry_chains(
+                plan.expiries, group=self.key[1], leases=self.cache.group(self.key),
+                rule=self.rule, ledger=self.memory, clock=self.clock)))
         if plan.marks:
             for mark in plan.marks:
                 self.memory.mark_sent(mark)
@@ -419,58 +432,56 @@ class GroupController:
             if isinstance(result, BaseException):
                 raise result
 
-    async def _expire(self, expiries: list[Expiry]) -> None:
-        """The expiry marks: per holder session one quorum read of its member Lease, fed to
-        the cache, then the rule confirms; each confirmed lock's patch is conditional on its
-        resourceVersion as read. Holders and locks concurrently (a crashed member's new
-        owners wait for each mark); the first failure is raised at the end (the pass is
-        retried)."""
-        namespace, name = self.key
-        holders: dict[tuple[str, str], list[Expiry]] = {}
-        for e in expiries:
-            holders.setdefault((e.member, e.session), []).append(e)
+    # -- the dispatcher: lock-request chains (kgroup.core.operator.lock_requests) ----------
 
-        async def mark(e: Expiry) -> None:
-            stored = await self.kube.mark_partition_expired(
-                namespace=namespace, group=name, partition=e.partition, session=e.session,
-                seen_rv=e.seen_rv)
-            if stored is None:  # the lock changed since it was read (or is gone)
-                self.memory.expiry_failed(e)
-                lock = await self.kube.get_lease(namespace, partition_lease_name(name, e.partition))
-                if lock is not None:
-                    self.cache.put_lease(namespace, lock, self.clock())
-                self.poke()  # decide again on the lock as it is now
-            else:
-                self.cache.put_lease(namespace, stored, self.clock())
-
-        async def one(member: str, session: str, locks: list[Expiry]) -> None:
-            try:
-                leases = self.cache.group(self.key)
-                if self.rule.reread():
-                    fresh = await self.kube.get_lease(namespace, member_lease_name(name, member))
-                    over = self.rule.confirm(leases, member, session, fresh, self.clock())
-                else:
-                    over = self.rule.session_over(leases, member, session, self.clock())
-                if not over:
-                    log.info("%s/%s: session %s of %s was renewed (quorum read): not expired",
-                             namespace, name, session, member)
-                    for e in locks:
-                        self.memory.expiry_failed(e)
-                    self.poke()  # decide again on the fed tracker
-                    return
-                log.info("%s/%s: session %s of %s is over: marking %d lock(s) expired",
-                         namespace, name, session, member, len(locks))
-                await asyncio.gather(*(mark(e) for e in locks))
-            except BaseException:
-                for e in locks:
-                    self.memory.expiry_failed(e)
-                raise
-
-        results = await asyncio.gather(*(one(m, s, ls) for (m, s), ls in holders.items()),
+    async def _drive_all(self, chains: Iterable[Chain]) -> None:
+        """``chains`` side by side; the first failure is raised once all are done (the group
+        is decided again: ``_written``)."""
+        results = await asyncio.gather(*(self._drive(c) for c in chains),
                                        return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _drive(self, chain: Chain) -> None:
+        """One chain: each request performed, each outcome its answer; then what it ended
+        with (the loop poked now or after :data:`API_RETRY_SECONDS`, more chains)."""
+        answer: Answer | None = None
+        try:
+            while True:
+                try:
+                    request = chain.send(answer)  # type: ignore[arg-type]
+                except StopIteration as stop:
+                    then: Then = stop.value
+                    break
+                answer = await self._perform(request)
+        finally:
+            chain.close()  # a chain left unfinished reports its writes failed
+        if then.note:
+            log.info("%s/%s: %s", *self.key, then.note)
+        if then.decide:
+            self.poke()
+        elif then.retry:
+            log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
+            asyncio.get_running_loop().call_later(API_RETRY_SECONDS, self.poke)
+        await self._drive_all(then.chains)
+
+    async def _perform(self, request: LockRequest) -> Answer:
+        """One request as a call of the API server; its outcome as the answer."""
+        namespace, name = self.key
+        try:
+            if isinstance(request, ReadLease):
+                urgency = Urgency.EXPIRY if request.expiry else Urgency.MARK
+                return Ok(await self.kube.get_lease(namespace, request.name, urgency))
+            if isinstance(request, MarkExpired):
+                stored = await self.kube.mark_partition_expired(
+                    namespace=namespace, group=name, partition=request.partition,
+                    session=request.session, seen_rv=request.seen_rv)
+            else:
+                raise TypeError(f"unknown request {request!r}")
+        except (ApiException, HTTPError, OSError) as exc:
+            return NoAnswer(type(exc).__name__)
+        return Ok(stored) if stored is not None else Refused(409)  # 409 or 404: changed
 
     async def _post(self, body: dict[str, Any], events: list[Event]) -> None:
         for event in events:

@@ -6,9 +6,9 @@ caches (a :class:`~kgroup.core.operator.lease_cache.GroupLeases`, pods, the grou
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
 the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
 assignment marks written after it (one atomic read-modify-write at the store, as the API
-server applies a merge patch), the expiry marks (per holder session a read of its member
-Lease fed to the cache, then each confirmed mark a conditional write on the lock's
-resourceVersion as read; a refused one re-reads the lock and decides again), Events
+server applies a merge patch), the expiry marks (the core's request chains,
+``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
+dispatcher ``_drive``/``_perform`` as the controller's performs them), Events
 counted, outcomes reported back to the memory. One pass at a time, as the controller
 awaits its status write; its marks run behind the pass, as the controller's do. The
 operator's memory lives in one incarnation: an operator restart builds a new one that
@@ -18,10 +18,11 @@ knows only what it lists from the store.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from kgroup.constants import member_lease_name, partition_lease_name
+from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
@@ -34,7 +35,19 @@ from kgroup.core.operator.decide import (
     decide,
     written,
 )
+from kgroup.core.operator.failure_detector import expiry_chains
 from kgroup.core.operator.lease_cache import GroupLeases, pod_observation
+from kgroup.core.operator.lock_requests import (
+    Answer,
+    Chain,
+    LockRequest,
+    MarkExpired,
+    NoAnswer,
+    Ok,
+    ReadLease,
+    Refused,
+    Then,
+)
 from kgroup.core.operator.planner import PodObservation
 from kgroup.core.operator.reshape import Layouts
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
@@ -229,74 +242,54 @@ class SimOperator:
             self.world.request(self.proc, patch, done)
 
     def _expire(self, body: Obj, expiries: list[Expiry]) -> None:
-        """The controller's ``_expire``: per holder session, the quorum read of its member
-        Lease (when the rule asks for it) fed to the cache, the rule's confirmation, then
-        each lock's conditional mark."""
-        group = codec.meta(body)["name"]
-        holders: dict[tuple[str, str], list[Expiry]] = {}
-        for e in expiries:
-            holders.setdefault((e.member, e.session), []).append(e)
-        store = self.world.store
-        for (member, session), locks in sorted(holders.items()):
-            for e in locks:
-                self.memory.expiry_sent(e)
-            key = lease_key(member_lease_name(group, member))
+        """The plan's expiry marks: the core's chains (one per holder session), driven."""
+        for chain in expiry_chains(expiries, group=codec.meta(body)["name"],
+                                   leases=self.leases, rule=self.rule, ledger=self.memory,
+                                   clock=self.proc.clock):
+            self._drive(chain, None)
 
-            def read(fresh: Any, member: str = member, session: str = session,
-                     locks: list[Expiry] = locks) -> None:
-                if not isinstance(fresh, dict) and fresh is not None:  # no answer
-                    for e in locks:
-                        self.memory.expiry_failed(e)
-                    self._after(API_RETRY_SECONDS)
-                    return
-                over = self.rule.confirm(self.leases, member, session, fresh,
-                                         self.proc.clock())
-                self._confirmed(group, locks, over)
+    # ---- the dispatcher: lock requests on the simulated API server ---------------------
 
-            if self.rule.reread():
-                self.world.request(self.proc, functools.partial(store.get, key), read)
-            else:
-                self._confirmed(group, locks, self.rule.session_over(
-                    self.leases, member, session, self.proc.clock()))
-
-    def _confirmed(self, group: str, locks: list[Expiry], over: bool) -> None:
-        if not over:
-            for e in locks:
-                self.memory.expiry_failed(e)
-            self.poke()  # decide again on the fed tracker
+    def _drive(self, chain: Chain, answer: Answer | None) -> None:
+        """Advance a lock-request chain by one answer; its next request goes out now, or
+        what it ended with is done (more chains driven, the loop poked or retried)."""
+        try:
+            request = chain.send(answer)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            then: Then = stop.value
+            for child in then.chains:
+                self._drive(child, None)
+            if then.decide:
+                self.poke()
+            elif then.retry:
+                self._after(API_RETRY_SECONDS)
             return
+        self.world.request(self.proc, self._perform(request),
+                           lambda result: self._drive(chain, _answer(result)))
+
+    def _perform(self, request: LockRequest) -> Callable[[], Obj | None]:
+        """A request as the API server serves it (a conditional merge patch is one atomic
+        read-modify-write at the store; WriteError when refused)."""
         store = self.world.store
-        for e in locks:
+        if isinstance(request, ReadLease):
+            return functools.partial(store.get, lease_key(request.name))
+        key = lease_key(request.name)
+        if isinstance(request, MarkExpired):
             self.world.count("expiry-mark")
-            key = lease_key(partition_lease_name(group, e.partition))
-
-            def patch(key: str = key, e: Expiry = e) -> Obj | None:
-                current = store.get(key)
-                if current is None:
-                    raise WriteError(404, f"{key} not found")
-                if current["metadata"]["resourceVersion"] != e.seen_rv:
-                    raise WriteError(409, f"{key} changed since {e.seen_rv}")
-                return store.update(key, codec.expiry_marked_partition_lease(current, e.session))
-
-            def done(result: Any, key: str = key, e: Expiry = e) -> None:
-                if isinstance(result, dict):
-                    self.leases.put(result, self.proc.clock())
-                    return
-                self.memory.expiry_failed(e)
-                if isinstance(result, WriteError):  # changed meanwhile: re-read, decide again
-                    self.world.request(self.proc, functools.partial(store.get, key),
-                                       self._reread_lock)
-                else:
-                    self._after(API_RETRY_SECONDS)
-
-            self.world.request(self.proc, patch, done)
-
-    def _reread_lock(self, fresh: Any) -> None:
-        if isinstance(fresh, dict):
-            self.leases.put(fresh, self.proc.clock())
-            self.poke()
+            change: Callable[[Obj], Obj] = functools.partial(
+                codec.expiry_marked_partition_lease, session=request.session)
         else:
-            self._after(API_RETRY_SECONDS)
+            raise TypeError(f"unknown request {request!r}")
+
+        def patch() -> Obj | None:
+            current = store.get(key)
+            if current is None:
+                raise WriteError(404, f"{key} not found")
+            if codec.meta(current).get("resourceVersion") != request.seen_rv:
+                raise WriteError(409, f"{key} changed since {request.seen_rv}")
+            return store.update(key, change(current))
+
+        return patch
 
     def _write(self, body: Obj, plan: Plan) -> None:
         self.busy = True
@@ -331,3 +324,12 @@ class SimOperator:
             self.world.request(self.proc, lambda: store.get(GROUP_KEY), fresh)
 
         self.world.request(self.proc, lambda: store.update(GROUP_KEY, new), done)
+
+
+def _answer(result: Any) -> Answer:
+    """What the client sees: the object, the refusal's status, or no answer at all."""
+    if isinstance(result, WriteError):
+        return Refused(result.status)
+    if isinstance(result, dict) or result is None:
+        return Ok(result)
+    return NoAnswer(str(result))

@@ -22,9 +22,10 @@ the target again, so a lost write, a restart or a hand edit of a mark is repaire
 Expiry marks (``Plan.expiries``: the ``kgroup.dev/expired-session`` annotation; the operator
 is the group's failure detector, docs/design.md): a lock whose holder's session is over on
 the operator's own clock (:class:`ExpiryRule`) is marked so its next owner may take it.
-The driver groups them by holder, re-reads each holder's member Lease (a quorum GET, fed
-to the cache), asks :meth:`ExpiryRule.confirm` again, and writes each confirmed mark as a
-merge patch conditional on the lock's resourceVersion as read; each reported with
+:func:`~kgroup.core.operator.failure_detector.expiry_chains` turns them into request
+chains the driver performs: grouped by holder, each holder's member Lease re-read (a
+quorum GET, fed to the cache), :meth:`ExpiryRule.confirm` asked again, each confirmed mark
+a merge patch conditional on the lock's resourceVersion as read; each reported with
 :meth:`Memory.expiry_sent` / :meth:`Memory.expiry_failed`.
 Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
 status. The memory lives as long as the operator process: a restart starts from what it
@@ -56,7 +57,7 @@ from kgroup.core.operator.planner import (
     live_holders,
 )
 from kgroup.core.operator.pod_identity import PodIdentities
-from kgroup.core.operator.reshape import Layouts, completions_on
+from kgroup.core.operator.reshape import Layout, Layouts, completions_on
 from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import (
     Problem,
@@ -337,18 +338,21 @@ def _next(deadlines: list[float | None], now: float) -> float | None:
 
 
 def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases,
-                   uids: Mapping[str, str] | None = None) -> list[Mark]:
+                   uids: Mapping[str, str] | None = None) -> tuple[list[Mark], list[int]]:
     """The existing locks whose mark differs from their target owner or from the uid of
     its pod (``uids``, :class:`~kgroup.core.operator.pod_identity.PodIdentities`; a member missing
     from it: no pod known, a lock marked for it keeps its uid), less those already sent
-    for the lock as it is cached (an answer or watch event still to come). A partition
+    for the lock as it is cached (an answer or watch event still to come); and the
+    partitions whose sent mark is to be forgotten (their lock is gone). A partition
     without an owner in the target keeps its mark (nobody is targeted to acquire it). A
     mark without a uid (an older operator wrote it) is rewritten with one."""
     marks: list[Mark] = []
+    gone: list[int] = []
     for p, member in owners.items():  # the few marks are sorted, not the 10,000 owners
         lock = leases.partitions.get(p)
         if lock is None:
-            memory.marks_sent.pop(p, None)
+            if p in memory.marks_sent:
+                gone.append(p)
             continue
         uid = (uids or {}).get(member)
         if uid is None and lock.assigned == member:
@@ -359,11 +363,12 @@ def marks_to_write(memory: Memory, owners: dict[int, str], leases: GroupLeases,
             continue
         marks.append(Mark(p, member, lock.resource_version, uid))
     marks.sort(key=lambda m: m.partition)
-    return marks
+    return marks, gone
 
 
 def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
-    """One Warning Event per problem when it first appears."""
+    """One Warning Event per problem when it first appears; the problems are remembered
+    as reported."""
     current = {(p.reason, p.message) for p in problems}
     events = [Event("Warning", reason, message)
               for reason, message in sorted(current - memory.reported)]
@@ -371,27 +376,162 @@ def problem_events(memory: Memory, problems: list[Problem]) -> list[Event]:
     return events
 
 
+@dataclass
+class Changes:
+    """What one pass changes in the memory's own fields, applied once at the pass's end
+    (:meth:`apply`). The memory's parts with rules and state of their own (the planner,
+    the load tracker, the autoscaler, the pod identities, the layouts) change themselves
+    as the steps use them."""
+
+    planned_generation: tuple[int | None] | None = None  # (generation,): the target settled
+    requested_leases: dict[int, float] = field(default_factory=dict)  # creates in flight
+    squatted: dict[int, str] = field(default_factory=dict)  # lock names held by others
+    noticed_rv: tuple[str | None] | None = None  # (rv,): its one-off notices were posted
+    marks_gone: list[int] = field(default_factory=list)  # sent marks of locks now gone
+    expiries_settled: list[int] = field(default_factory=list)  # of locks no longer held
+
+    def apply(self, memory: Memory) -> None:
+        if self.planned_generation is not None:
+            memory.planned_generation = self.planned_generation[0]
+        memory.requested_leases = self.requested_leases
+        memory.squatted = self.squatted
+        if self.noticed_rv is not None:
+            memory.noticed_rv = self.noticed_rv[0]
+        for p in self.marks_gone:
+            memory.marks_sent.pop(p, None)
+        for p in self.expiries_settled:
+            memory.expiries_sent.pop(p, None)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The group's body as read in a pass: its layout, status and target, the status as
+    the server holds it (normal wire form), one-off notices, and the target a hand edit
+    of the status is corrected back to (None: none)."""
+
+    layout: Layout
+    status: ConsumerGroupStatus
+    target: dict[str, list[int]]
+    server: dict[str, Any]
+    notices: list[Problem]
+    correction: Decision | None
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Who is in the group now: live sessions, members, live lock holders, and the
+    persistent problems seen on the way."""
+
+    live: dict[str, str]
+    members: set[str]
+    holders: dict[int, str]
+    problems: list[Problem]
+
+
+@dataclass(frozen=True)
+class Creates:
+    """The locks to create this pass, when to look again for those in flight, and the
+    creates in flight and squatted names that remain (:class:`Changes`)."""
+
+    partitions: list[int]
+    recheck: float | None
+    requested: dict[int, float]
+    squatted: dict[int, str]
+
+
 def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
            status_min_interval: float, rule: ExpiryRule | None = None) -> Plan:
     """One pass over one group: what to create, write, mark and post, and when to look
-    again. ``rule``: the failure detector's (:class:`ExpiryRule`, a variant in kgroup_sim)."""
+    again. ``rule``: the failure detector's (:class:`ExpiryRule`, a variant in kgroup_sim).
+    The steps read the memory and return what they change (:class:`Changes`, applied
+    once at the end)."""
     if not obs.synced or obs.body is None:
         return Plan(wait=NOT_SYNCED_RETRY_SECONDS)
-    body = obs.body
-    md = codec.meta(body)
+    body, leases = obs.body, obs.leases
     spec = memory.spec_of(body.get("spec") or {})
     if isinstance(spec, ValidationError):
         return Plan(wait=None, events=problem_events(
             memory, [Problem("InvalidSpec", str(spec)[:500])]))
+    generation, rv = codec.meta(body).get("generation"), codec.meta(body).get("resourceVersion")
+    read = _read_group(body, spec, memory, leases)
+    seen = _membership(obs, spec, now)
+    decision = _plan_target(obs, memory, spec, read, seen, now, wall)
+    creates = _lease_creates(memory, leases, read.layout, now)
+    changes = Changes(planned_generation=(generation,) if decision.target is None else None,
+                      requested_leases=creates.requested, squatted=creates.squatted)
+    scale_problems = ([Problem("ScaleTargetUnavailable", obs.scale_problem)]
+                      if spec.autoscaling is not None and obs.scale_problem is not None else [])
+    problems = seen.problems + scale_problems + _squat_problems(creates.squatted)
+
+    epoch, new_target = read.status.epoch, read.target
+    last_rebalance: LastRebalance | None = None
+    if decision.target is not None:
+        epoch, new_target = decision.epoch, decision.target
+        last_rebalance = LastRebalance(epoch=epoch, reason=decision.reason,
+                                       moved=decision.moved, started_at=format_timestamp(wall))
+    last_change = max(memory.last_target_change, memory.planner.last_membership_change)
+    new_status, reported = aggregate_status(
+        spec=spec, generation=generation, previous=read.status, epoch=epoch,
+        target=new_target, members=seen.members, member_leases=leases.member_observations(),
+        holders=seen.holders, last_change_at=last_change, now=now, wall=wall,
+        extra_problems=problems, last_rebalance=last_rebalance,
+        assignable=read.layout.assignable,
+        bare_pods=pods_without_sidecar(str(codec.meta(body).get("name", "")), obs.pods),
+    )
+    new_status = memory.load.apply(new_status)
+    scale, scale_wait, new_status = _autoscale(obs, memory, spec, read.status, new_status, now,
+                                               len(seen.members), decision, wall)
+    wire = {**new_status.to_wire(), "layout": read.layout.status}
+    expiries, next_lock_expiry, changes.expiries_settled = expiries_to_mark(
+        memory.expiries_sent, leases, now, rule or ExpiryRule())
+    # when unowned partitions become "unowned too long" (the Degraded condition): a moment
+    # to wake for only while it is ahead. Once passed, this pass has reported it, whatever
+    # the phase shows (Pending and Paused outrank Degraded): a past deadline here made
+    # every pass of a group without members ask to run again at once
+    unowned_too_long_at = (last_change + spec.handoff.drain_timeout_seconds
+                           + spec.lease.duration_seconds + 0.01)
+    deadlines = [
+        next_lock_expiry,
+        decision.next_check,
+        leases.next_expiry(now),
+        unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
+        creates.recheck, memory.load.deadline(),
+        None if scale_wait is None else now + scale_wait,
+    ]
+    owners = {p: m for m, ps in new_target.items() for p in ps
+              if read.layout.is_assignable(p)}
+    uids, identity_change = memory.identities.resolve(
+        set(owners.values()), obs.pods, now,
+        lambda pod: restart_grace(spec, pod, present=False, kept_ordinals=obs.kept_ordinals,
+                                  name=pod.name))
+    deadlines.append(identity_change)
+    marks, changes.marks_gone = marks_to_write(memory, owners, leases, uids)
+    plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=creates.partitions,
+                owners=owners, uids=uids, marks=marks, expiries=expiries,
+                lease_duration=spec.lease.duration_seconds, decision=decision,
+                previous=read.status, new_status=new_status, problems=reported,
+                generation=generation, members=len(seen.members), deadlines=deadlines,
+                scale=scale)
+    if read.notices and rv != memory.noticed_rv:
+        changes.noticed_rv = (rv,)
+        plan.events.extend(Event("Warning", n.reason, n.message) for n in read.notices)
+    changes.apply(memory)
+    return _write_or_wait(plan, memory, wire, read.server, status_min_interval)
+
+
+def _read_group(body: Obj, spec: ConsumerGroupSpec, memory: Memory,
+                leases: GroupLeases) -> Reading:
+    """The layout (``status.layout``, the completions the Leases report), the status and
+    its target, and whether someone else changed the status since our write (corrected
+    back to our target) or it cannot be used."""
+    md = codec.meta(body)
     raw_status = body.get("status") or {}
     layout = memory.layouts.derive(spec.partitions, raw_status.get("layout"),
-                                   completions_on(obs.leases.bodies, str(md.get("name"))),
+                                   completions_on(leases.bodies, str(md.get("name"))),
                                    spec.reshape.policy, spec.reshape.change)
     status, target, hand_problem, server = memory.status_of(raw_status, layout.space)
-    problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     notices: list[Problem] = []  # one-off: an Event only
-
-    decision: Decision | None = None
+    correction: Decision | None = None
     rv = md.get("resourceVersion")
     if (
         memory.written_status is not None
@@ -404,7 +544,7 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
             Problem("StatusEditedByHand", "status was changed by someone else; corrected"))
         written_target = _written_target(memory, layout.space)
         if written_target is not None:
-            decision = correct_hand_edit(
+            correction = correct_hand_edit(
                 written_target=written_target[0], written_epoch=written_target[1],
                 seen_target=target, seen_epoch=status.epoch,
             )
@@ -412,52 +552,62 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
         notices.append(hand_problem)
     if layout.problem is not None:
         notices.append(Problem("LayoutNotApplied", layout.problem))
+    return Reading(layout, status, target, server, notices, correction)
 
-    leases = obs.leases
-    live = leases.live_sessions(now)
+
+def _membership(obs: Observation, spec: ConsumerGroupSpec, now: float) -> Membership:
+    """The live sessions, the members (selected pods with a live session), the live lock
+    holders; a selector that matches no pod is a problem."""
+    live = obs.leases.live_sessions(now)
     members = current_members(selector=spec.selector, pods=obs.pods, live_sessions=live)
-    holders = live_holders(leases.locks(), live)
+    holders = live_holders(obs.leases.locks(), live)
+    problems: list[Problem] = []  # persistent: shown in conditions, one Event each
     if not any(spec.selector.matches(dict(p.labels)) for p in obs.pods):
+        md = codec.meta(obs.body or {})
         problems.append(Problem(
             "SelectorMatchesNothing",
             f"no pod in {md.get('namespace')} matches "
             f"{spec.selector.to_label_selector_string()}",
         ))
+    return Membership(live, members, holders, problems)
 
-    generation = md.get("generation")
-    member_leases = leases.member_observations()
+
+def _plan_target(obs: Observation, memory: Memory, spec: ConsumerGroupSpec, read: Reading,
+                 seen: Membership, now: float, wall: datetime) -> Decision:
+    """The load taken when due (``status.load``), then the decision: the correction of a
+    hand edit, else the planner's over the layout's slots (a new target, or none:
+    ``decision.target`` None)."""
+    layout, generation = read.layout, codec.meta(obs.body or {}).get("generation")
+    member_leases = obs.leases.member_observations()
     memory.load.refresh(now, lambda history: measure_load(
-        member_leases, holders, spec, members, wall, memory.load.capacity(), history),
+        member_leases, seen.holders, spec, seen.members, wall, memory.load.capacity(), history),
         load_settings(spec, member_leases))
-    if decision is None:
-        decision = layout.decision_from_slots(memory.planner.plan(
-            spec=layout.slot_spec(spec), target=layout.to_slots(target), epoch=status.epoch,
-            members=members, holders=layout.holders_to_slots(holders),
-            now=now, pods=obs.pods, sessions=live.keys(), kept_ordinals=obs.kept_ordinals,
-            spec_changed=(memory.planned_generation is not None
-                          and generation != memory.planned_generation),
-            loads=(layout.loads_to_slots(memory.load.rates)
-                   if spec.balance.mode == "load" else None),
-        ), target)
-    if decision.target is None:
-        memory.planned_generation = generation
-    # Whatever is missing from the synced cache is created: never created yet, or deleted
-    # (kubectl delete lease, or the group deleted and applied again). A create the watch has
-    # not shown yet is not repeated until LEASE_CREATE_RECHECK has passed.
+    if read.correction is not None:
+        return read.correction
+    return layout.decision_from_slots(memory.planner.plan(
+        spec=layout.slot_spec(spec), target=layout.to_slots(read.target),
+        epoch=read.status.epoch, members=seen.members,
+        holders=layout.holders_to_slots(seen.holders), now=now, pods=obs.pods,
+        sessions=seen.live.keys(), kept_ordinals=obs.kept_ordinals,
+        spec_changed=(memory.planned_generation is not None
+                      and generation != memory.planned_generation),
+        loads=(layout.loads_to_slots(memory.load.rates)
+               if spec.balance.mode == "load" else None),
+    ), read.target)
+
+
+def _lease_creates(memory: Memory, leases: GroupLeases, layout: Layout,
+                   now: float) -> Creates:
+    """Whatever is missing from the synced cache is created: never created yet, or deleted
+    (kubectl delete lease, or the group deleted and applied again). A create the watch has
+    not shown yet is not repeated until LEASE_CREATE_RECHECK has passed (a squatted name:
+    SQUAT_RECHECK); at most CREATES_PER_PASS a pass."""
     requested = {p: t for p, t in memory.requested_leases.items() if p not in leases.partitions}
-    memory.requested_leases = requested
-    memory.squatted = {p: why for p, why in memory.squatted.items()
-                       if p not in leases.partitions and layout.is_assignable(p)}
-    if spec.autoscaling is not None and obs.scale_problem is not None:
-        problems.append(Problem("ScaleTargetUnavailable", obs.scale_problem))
-    problems.extend(Problem("LeaseNameTaken", why) for _, why in
-                    sorted(memory.squatted.items())[:1])
-    if len(memory.squatted) > 1:
-        problems[-1] = Problem("LeaseNameTaken", f"{problems[-1].message} (and "
-                               f"{len(memory.squatted) - 1} more partitions' locks)")
+    squatted = {p: why for p, why in memory.squatted.items()
+                if p not in leases.partitions and layout.is_assignable(p)}
 
     def again(p: int) -> float:
-        return SQUAT_RECHECK if p in memory.squatted else LEASE_CREATE_RECHECK
+        return SQUAT_RECHECK if p in squatted else LEASE_CREATE_RECHECK
 
     create = [p for p in layout.assignable if p not in leases.partitions
               and now >= requested.get(p, -again(p)) + again(p)]
@@ -467,57 +617,29 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
                    if p not in create), default=None)
     if more_to_create:
         recheck = now  # the next slice: the pass after this one's creates are done
+    return Creates(create, recheck, requested, squatted)
 
-    epoch, new_target = status.epoch, target
-    last_rebalance: LastRebalance | None = None
-    if decision.target is not None:
-        epoch, new_target = decision.epoch, decision.target
-        last_rebalance = LastRebalance(epoch=epoch, reason=decision.reason,
-                                       moved=decision.moved, started_at=format_timestamp(wall))
-    last_change = max(memory.last_target_change, memory.planner.last_membership_change)
-    new_status, seen = aggregate_status(
-        spec=spec, generation=generation, previous=status, epoch=epoch, target=new_target,
-        members=members, member_leases=member_leases, holders=holders,
-        last_change_at=last_change, now=now, wall=wall, extra_problems=problems,
-        last_rebalance=last_rebalance, assignable=layout.assignable,
-        bare_pods=pods_without_sidecar(str(md.get("name", "")), obs.pods),
-    )
-    new_status = memory.load.apply(new_status)
-    scale, scale_wait, new_status = _autoscale(obs, memory, spec, status, new_status, now,
-                                               len(members), decision, wall)
-    wire = {**new_status.to_wire(), "layout": layout.status}
-    expiries, next_lock_expiry = expiries_to_mark(memory.expiries_sent, leases, now,
-                                                  rule or ExpiryRule())
-    # when unowned partitions become "unowned too long" (the Degraded condition): a moment
-    # to wake for only while it is ahead. Once passed, this pass has reported it, whatever
-    # the phase shows (Pending and Paused outrank Degraded): a past deadline here made
-    # every pass of a group without members ask to run again at once
-    unowned_too_long_at = (last_change + spec.handoff.drain_timeout_seconds
-                           + spec.lease.duration_seconds + 0.01)
-    deadlines = [
-        next_lock_expiry,
-        decision.next_check,
-        leases.next_expiry(now),
-        unowned_too_long_at if new_status.unowned and unowned_too_long_at > now else None,
-        recheck, memory.load.deadline(), None if scale_wait is None else now + scale_wait,
-    ]
-    owners = {p: m for m, ps in new_target.items() for p in ps if layout.is_assignable(p)}
-    uids, identity_change = memory.identities.resolve(
-        set(owners.values()), obs.pods, now,
-        lambda pod: restart_grace(spec, pod, present=False, kept_ordinals=obs.kept_ordinals,
-                                  name=pod.name))
-    deadlines.append(identity_change)
-    plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=create, owners=owners,
-                uids=uids, marks=marks_to_write(memory, owners, leases, uids), expiries=expiries,
-                lease_duration=spec.lease.duration_seconds, decision=decision,
-                previous=status, new_status=new_status, problems=seen, generation=generation,
-                members=len(members), deadlines=deadlines, scale=scale)
-    if notices and rv != memory.noticed_rv:
-        memory.noticed_rv = rv
-        plan.events.extend(Event("Warning", n.reason, n.message) for n in notices)
+
+def _squat_problems(squatted: dict[int, str]) -> list[Problem]:
+    """``LeaseNameTaken`` for the first squatted lock name, counting the others."""
+    if not squatted:
+        return []
+    why = sorted(squatted.items())[0][1]
+    if len(squatted) > 1:
+        why = f"{why} (and {len(squatted) - 1} more partitions' locks)"
+    return [Problem("LeaseNameTaken", why)]
+
+
+def _write_or_wait(plan: Plan, memory: Memory, wire: dict[str, Any],
+                   server: dict[str, Any], status_min_interval: float) -> Plan:
+    """Whether the pass writes the status: only when it differs from what was last written
+    (or a new target), at most once per ``status_min_interval`` unless the target changes;
+    with nothing to write, the problems' Events are posted now."""
+    decision, now = plan.decision, plan.now
+    assert decision is not None
     baseline = memory.sent_status if server == memory.written_status else server
     if wire == baseline and decision.target is None:
-        plan.events.extend(problem_events(memory, seen))
+        plan.events.extend(problem_events(memory, plan.problems))
         return plan
     # The rate limit holds back aggregate-only writes; a new target is already paced by
     # the stabilisation window and must not wait behind a member-count update.

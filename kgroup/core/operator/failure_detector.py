@@ -8,18 +8,32 @@ clock) — and confirmed so on a quorum re-read of that member Lease just before
 (a renewal committed after that read reaches its holder after the holder's own fencing
 deadline: ``kgroup.core.locks``). :class:`ExpiryRule` holds the rule (the simulation's
 broken variants override its methods); :func:`expiries_to_mark` applies it to a group's
-locks in one pass of :func:`kgroup.core.operator.decide.decide`, whose driver performs the
-re-read and the marks (docs/design.md).
+locks in one pass of :func:`kgroup.core.operator.decide.decide`; :func:`expiry_chains`
+turns the pass's expiries into request chains (``kgroup.core.operator.lock_requests``):
+per holder session one quorum read of its member Lease, :meth:`ExpiryRule.confirm`, then
+each confirmed lock's conditional mark. The drivers (``kgroup_operator.controller``,
+``kgroup_sim.control``) only perform the requests (docs/design.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core.lease_codec import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.lock_requests import (
+    Chain,
+    MarkExpired,
+    NoAnswer,
+    Ok,
+    ReadLease,
+    Then,
+)
 
-__all__ = ["Expiry", "ExpiryRule", "expiries_to_mark"]
+__all__ = ["Expiry", "ExpiryLedger", "ExpiryRule", "expiries_to_mark", "expiry_chains"]
 
 
 @dataclass(frozen=True)
@@ -69,21 +83,23 @@ class ExpiryRule:
         return self.session_over(leases, member, session, now)
 
 
-def expiries_to_mark(sent: dict[int, tuple[str, str]], leases: GroupLeases, now: float,
-                     rule: ExpiryRule) -> tuple[list[Expiry], float | None]:
+def expiries_to_mark(sent: Mapping[int, tuple[str, str]], leases: GroupLeases, now: float,
+                     rule: ExpiryRule) -> tuple[list[Expiry], float | None, list[int]]:
     """The held locks whose holder's session is over and that carry no expiry mark of it
     yet, less those in flight for the lock as cached (``sent``: partition -> the session
-    and lock resourceVersion of the mark sent, ``Memory.expiries_sent``; entries of locks
-    no longer held by a live session are dropped); and the earliest future moment a
-    held lock's session would be over (the next pass's deadline)."""
+    and lock resourceVersion of the mark sent, ``Memory.expiries_sent``); the earliest
+    future moment a held lock's session would be over (the next pass's deadline); and the
+    entries of ``sent`` to forget (their lock is no longer held, or marked already)."""
     out: list[Expiry] = []
+    settled: list[int] = []
     later: float | None = None
     # per holder session, asked once: (over?, when it would be); a group's 10,000 locks
     # have a few hundred sessions at most (asked per lock, this was 40 % of a pass)
     sessions: dict[tuple[str, str], tuple[bool, float | None]] = {}
     for p, lock in leases.partitions.items():  # the few expiries are sorted at the end
         if not lock.holder or lock.session is None or lock.expired == lock.session:
-            sent.pop(p, None)
+            if p in sent:
+                settled.append(p)
             continue
         key = (lock.holder, lock.session)
         seen = sessions.get(key)
@@ -100,4 +116,83 @@ def expiries_to_mark(sent: dict[int, tuple[str, str]], leases: GroupLeases, now:
             continue
         out.append(Expiry(p, lock.holder, lock.session, lock.resource_version))
     out.sort(key=lambda e: e.partition)
-    return out, later
+    return out, later, settled
+
+
+class ExpiryLedger(Protocol):
+    """What is in flight (the operator's ``Memory``): an expiry sent is not decided again
+    until the lock changes or it failed."""
+
+    def expiry_sent(self, expiry: Expiry) -> None: ...
+
+    def expiry_failed(self, expiry: Expiry) -> None: ...
+
+
+def expiry_chains(expiries: list[Expiry], *, group: str, leases: GroupLeases,
+                  rule: ExpiryRule, ledger: ExpiryLedger,
+                  clock: Callable[[], float]) -> list[Chain]:
+    """The pass's expiry marks as request chains, one per holder session (in the order of
+    (member, session)), each reported in flight to ``ledger`` at once. A chain re-reads the
+    holder's member Lease (a quorum read, when :meth:`ExpiryRule.reread`), lets
+    :meth:`ExpiryRule.confirm` feed it to ``leases`` and ask again, and ends with one chain
+    per confirmed lock (:func:`_mark_expired`); a renewed session, or a read without an
+    answer, fails the holder's expiries and ends with deciding again."""
+    holders: dict[tuple[str, str], list[Expiry]] = {}
+    for e in expiries:
+        ledger.expiry_sent(e)
+        holders.setdefault((e.member, e.session), []).append(e)
+    return [_holder(group, member, session, locks, leases, rule, ledger, clock)
+            for (member, session), locks in sorted(holders.items())]
+
+
+def _holder(group: str, member: str, session: str, locks: list[Expiry], leases: GroupLeases,
+            rule: ExpiryRule, ledger: ExpiryLedger, clock: Callable[[], float]) -> Chain:
+    settled = False
+    try:
+        if rule.reread():
+            answer = yield ReadLease(member_lease_name(group, member))
+            if not isinstance(answer, Ok):
+                return Then(retry=True)
+            over = rule.confirm(leases, member, session, answer.obj, clock())
+        else:
+            over = rule.session_over(leases, member, session, clock())
+        if not over:
+            return Then(decide=True, note=f"session {session} of {member} was renewed "
+                                          f"(quorum read): not expired")
+        settled = True
+        return Then(chains=tuple(_mark_expired(group, e, leases, ledger, clock)
+                                 for e in locks),
+                    note=f"session {session} of {member} is over: marking {len(locks)} "
+                         f"lock(s) expired")
+    finally:
+        if not settled:  # renewed, not answered, or the chain was closed
+            for e in locks:
+                ledger.expiry_failed(e)
+
+
+def _mark_expired(group: str, e: Expiry, leases: GroupLeases, ledger: ExpiryLedger,
+                  clock: Callable[[], float]) -> Chain:
+    """One lock's expiry mark, conditional on its resourceVersion as read; refused (the lock
+    changed or is gone): the lock re-read into ``leases`` and the group decided again."""
+    settled = False
+    try:
+        lock = partition_lease_name(group, e.partition)
+        answer = yield MarkExpired(lock, e.partition, e.session, e.seen_rv)
+        if isinstance(answer, Ok):
+            settled = True
+            if answer.obj is not None:
+                leases.put(answer.obj, clock())
+            return Then()
+        if isinstance(answer, NoAnswer):
+            return Then(retry=True)
+        ledger.expiry_failed(e)
+        settled = True
+        fresh = yield ReadLease(lock)
+        if not isinstance(fresh, Ok):
+            return Then(retry=True)
+        if fresh.obj is not None:
+            leases.put(fresh.obj, clock())
+        return Then(decide=True)
+    finally:
+        if not settled:
+            ledger.expiry_failed(e)

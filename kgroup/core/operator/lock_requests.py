@@ -1,0 +1,120 @@
+"""The vocabulary between the operator's lock writes and their drivers.
+
+After a pass, the operator's writes to the group's locks are request chains built by the
+core (the expiry marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the
+assignment marks: :func:`kgroup.core.operator.assignment_marks.mark_chains`): generators
+that yield a request (:class:`ReadLease`, :class:`MarkExpired`, :class:`MarkAssigned`),
+receive its answer (:class:`Ok`, :class:`Refused`, :class:`NoAnswer`,
+:class:`Superseded`) and end with :class:`Then`: more chains to run side by side, or
+whether to decide again now or after the API server's retry pause. A driver maps each
+request onto a call of its API server (the real one: ``kgroup_operator.controller``; the
+simulated one: ``kgroup_sim.control``) and each outcome onto an answer, and nothing more:
+the sequencing, and with it the quorum re-read before an expiry mark, lives here once.
+Plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+from kgroup.core.lease_codec import Obj
+
+__all__ = [
+    "Answer",
+    "Chain",
+    "LockRequest",
+    "MarkAssigned",
+    "MarkExpired",
+    "NoAnswer",
+    "Ok",
+    "ReadLease",
+    "Refused",
+    "Superseded",
+    "Then",
+]
+
+
+@dataclass(frozen=True)
+class ReadLease:
+    """A quorum read of one Lease of the group (``Ok(None)``: it does not exist).
+    ``expiry``: on the expiry marks' lane (else the assignment marks')."""
+
+    name: str
+    expiry: bool = True
+
+
+@dataclass(frozen=True)
+class MarkExpired:
+    """A merge patch of lock ``partition`` (Lease ``name``)'s expiry mark to ``session``,
+    conditional on the lock still being at ``seen_rv`` (``Refused`` when it changed or is
+    gone)."""
+
+    name: str
+    partition: int
+    session: str
+    seen_rv: str
+
+
+@dataclass(frozen=True)
+class MarkAssigned:
+    """A merge patch of lock ``partition`` (Lease ``name``)'s assignment mark to ``member``
+    (its pod ``uid``), conditional on the lock still being at ``seen_rv``; ``wanted`` is asked as
+    the write's turn comes (a driver that queues writes asks it then; the answer is
+    :class:`Superseded` and nothing is sent when it says no)."""
+
+    name: str
+    partition: int
+    member: str
+    uid: str | None
+    seen_rv: str
+    wanted: Callable[[], bool]
+
+
+LockRequest = ReadLease | MarkExpired | MarkAssigned
+
+
+@dataclass(frozen=True)
+class Ok:
+    """The request succeeded: the Lease written or read (None: the read found nothing)."""
+
+    obj: Obj | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The API server refused the write (409: the lock changed since it was read; 404: it
+    is gone)."""
+
+    status: int
+
+
+@dataclass(frozen=True)
+class NoAnswer:
+    """No usable answer (timeout, broken connection, a server error): the request may or
+    may not have happened."""
+
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """Not sent: the write's ``wanted`` said no as its turn came."""
+
+
+Answer = Ok | Refused | NoAnswer | Superseded
+
+
+@dataclass(frozen=True)
+class Then:
+    """How a chain ended: ``chains`` to run next, side by side; ``decide``: the group's
+    loop plans again now (on what the chain fed the cache); ``retry``: it plans again after
+    the API server's retry pause (``API_RETRY_SECONDS``); ``note``: a line for the log."""
+
+    chains: tuple[Chain, ...] = ()
+    decide: bool = False
+    retry: bool = False
+    note: str = ""
+
+
+Chain = Generator[LockRequest, Answer, Then]

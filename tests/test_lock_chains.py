@@ -1,0 +1,98 @@
+"""The operator's lock writes as request chains (kgroup.core.operator.lock_requests): the
+sequencing both drivers perform, driven here by hand, one answer at a time."""
+
+from __future__ import annotations
+
+from kgroup.core.operator.decide import Memory
+from kgroup.core.operator.failure_detector import ExpiryRule, expiry_chains
+from kgroup.core.operator.lock_requests import (
+    Answer,
+    Chain,
+    LockRequest,
+    MarkExpired,
+    NoAnswer,
+    Ok,
+    ReadLease,
+    Refused,
+    Then,
+)
+from tests.test_operator_logic import Op, held_lease, member_lease
+
+
+def step(chain: Chain, answer: Answer | None) -> LockRequest | Then:
+    try:
+        return chain.send(answer)  # type: ignore[arg-type]
+    except StopIteration as stop:
+        then: Then = stop.value
+        return then
+
+
+def crashed() -> tuple[Op, list[Chain]]:
+    """a's session unrenewed a full duration: its two locks' expiries, as chains."""
+    op = Op("a")
+    op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
+    op.leases.put(held_lease(1, "41", "a", "s-a"), op.now)
+    op.now += 15
+    expiries = op.decide().expiries
+    assert [e.partition for e in expiries] == [0, 1]
+    chains = expiry_chains(expiries, group="g", leases=op.leases, rule=ExpiryRule(),
+                           ledger=op.memory, clock=lambda: op.now)
+    assert sorted(op.memory.expiries_sent) == [0, 1]  # in flight: not decided again
+    return op, chains
+
+
+def test_an_expiry_is_marked_only_after_the_quorum_read_confirms_it() -> None:
+    op, chains = crashed()
+    assert len(chains) == 1  # one holder session, one quorum read
+    (chain,) = chains
+    assert step(chain, None) == ReadLease("g-member-a")
+    then = step(chain, Ok(member_lease("a", "20")))  # unchanged marker: over
+    assert isinstance(then, Then) and len(then.chains) == 2 and not then.decide
+    marks = [step(c, None) for c in then.chains]
+    assert marks == [MarkExpired("g-partition-0", 0, "s-a", "40"),
+                     MarkExpired("g-partition-1", 1, "s-a", "41")]
+    # written: the stored lock goes into the cache
+    assert step(then.chains[0], Ok(held_lease(0, "50", "a", "s-a", expired="s-a"))) == Then()
+    assert op.leases.partitions[0].expired == "s-a"
+    # refused (the lock changed): re-read, decide again
+    assert step(then.chains[1], Refused(409)) == ReadLease("g-partition-1")
+    assert 1 not in op.memory.expiries_sent
+    assert step(then.chains[1], Ok(held_lease(1, "52", "b", "s-b"))) == Then(decide=True)
+    assert op.leases.partitions[1].holder == "b"
+
+
+def test_a_renewal_the_quorum_read_shows_saves_the_holder() -> None:
+    op, (chain,) = crashed()
+    step(chain, None)
+    then = step(chain, Ok(member_lease("a", "35")))  # renewed since the watch's view
+    assert isinstance(then, Then) and then.decide and not then.chains
+    assert op.memory.expiries_sent == {}
+
+
+def test_a_read_without_answer_fails_the_expiries_and_retries() -> None:
+    op, (chain,) = crashed()
+    step(chain, None)
+    assert step(chain, NoAnswer("timeout")) == Then(retry=True)
+    assert op.memory.expiries_sent == {}
+
+
+def test_a_chain_closed_unfinished_reports_its_expiries_failed() -> None:
+    op, (chain,) = crashed()
+    step(chain, None)
+    chain.close()
+    assert op.memory.expiries_sent == {}
+
+
+def test_without_the_reread_the_rule_decides_on_the_cache_alone() -> None:
+    class NoReread(ExpiryRule):
+        def reread(self) -> bool:
+            return False
+
+    op = Op("a")
+    op.leases.put(held_lease(0, "40", "a", "s-a"), op.now)
+    op.now += 15
+    (chain,) = expiry_chains(op.decide().expiries, group="g", leases=op.leases,
+                             rule=NoReread(), ledger=Memory(started_at=0.0),
+                             clock=lambda: op.now)
+    then = step(chain, None)
+    assert isinstance(then, Then) and len(then.chains) == 1
