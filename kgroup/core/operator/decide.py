@@ -30,6 +30,12 @@ a merge patch conditional on the lock's resourceVersion as read; each reported w
 Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
 status. The memory lives as long as the operator process: a restart starts from what it
 lists (the target is always read back from the status).
+
+Over 600 lines, and kept so: :class:`Memory`, the steps of :func:`decide` and the
+:class:`Changes` they return are one unit (each step reads the memory and says what it
+changes; only :func:`decide` applies it). Apart, the memory's fields would be written
+from two modules; what could leave without that (the failure detector, the marks'
+request chains, the load and reshape rules) already lives in its own module.
 """
 
 from __future__ import annotations
