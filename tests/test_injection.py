@@ -116,6 +116,24 @@ def test_overrides_by_annotation() -> None:
     assert env(out["spec"]["containers"][0])["KGROUP_SIDECAR_URL"] == "unix:///run/kg/s.sock"
 
 
+def test_an_audit_volume_is_mounted_in_the_sidecar_alone_with_its_file_per_pod() -> None:
+    audit = {"name": "audit", "hostPath": {"path": "/var/log/kgroup", "type": "Directory"}}
+    out = inject(pod(annotations={"sidecar.kgroup.dev/audit-volume": "audit"},
+                     volumes=[audit]), D)
+    assert out is not None
+    (side,) = out["spec"]["initContainers"]
+    assert env(side)["KGROUP_AUDIT_FILE"] == "/var/run/kgroup-audit/$(KGROUP_POD_NAME).jsonl"
+    assert {"name": "audit", "mountPath": "/var/run/kgroup-audit"} in side["volumeMounts"]
+    app = out["spec"]["containers"][0]
+    assert "KGROUP_AUDIT_FILE" not in env(app)
+    assert all(m["name"] != "audit" for m in app.get("volumeMounts", []))
+    assert out["spec"]["volumes"][0] == audit  # the pod's own, unchanged and not doubled
+    assert [v["name"] for v in out["spec"]["volumes"]].count("audit") == 1
+    # without the annotation: no audit
+    plain = inject(pod(volumes=[audit]), D)
+    assert plain is not None and "KGROUP_AUDIT_FILE" not in env(plain["spec"]["initContainers"][0])
+
+
 def test_a_loopback_listen_needs_no_socket_volume() -> None:
     out = inject(pod(annotations={"sidecar.kgroup.dev/listen": "127.0.0.1:8470"}), D)
     assert out is not None
@@ -133,6 +151,8 @@ def test_a_loopback_listen_needs_no_socket_volume() -> None:
     ({"sidecar.kgroup.dev/resources": "{cpu: 1}"}, "not JSON"),
     ({"sidecar.kgroup.dev/resources": '{"cpu": "1"}'}, "requests and/or limits"),
     ({"sidecar.kgroup.dev/log-levle": "DEBUG"}, "unknown annotation"),
+    ({"sidecar.kgroup.dev/audit-volume": "Audit_Dir"}, "expected a volume name"),
+    ({"sidecar.kgroup.dev/audit-volume": "audit"}, "which the pod does not have"),
 ])
 def test_bad_overrides_are_refused_with_the_reason(annotations: Obj, says: str) -> None:
     with pytest.raises(InjectionRefused, match=says):

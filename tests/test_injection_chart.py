@@ -47,12 +47,15 @@ spec:
     {{- include "kgroup.sidecarContainer" (dict "root" $ "group" "orders") | nindent 4 }}
     {{- end }}
   volumes:
+    - name: audit
+      emptyDir: {}
     {{- include "kgroup.sidecarVolume" (dict "root" $) | nindent 4 }}
 """
 
 BARE_POD: Obj = {"apiVersion": "v1", "kind": "Pod",
                  "metadata": {"name": "w", "labels": {"kgroup.dev/group": "orders"}},
-                 "spec": {"containers": [{"name": "app", "image": "app"}]}}
+                 "spec": {"containers": [{"name": "app", "image": "app"}],
+                          "volumes": [{"name": "audit", "emptyDir": {}}]}}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,7 @@ VALUE_SETS = [
     ("sidecar.metrics.enabled=true", "sidecar.metrics.host=127.0.0.1",
      "sidecar.probes.mode=exec"),
     ("kubernetesApi.host=10.0.0.1", "kubernetesApi.port=6443"),
+    ("sidecar.auditVolume=audit", "sidecar.probes.mode=exec"),
     ("sidecar.image.tag=9.9.9", "sidecar.image.pullPolicy=Always",
      "sidecar.readinessProbe.periodSeconds=5", "sidecar.appTimeoutSeconds=0",
      "sidecar.logFormat=json", "workerRbac.serviceAccountName=orders-worker"),
@@ -108,6 +112,7 @@ OVERRIDES = [
     ({"sidecar.kgroup.dev/probe-mode": "exec"}, ("sidecar.probes.mode=exec",)),
     ({"sidecar.kgroup.dev/listen": "unix:///run/kg/s.sock"},
      ("sidecar.listen=unix:///run/kg/s.sock",)),
+    ({"sidecar.kgroup.dev/audit-volume": "audit"}, ("sidecar.auditVolume=audit",)),
     ({"sidecar.kgroup.dev/resources": '{"requests": {"cpu": "5m"}, "limits": {"memory": "64Mi"}}'},
      ("sidecar.resources.requests.cpu=5m", "sidecar.resources.requests.memory=null",
       "sidecar.resources.limits.memory=64Mi", "sidecar.resources.limits.cpu=null")),

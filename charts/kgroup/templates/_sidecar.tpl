@@ -44,7 +44,9 @@ KGROUP_POD_UID (the downward API; the uid ties the sidecar's Events to its pod),
 KGROUP_LISTEN, KGROUP_APP_TIMEOUT_SECONDS, KGROUP_LOG_LEVEL, KGROUP_LOG_FORMAT; KGROUP_PROBE_LISTEN (http probes) or
 KGROUP_PROBE_DIR (exec probes); KGROUP_METRICS_LISTEN and a port named kgroup-metrics when
 sidecar.metrics.enabled (docs/operations.md);
-KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set.
+KUBERNETES_SERVICE_HOST/PORT when kubernetesApi.host is set; KGROUP_AUDIT_FILE and the
+mount of the pod's volume sidecar.auditVolume at /var/run/kgroup-audit when that is set
+(the pod must have the volume).
 The pod needs serviceAccountName: <workerRbac.serviceAccountName>,
 automountServiceAccountToken: false, and the volumes of kgroup.sidecarVolume (which
 include the sidecar's token, kgroup.sidecarTokenVolume): only the sidecar holds an API
@@ -207,6 +209,10 @@ as the worker (issue 26).
       value: {{ printf "%s:%v" (default "$(KGROUP_POD_IP)" $v.sidecar.metrics.host) $v.sidecar.metrics.port | quote }}
   {{- end }}
     {{- include "kgroup.kubernetesApiEnv" $v | nindent 4 }}
+  {{- with $v.sidecar.auditVolume }}
+    - name: KGROUP_AUDIT_FILE
+      value: "/var/run/kgroup-audit/$(KGROUP_POD_NAME).jsonl"
+  {{- end }}
   {{- if or (eq $mode "http") $v.sidecar.metrics.enabled }}
   ports:
     {{- if eq $mode "http" }}
@@ -268,5 +274,9 @@ as the worker (issue 26).
       readOnly: true
     {{- with include "kgroup.sidecarVolumeMount" . }}
     {{- . | nindent 4 }}
+    {{- end }}
+    {{- with $v.sidecar.auditVolume }}
+    - name: {{ . }}
+      mountPath: /var/run/kgroup-audit
     {{- end }}
 {{- end -}}

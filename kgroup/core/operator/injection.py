@@ -22,7 +22,9 @@ Per-pod overrides (annotations; everything else is the chart's values):
 ``sidecar.kgroup.dev/resources`` (JSON: ``{"requests": {...}, "limits": {...}}``),
 ``sidecar.kgroup.dev/log-level`` (DEBUG, INFO, WARNING, ERROR),
 ``sidecar.kgroup.dev/probe-mode`` (http, exec), ``sidecar.kgroup.dev/listen``
-(``unix:///dir/file.sock`` or ``127.0.0.1:<port>``).
+(``unix:///dir/file.sock`` or ``127.0.0.1:<port>``), ``sidecar.kgroup.dev/audit-volume``
+(a volume of the pod where the sidecar appends its ownership audit; refused when the pod
+has no volume of that name).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ ANNOTATION_RESOURCES = "sidecar.kgroup.dev/resources"
 ANNOTATION_LOG_LEVEL = "sidecar.kgroup.dev/log-level"
 ANNOTATION_PROBE_MODE = "sidecar.kgroup.dev/probe-mode"
 ANNOTATION_LISTEN = "sidecar.kgroup.dev/listen"
+ANNOTATION_AUDIT_VOLUME = "sidecar.kgroup.dev/audit-volume"
 OVERRIDES = (ANNOTATION_RESOURCES, ANNOTATION_LOG_LEVEL, ANNOTATION_PROBE_MODE,
-             ANNOTATION_LISTEN)
+             ANNOTATION_LISTEN, ANNOTATION_AUDIT_VOLUME)
 
 SOCKET_VOLUME = "kgroup-sidecar"
 TOKEN_VOLUME = "kgroup-sidecar-token"
@@ -65,6 +68,9 @@ TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PROBE_MODES = ("http", "exec")
 _LISTEN = re.compile(r"^(unix:///[^\s]+/[^/\s]+|127\.0\.0\.1:[0-9]{1,5})$")
+_VOLUME_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label
+AUDIT_DIR = "/var/run/kgroup-audit"
+"""Where the audit volume is mounted in the sidecar; its file is <pod name>.jsonl."""
 
 
 class InjectionRefused(ValueError):
@@ -92,6 +98,7 @@ class SidecarDefaults:
     api_host: str = ""
     api_port: int = 443
     service_account: str = "kgroup-worker"
+    audit_volume: str = ""
 
 
 def _need(values: Mapping[str, Any], key: str) -> Any:
@@ -124,6 +131,7 @@ def defaults_from_values(values: Mapping[str, Any]) -> SidecarDefaults:
         api_host=str(api.get("host") or ""),
         api_port=int(api.get("port") or 443),
         service_account=str(_need(values, "serviceAccountName")),
+        audit_volume=str(side.get("auditVolume") or ""),
     )
     _check(d)
     return d
@@ -140,6 +148,9 @@ def _check(d: SidecarDefaults) -> None:
     if d.probe_mode == "exec" and not d.listen.startswith("unix://"):
         raise InjectionRefused("probe mode exec keeps its files in the socket's volume: "
                                "listen must be unix:///dir/file.sock")
+    if d.audit_volume and not _VOLUME_NAME.match(d.audit_volume):
+        raise InjectionRefused(f"audit volume {d.audit_volume!r}: expected a volume name "
+                               "(lower-case letters, digits and '-', at most 63)")
 
 
 def _resources(text: str) -> Obj:
@@ -172,6 +183,8 @@ def with_overrides(d: SidecarDefaults, annotations: Mapping[str, str]) -> Sideca
         out = replace(out, probe_mode=annotations[ANNOTATION_PROBE_MODE].lower())
     if ANNOTATION_LISTEN in annotations:
         out = replace(out, listen=annotations[ANNOTATION_LISTEN])
+    if ANNOTATION_AUDIT_VOLUME in annotations:
+        out = replace(out, audit_volume=annotations[ANNOTATION_AUDIT_VOLUME])
     try:
         _check(out)
     except InjectionRefused as exc:
@@ -218,6 +231,9 @@ def _env(d: SidecarDefaults, group: str) -> list[Obj]:
     if d.api_host:
         env += [{"name": "KUBERNETES_SERVICE_HOST", "value": d.api_host},
                 {"name": "KUBERNETES_SERVICE_PORT", "value": str(d.api_port)}]
+    if d.audit_volume:
+        env.append({"name": "KGROUP_AUDIT_FILE",
+                    "value": f"{AUDIT_DIR}/$(KGROUP_POD_NAME).jsonl"})
     return env
 
 
@@ -256,6 +272,8 @@ def sidecar_container(d: SidecarDefaults, group: str) -> Obj:
     c["resources"] = copy.deepcopy(dict(d.resources or {}))
     c["volumeMounts"] = [{"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
                          *_socket_mount(d)]
+    if d.audit_volume:
+        c["volumeMounts"].append({"name": d.audit_volume, "mountPath": AUDIT_DIR})
     return c
 
 
@@ -355,6 +373,10 @@ def inject(pod: Mapping[str, Any], defaults: SidecarDefaults) -> Obj | None:
         raise InjectionRefused(f"the pod has a volume named {clash[0]!r} but no "
                                f"{C.SIDECAR_CONTAINER} container: remove it, or write the "
                                "whole sidecar by hand (then nothing is injected)")
+    if d.audit_volume and d.audit_volume not in taken:
+        raise InjectionRefused(f"{ANNOTATION_AUDIT_VOLUME} (or sidecar.auditVolume) names "
+                               f"the volume {d.audit_volume!r}, which the pod does not have: "
+                               "add it to the pod's volumes")
     spec["containers"] = [_app_container(c, d) for c in spec.get("containers") or []]
     side = sidecar_container(d, group)
     if d.native:
