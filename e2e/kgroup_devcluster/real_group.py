@@ -38,7 +38,9 @@ def _ready(pod: Any) -> bool:
 @dataclass
 class RealGroup:
     """One namespace: the chart's release, a ConsumerGroup and its workers: the example's
-    Deployment, or its StatefulSet (`kind="StatefulSet"`)."""
+    Deployment, or its StatefulSet (`kind="StatefulSet"`). With `release_namespace`, the
+    release (operator, injector) lives there instead, as in a cluster where kgroup has
+    its own namespace."""
 
     cluster: Cluster
     api: client.ApiClient
@@ -47,6 +49,7 @@ class RealGroup:
     redis_url: str
     audit: Path | None = None
     kind: str = "Deployment"
+    release_namespace: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("Deployment", "StatefulSet"):
@@ -58,13 +61,19 @@ class RealGroup:
 
     # -- installing ---------------------------------------------------------------------
     def install(self) -> None:
-        """Create the namespace if needed and `helm install` the chart for it."""
-        if not self.core.list_namespace(
-                field_selector=f"metadata.name={self.namespace}").items:
-            self.core.create_namespace(
-                client.V1Namespace(metadata=client.V1ObjectMeta(name=self.namespace)))
-        stack.helm_install(self.cluster, release=self.release, namespace=self.namespace,
+        """Create the namespaces if needed and `helm install` the chart for them."""
+        for ns in {self.namespace, self.operator_namespace}:
+            if not self.core.list_namespace(field_selector=f"metadata.name={ns}").items:
+                self.core.create_namespace(
+                    client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        stack.helm_install(self.cluster, release=self.release,
+                           namespace=self.operator_namespace, workers=self.namespace,
                            real_node=True)
+
+    @property
+    def operator_namespace(self) -> str:
+        """Where the release (operator, injector) is: its own namespace, or the workers'."""
+        return self.release_namespace or self.namespace
 
     @property
     def workload(self) -> str:
@@ -91,18 +100,21 @@ class RealGroup:
         stack.apply(self.cluster, docs)
 
     def uninstall(self) -> None:
-        self.cluster.helm("uninstall", self.release, "--namespace", self.namespace,
+        self.cluster.helm("uninstall", self.release, "--namespace", self.operator_namespace,
                           check=False)
 
     # -- reading --------------------------------------------------------------------------
-    def pods(self, selector: str = f"app={APP}") -> list[Any]:
-        """The live (not deleting) pods of `selector`, by name."""
-        listing: Any = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+    def pods(self, selector: str = f"app={APP}", *, namespace: str = "") -> list[Any]:
+        """The live (not deleting) pods of `selector` (in the workers' namespace unless
+        told), by name."""
+        listing: Any = self.core.list_namespaced_pod(namespace or self.namespace,
+                                                     label_selector=selector)
         return sorted((p for p in listing.items if p.metadata.deletion_timestamp is None),
                       key=lambda p: p.metadata.name)
 
     def operator_ready(self, *, other_than: tuple[str, ...] = ()) -> list[Any]:
-        return [p for p in self.pods(OPERATOR) if p.metadata.name not in other_than
+        return [p for p in self.pods(OPERATOR, namespace=self.operator_namespace)
+                if p.metadata.name not in other_than
                 and p.spec.node_name == node.NODE_NAME and _ready(p)]
 
     def settled(self, members: int) -> Obj | None:
@@ -171,8 +183,12 @@ class RealGroup:
         return result
 
     def delete_namespace(self, *, timeout: float = 180.0) -> None:
-        self.core.delete_namespace(self.namespace)
+        """Delete the workers' namespace (and the release's, when it has its own) and wait
+        until their pods are gone."""
+        spaces = sorted({self.namespace, self.operator_namespace})
+        for ns in spaces:
+            self.core.delete_namespace(ns)
         deadline = time.monotonic() + timeout
-        while self.core.list_namespaced_pod(self.namespace).items \
+        while any(self.core.list_namespaced_pod(ns).items for ns in spaces) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)

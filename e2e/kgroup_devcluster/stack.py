@@ -33,9 +33,10 @@ RUNNER_ENV = ["KGROUP_METRICS_HOST=127.0.0.1", "KGROUP_METRICS_PORT=0", "KGROUP_
 
 def helm_install(cluster: Cluster, *, release: str, namespace: str,
                  real_node: bool = False, chart: Path = CHART,
-                 values: Path = REAL_NODE_VALUES, settings: Sequence[str] = ()) -> None:
-    """Install (or upgrade) the chart with its operator watching `namespace` and the worker
-    RBAC there.
+                 values: Path = REAL_NODE_VALUES, settings: Sequence[str] = (),
+                 workers: str = "") -> None:
+    """Install (or upgrade) the chart in `namespace` with its operator watching `workers`
+    (default: `namespace`) and the worker RBAC there.
 
     `real_node`: the operator runs in a real container on the real node, from the image
     `make images` loaded, with e2e/values-real-node.yaml (hostNetwork, the API server on
@@ -53,13 +54,14 @@ def helm_install(cluster: Cluster, *, release: str, namespace: str,
         # two replicas would want the same health and metrics ports
         where = ["--set", "operator.image.repository=kgroup-operator",
                  "--set", "operator.image.tag=dev", "--set", "operator.replicas=1"]
+    watched = workers or namespace
     out = cluster.helm(
         "upgrade", "--install", release, str(chart), "--namespace", namespace,
         "--take-ownership",
-        "--set", f"operator.watchNamespaces={{{namespace}}}",
+        "--set", f"operator.watchNamespaces={{{watched}}}",
         "--set", f"operator.leaderElection.leaseName={release}-leader",
-        "--set", f"workerRbac.namespaces={{{namespace}}}",
-        "--set", f"admissionPolicy.namespaces={{{namespace}}}",
+        "--set", f"workerRbac.namespaces={{{watched}}}",
+        "--set", f"admissionPolicy.namespaces={{{watched}}}",
         *where, *settings, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"helm install failed: {out.stderr.strip()}")

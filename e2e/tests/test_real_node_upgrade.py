@@ -4,23 +4,26 @@ The previous release is commit 34ed52a (kgroup_devcluster.previous.PREVIOUS: the
 commit of main before the work that numbered releases, from 2026-11-27 20:14 on; it writes
 0.1.0's Lease format and has no injector). It is installed as its users installed it: its
 own chart and e2e values, its images built from its own docker/ files (tagged `:34ed52a`),
-and its example's worker Deployment, the sidecar written out. Then, as CHANGELOG.md's
-Upgrade says, while the producer keeps writing:
+in a namespace of its own (the operator's, as `kgroup-system` would be), and its
+example's worker Deployment, the sidecar written out, in the workers' namespace. Then, as
+CHANGELOG.md's Upgrade says, while the producer keeps writing:
 
-1. `helm upgrade` to this tree's chart: CRD, operator and admission policies together. The
-   previous release's sidecars keep their locks and renew under the new operator and
-   policies: no partition moves, none is fenced.
+1. `helm upgrade` to this tree's chart with the sidecar injector on (its webhook at
+   https://127.0.0.1:<port>/inject, scoped to the workers' namespace by a label): CRD,
+   operator, injector and admission policies together. The previous release's sidecars
+   keep their locks and renew under the new operator and policies: no partition moves,
+   none is fenced.
 2. The workers scaled down by one, then up again, still of the previous release: the
    removed worker's partitions go to the other old sidecars, and the added one takes its
    share. Old sidecars must still acquire under the new operator and policies (else a
    released partition waits for a new pod: a window where no pod may acquire).
-3. The workers roll to this release's sidecar: the Deployment applied as this release's
-   example writes it (the sidecar this chart's named templates render), the app's image
-   unchanged (the app is the user's; the previous release's light worker here). One
-   rollout, `maxSurge: 1, maxUnavailable: 0`; old and new sidecars share the group while
-   it runs. With the injector on, the same rollout comes from the label alone
-   (docs/adopting.md); the sidecars are written out here because the audit this test
-   reads is a setting the injector does not take.
+3. The workers roll to this release's sidecar through the label alone: the Deployment
+   applied as examples/worker-deployment-injected.yaml writes it (the app and
+   `kgroup.dev/group: orders`; docs/adopting.md "With Helm"), the app's image unchanged
+   (the app is the user's; the previous release's light worker here). The injector adds
+   this release's sidecar to each new pod; the test's only addition is its instrument,
+   the audit volume (`sidecar.kgroup.dev/audit-volume`). One rollout, `maxSurge: 1,
+   maxUnavailable: 0`; old and new sidecars share the group while it runs.
 
 Checked from the sidecars' audit and the verifier: nothing lost or duplicated, no overlap
 of owners, no sidecar fenced, moves ÷ partitions ≤ 1 for the rollout, no partition
@@ -47,7 +50,8 @@ from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.images import ensure_on_node, project_version
 from kgroup_devcluster.pytest_plugin import CRD_DIR, wait_for
 from kgroup_devcluster.real_group import APP, RealGroup
-from kgroup_devcluster.real_node import EXAMPLE, example_group, example_workers
+from kgroup_devcluster.real_node import example_group, example_workers
+from kgroup_devcluster.runner import free_port
 from kgroup_devcluster.stack import apply, helm_install
 from kgroup_pipeline.redis_server import RedisServer
 from kgroup_testing.sidecar_harness import Interval, handoff_figures, ownership_intervals
@@ -61,35 +65,89 @@ VERSION = project_version()  # this tree's: its images' tag
 PREVIOUS = previous.commit()  # 34ed52a unless $KGROUP_PREVIOUS names another commit
 OLD_TAG = previous.tag(PREVIOUS)  # its images' tag
 LIGHT_WORKER = ["python3", "-m", "kgroup_pipeline.light_worker", "--drain-timeout", str(DRAIN)]
+INJECTED_EXAMPLE = REPO / "examples" / "worker-deployment-injected.yaml"
+AUDIT_VOLUME = "kgroup-audit"
+MARK = "kgroup.dev/e2e-upgrade"  # the workers' namespace: the only one the injector sees
 
 
 @dataclass
 class Upgrade:
     workers: Workers
     old: Path  # the previous release's tree
+    mark: str  # the value of MARK on the workers' namespace
 
     @property
     def group(self) -> RealGroup:
         g: RealGroup = self.workers.group
         return g
 
-    def workload_docs(self, example: Path, *, sidecar_tag: str) -> list[dict[str, Any]]:
-        """The worker ConfigMap and Deployment of `example`, on the real node, with the
-        previous release's app image and the sidecar image of `sidecar_tag`."""
+    def old_docs(self) -> list[dict[str, Any]]:
+        """The previous release's worker ConfigMap and Deployment (its example, the sidecar
+        written out), on the real node, with its images and the audit."""
         g = self.group
         docs = example_workers(api_port=g.cluster.ports["apiserver"], redis_url=g.redis_url,
                                stream=STREAM, replicas=REPLICAS, command=LIGHT_WORKER,
-                               small_requests=True, audit_dir=g.audit, path=example)
+                               small_requests=True, audit_dir=g.audit,
+                               path=self.old / "examples" / "worker-deployment.yaml")
         for d in docs:
             d["metadata"]["namespace"] = g.namespace
             if d["kind"] != "Deployment":
                 continue
             pod = d["spec"]["template"]["spec"]
             for c in pod.get("initContainers", []) + pod["containers"]:
-                repository = c["image"].rpartition(":")[0]
-                tag = sidecar_tag if c["name"] == "kgroup-sidecar" else OLD_TAG
-                c["image"] = f"{repository}:{tag}"
+                c["image"] = f"{c['image'].rpartition(':')[0]}:{OLD_TAG}"
         return docs
+
+    def injected_docs(self) -> list[dict[str, Any]]:
+        """This release's injected example (the app and the label), on the real node, with
+        the previous release's app image and the audit volume: what the injector turns
+        into this release's sidecar."""
+        g = self.group
+        assert g.audit is not None
+        docs = example_workers(api_port=g.cluster.ports["apiserver"], redis_url=g.redis_url,
+                               stream=STREAM, replicas=REPLICAS, command=LIGHT_WORKER,
+                               small_requests=True, path=INJECTED_EXAMPLE)
+        for d in docs:
+            d["metadata"]["namespace"] = g.namespace
+            if d["kind"] != "Deployment":
+                continue
+            template = d["spec"]["template"]
+            assert not any(c["name"] == "kgroup-sidecar" for c in template["spec"]["containers"])
+            template["metadata"].setdefault("annotations", {})[
+                "sidecar.kgroup.dev/audit-volume"] = AUDIT_VOLUME
+            template["spec"]["volumes"].append({"name": AUDIT_VOLUME, "hostPath": {
+                "path": str(g.audit), "type": "Directory"}})
+            for c in template["spec"]["containers"]:
+                c["image"] = f"{c['image'].rpartition(':')[0]}:{OLD_TAG}"
+        return docs
+
+    def injector_settings(self) -> list[str]:
+        """helm arguments: the injector on, called at 127.0.0.1 (the operator's pod IP on
+        the real node) and sent only the workers' namespace."""
+        port = free_port()
+        return ["--set", "injector.enabled=true", "--set", f"injector.port={port}",
+                "--set", f"injector.url=https://127.0.0.1:{port}/inject",
+                "--set-string",
+                f"injector.namespaceSelector.matchLabels.{MARK.replace('.', chr(92) + '.')}"
+                f"={self.mark}"]
+
+    def injector_ready(self) -> bool:
+        """The injector's CA is in its webhook configuration and it injects: a dry-run pod
+        with the label comes back with the sidecar."""
+        g = self.group
+        hooks: Any = client.AdmissionregistrationV1Api(g.api).list_mutating_webhook_configuration(
+            label_selector=f"app.kubernetes.io/instance={g.release}")
+        if not any(w.client_config.ca_bundle for h in hooks.items for w in h.webhooks or []):
+            return False
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"probe-{secrets.token_hex(2)}",
+                                         labels={"kgroup.dev/group": "orders"}),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="app", image="app")]))
+        try:
+            out: Any = g.core.create_namespaced_pod(g.namespace, pod, dry_run="All")
+        except client.ApiException:
+            return False
+        return any(c.name == "kgroup-sidecar" for c in out.spec.init_containers or [])
 
 
 def _restore_crd(cluster: Cluster) -> None:
@@ -107,18 +165,22 @@ def upgrade(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterato
     previous.ensure_on_node(cluster.state_dir, PREVIOUS)
     old = previous.tree(PREVIOUS)
     namespace = f"upgrade-{secrets.token_hex(3)}"
+    mark = secrets.token_hex(4)
     with RedisServer() as server:
         g = RealGroup(cluster, kube, namespace, release=f"kgroup-{secrets.token_hex(2)}",
                       redis_url=f"redis://127.0.0.1:{server.port}/0",
-                      audit=REPO / ".state" / "e2e" / namespace / "audit")
+                      audit=REPO / ".state" / "e2e" / namespace / "audit",
+                      release_namespace=f"{namespace}-kgroup")
         w = Workers(g)
-        up = Upgrade(w, old)
+        up = Upgrade(w, old, mark)
         producer = threading.Thread(target=w.produce, daemon=True)
         try:
             g.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-                name=namespace)))
-            helm_install(cluster, release=g.release, namespace=namespace, real_node=True,
-                         chart=old / "charts" / "kgroup",
+                name=namespace, labels={MARK: mark})))
+            g.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+                name=g.operator_namespace)))
+            helm_install(cluster, release=g.release, namespace=g.operator_namespace,
+                         workers=namespace, real_node=True, chart=old / "charts" / "kgroup",
                          values=old / "e2e" / "values-real-node.yaml",
                          settings=["--set", f"operator.image.tag={OLD_TAG}"])
             assert g.audit is not None
@@ -127,8 +189,7 @@ def upgrade(cluster: Cluster, kube: client.ApiClient, crd: list[str]) -> Iterato
             group = example_group(redis_url=g.redis_url, stream=STREAM, partitions=PARTITIONS,
                                   path=old / "examples" / "consumergroup.yaml", **FAST)
             group["metadata"]["namespace"] = namespace
-            apply(cluster, [group, *up.workload_docs(
-                old / "examples" / "worker-deployment.yaml", sidecar_tag=OLD_TAG)])
+            apply(cluster, [group, *up.old_docs()])
             w.producing.set()
             producer.start()
             g.wait_settled(REPLICAS, timeout=TIMEOUT)
@@ -177,12 +238,14 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_moves_each_parti
     assert set(_images(g).values()) == {old_image}
     old_pods = set(_images(g))
 
-    # 1. the chart: CRD, operator and policies of this tree; the old sidecars go on
+    # 1. the chart: CRD, operator, injector and policies of this tree; the old sidecars go on
     started = time.monotonic()
-    helm_install(g.cluster, release=g.release, namespace=g.namespace, real_node=True)
+    helm_install(g.cluster, release=g.release, namespace=g.operator_namespace,
+                 workers=g.namespace, real_node=True, settings=upgrade.injector_settings())
     new_operator = f"ghcr.io/kgroup/kgroup-operator:{VERSION}"
     wait_for("this release's operator Ready", lambda: _operator_image(g) == {new_operator},
              timeout=TIMEOUT)
+    wait_for("the injector injecting", upgrade.injector_ready, timeout=TIMEOUT)
     g.wait_settled(REPLICAS, timeout=TIMEOUT)
     now = time.monotonic()
     chart = handoff_figures(ownership_intervals(w.audit(), now=now), PARTITIONS, started, now)
@@ -208,12 +271,14 @@ def test_an_upgrade_from_the_previous_release_loses_nothing_and_moves_each_parti
     assert set(down.values()) <= old_pods - {removed}, down
     assert up and set(up.values()) == {added}, up
 
-    # 3. the workers roll to this release's sidecar, the app's image unchanged
-    apply(g.cluster, upgrade.workload_docs(EXAMPLE, sidecar_tag=VERSION))
+    # 3. the workers roll to this release's sidecar through the label alone, the app's
+    # image unchanged
+    apply(g.cluster, upgrade.injected_docs())
     g.kubectl("rollout", "status", f"deployment/{APP}", "--timeout=300s", timeout=320)
     status = g.wait_settled(REPLICAS, timeout=TIMEOUT)
     t1 = time.monotonic()
     assert set(_images(g).values()) == {f"ghcr.io/kgroup/kgroup-sidecar:{VERSION}"}
+    assert all(p.metadata.annotations.get("sidecar.kgroup.dev/injected") for p in g.pods())
     assert not set(status["assignment"]) & old_pods
 
     audit = w.audit()
