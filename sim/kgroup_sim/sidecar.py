@@ -52,8 +52,9 @@ from kgroup.core.member.requests import (
     ReplaceLease,
     Request,
 )
+from kgroup.core.objects import Obj
 from kgroup_sim.kernel import TIMEOUT, Process
-from kgroup_sim.store import Obj, Store, WriteError, lease_key
+from kgroup_sim.store import Store, WriteError, lease_key
 
 if TYPE_CHECKING:
     from kgroup_sim.world import World

@@ -39,6 +39,7 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.layout_status import layout_from_status
 from kgroup.core.lineage import Lineage, LineageError
 from kgroup.core.member.reconcile import Lock, Member
+from kgroup.core.objects import Obj
 from kgroup.core.operator.assignors import Member as Assignee
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.load_balance import busiest_ratio, load_bound
@@ -54,7 +55,7 @@ from kgroup_sim.hand_edits import HAND_EDIT_KINDS
 from kgroup_sim.kernel import Kernel, Process
 from kgroup_sim.load import LoadFeed, ZipfLoad
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
-from kgroup_sim.store import Obj, Store, lease_key, streams_of
+from kgroup_sim.store import Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
 
 __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
