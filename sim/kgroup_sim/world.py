@@ -8,17 +8,8 @@ Rules of this module:
 * Faults are injected only during ``[0, fault_time)`` (a crash's return, if due later, is
   moved to ``fault_time``); after that the network is clean, so the group must converge
   within :meth:`World.bound` and then stay quiet (no epoch bump, no lock change).
-* Reshapes (``SimConfig.reshape``): ``spec.partitions`` is changed to each size in turn
-  at times drawn from the seed during the fault phase, whatever else happens then. The
-  simulated producer seals what a layout replaces as soon as the store holds the layout;
-  each sealed partition gets a backlog drawn from the seed (``SimConfig.seal_drain``,
-  empty with ``SimConfig.seal_empty``), which each owner reads from its take-up (a
-  crashed owner's successor reads it again) before it hands the partition back as
-  completed with the seal's position, through the sidecar's release as a real app does.
-  Checked: no successor acquired before its predecessors completed (``reshape-order``,
-  :mod:`kgroup_sim.checks`), and each reshape ends (the layout settled: one generation,
-  or the newest fully assignable) within :meth:`World.reshape_bound` of its change, or
-  of the end of the faults if it came during them (``reshape-end``).
+* Reshapes (``SimConfig.reshape``): the admin's spec changes, the producer's seals and
+  when each reshape ended are kept by :mod:`kgroup_sim.reshapes`.
 * Watches: one stream per resource type per observer, delivered in order with random
   delays (a real watch never reorders; separate streams may). Faults: an event lost
   (the observer catches up at its next re-list, as after a real watch's 410), a replay of
@@ -29,7 +20,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +27,6 @@ from typing import Any
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.layout_status import layout_from_status
-from kgroup.core.lineage import Lineage, LineageError
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.objects import Obj
 from kgroup.core.operator.assignors import Member as Assignee
@@ -54,6 +43,7 @@ from kgroup_sim.faults import FAULT_KINDS, Fault
 from kgroup_sim.hand_edits import HAND_EDIT_KINDS
 from kgroup_sim.kernel import Kernel, Process
 from kgroup_sim.load import LoadFeed, ZipfLoad
+from kgroup_sim.reshapes import Reshapes
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup_sim.store import Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
@@ -261,15 +251,7 @@ class World:
         # the impostor (a bare pod under a departed StatefulSet pod's name) and until when
         # (true time) the restart grace keeps the name for the StatefulSet's pod
         self.impostor: tuple[SimSidecar, float] | None = None
-        # reshapes: the layout last committed (its wire form, decoded), when each sealed
-        # partition was sealed and its backlog (own random stream: the draws do not shift
-        # the others), each spec change's time and when the layout settled after it
-        self._layout_seen: tuple[Any, Lineage | None] = (None, None)
-        self.sealed: dict[int, float] = {}
-        self.backlog: dict[int, float] = {}
-        self._drain_rng = random.Random(f"{seed}/seal-drain")
-        self.reshape_times: list[float] = []
-        self.reshape_ends: list[float | None] = []
+        self.reshapes = Reshapes(self)  # SimConfig.reshape's spec changes and seals
 
     # ---- services for the simulated processes ---------------------------------------
 
@@ -327,98 +309,6 @@ class World:
         if self.cfg.verbose:
             self.lines.append(f"{self.kernel.now:10.4f} {who}: {what}")
 
-    # ---- reshapes ----------------------------------------------------------------------
-
-    def _layout_committed(self, layout: Any) -> None:
-        """A status was committed: a layout of more than one generation teaches the
-        checker the lineage, and the producer seals what it replaced."""
-        if layout is None or layout == self._layout_seen[0]:
-            return
-        lineage: Lineage | None = None
-        if isinstance(layout, dict) and len(layout.get("generations") or ()) > 1:
-            try:
-                lineage = layout_from_status(layout, self.spec.partitions)
-            except LineageError:
-                lineage = None
-        self._layout_seen = (layout, lineage)
-        if lineage is None:
-            return
-        self.checker.layout_seen(lineage)
-        latest = set(lineage.latest.partitions)
-        for gen in lineage.generations[:-1]:
-            for p in gen.partitions:
-                if p not in latest and p not in self.sealed:
-                    self.sealed[p] = self.kernel.now
-                    self.backlog[p] = self._draw_backlog()
-                    self.trace("producer", f"sealed p{p} (backlog {self.backlog[p]:.3f}s)")
-
-    def _draw_backlog(self) -> float:
-        if self.cfg.seal_drain is None:
-            return float("inf")  # nobody reads to the seal
-        if self._drain_rng.random() < self.cfg.seal_empty:
-            return 0.0
-        return self._drain_rng.uniform(*self.cfg.seal_drain)
-
-    def reshape_to(self, partitions: int) -> None:
-        """An admin changes spec.partitions (kubectl patch): a reshape."""
-        self.count("reshape")
-        self.trace("fault", f"reshape: spec.partitions {self.spec.partitions} -> {partitions}")
-        group = self.store.get(GROUP_KEY)
-        self.spec = self.spec.model_copy(update={"partitions": partitions})
-        self.reshape_times.append(self.kernel.now)
-        self.reshape_ends.append(None)
-        if group is None:
-            return  # deleted: applied again with the new spec by whoever re-applies it
-        md = {**group["metadata"], "generation": group["metadata"]["generation"] + 1}
-        self.store.update(GROUP_KEY, {**group, "metadata": md, "spec": self.spec.to_wire()})
-
-    def settled(self) -> str | None:
-        """Why the stored layout has not settled (a reshape under way), or None: it has
-        the spec's size and one generation, or its newest one fully assignable."""
-        layout = self.status().get("layout")
-        try:
-            lineage = layout_from_status(layout, self.spec.partitions)
-        except LineageError as exc:
-            return f"status.layout does not decode: {exc}"
-        latest = lineage.latest.partitions
-        if len(latest) != self.spec.partitions:
-            return (f"newest generation {lineage.latest.number} has {len(latest)} "
-                    f"partitions, spec {self.spec.partitions}")
-        if len(lineage.generations) > 1 and not all(map(lineage.is_assignable, latest)):
-            waiting = [p for p in latest if not lineage.is_assignable(p)]
-            return (f"{len(waiting)} of generation {lineage.latest.number}'s partitions "
-                    f"wait for predecessors ({len(lineage.generations)} generations kept)")
-        return None
-
-    def reshape_bound(self) -> float:
-        """How long a reshape may take once faults stopped: the usual bound, plus per
-        reshape (a chain drains generation after generation) the longest backlog, a
-        stabilisation delay and two lease durations for the completion to be recorded
-        and the successors' Leases created, marked and taken."""
-        s = self.spec
-        drain = self.cfg.seal_drain[1] if self.cfg.seal_drain is not None else 0.0
-        step = (drain + s.stabilization_max_delay_seconds + 2 * s.lease.duration_seconds
-                + self.cfg.app_tick + 2.0)
-        return self.bound() + len(self.cfg.reshape) * step
-
-    def _check_reshapes(self) -> None:
-        """Every half second: record when the layout settled after each reshape, and fail
-        one that has not within its bound."""
-        now = self.kernel.now
-        if self.reshape_ends and None in self.reshape_ends:
-            why = self.settled()
-            if why is None:
-                self.reshape_ends = [now if e is None else e for e in self.reshape_ends]
-            else:
-                last = max(self.reshape_times[-1], self.cfg.fault_time)
-                if now > last + self.reshape_bound() and not any(
-                        v.kind == "reshape-end" for v in self.checker.violations):
-                    self.checker.fail("reshape-end", now, (
-                        f"reshape to {self.spec.partitions} partitions at "
-                        f"{self.reshape_times[-1]:.3f} not ended {self.reshape_bound():.1f}s "
-                        f"after {last:.3f}: {why}"))
-        self.kernel.after(0.5, self._check_reshapes)
-
     # ---- the store's commits: checks and watch fan-out -------------------------------
 
     def _committed(self, key: str, old: Obj | None, new: Obj | None) -> None:
@@ -452,7 +342,7 @@ class World:
             if lock is not None:
                 self.checker.completion_seen(lock.partition, self.kernel.now)
         if "group" in streams and new is not None:
-            self._layout_committed((new.get("status") or {}).get("layout"))
+            self.reshapes.layout_committed((new.get("status") or {}).get("layout"))
             epoch = (new.get("status") or {}).get("epoch")
             if old is None or epoch != (old.get("status") or {}).get("epoch"):
                 self.epochs.append((self.kernel.now, epoch,
@@ -746,7 +636,7 @@ class World:
                                              self.spec.partitions).assignable())
         if sorted(owner) != expected:
             return f"target covers {len(owner)} of {len(expected)} partitions"
-        if self.cfg.reshape and (why := self.settled()) is not None:
+        if self.cfg.reshape and (why := self.reshapes.settled()) is not None:
             return f"reshape not ended: {why}"
         for p in expected:
             lock = self.lock(p)
@@ -792,12 +682,7 @@ class World:
         for fault in cfg.script:
             self.kernel.at(fault.at, self.inject, fault)
         if cfg.reshape:
-            lo, hi = cfg.reshape_window
-            draws = random.Random(f"{self.seed}/reshape")
-            times = sorted(draws.uniform(lo, hi) * cfg.fault_time for _ in cfg.reshape)
-            for at, size in zip(times, cfg.reshape, strict=True):
-                self.kernel.at(at, self.reshape_to, size)
-            self.kernel.after(0.5, self._check_reshapes)
+            self.reshapes.schedule()
         if cfg.kinds and cfg.fault_rate > 0:
             self.kernel.after(self.rng.expovariate(cfg.fault_rate), faults.random_fault, self)
         checker = self.checker
@@ -859,8 +744,7 @@ class World:
             window_moves=window_moves,
             busiest=busiest,
             load_bound=bound,
-            reshapes=[(t, None if e is None else e - t)
-                      for t, e in zip(self.reshape_times, self.reshape_ends, strict=True)],
+            reshapes=self.reshapes.durations(),
             completed=len(checker.completed_at),
             successor_acquisitions=checker.successor_acquisitions,
         )
@@ -872,7 +756,7 @@ class World:
         cfg, checker = self.cfg, self.checker
         stable_since: float | None = None  # converged, and unchanged since
         fingerprint: tuple[Any, ...] = ()
-        bound = self.reshape_bound() if cfg.reshape else self.bound()
+        bound = self.reshapes.bound() if cfg.reshape else self.bound()
         deadline = start + bound + slack
         t = start
         while not checker.violations:
