@@ -10,6 +10,9 @@ Rules of this module:
   within :meth:`World.bound` and then stay quiet (no epoch bump, no lock change).
 * Reshapes (``SimConfig.reshape``): the admin's spec changes, the producer's seals and
   when each reshape ended are kept by :mod:`kgroup_sim.reshapes`.
+* A load (``SimConfig.load``, ``SimConfig.oscillation``): the convergence phase starts at
+  its last shift if that comes after the faults, and the window in which rebalances must
+  have stopped follows it (:mod:`kgroup_sim.oscillation`).
 * Watches: one stream per resource type per observer, delivered in order with random
   delays (a real watch never reorders; separate streams may). Faults: an event lost
   (the observer catches up at its next re-list, as after a real watch's 410), a replay of
@@ -29,15 +32,13 @@ from kgroup.core import lease_codec as codec
 from kgroup.core.layout_status import layout_from_status
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.objects import Obj
-from kgroup.core.operator.assignors import Member as Assignee
 from kgroup.core.operator.decide import ExpiryRule
-from kgroup.core.operator.load_balance import busiest_ratio, load_bound
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import BalanceSettings, ConsumerGroupSpec
-from kgroup_sim import faults
-from kgroup_sim.checks import Checker, OscillationCheck, Violation, target_moves
+from kgroup_sim import faults, oscillation
+from kgroup_sim.checks import Checker, OscillationCheck, Violation
 from kgroup_sim.control import GROUP_KEY, SimOperator
 from kgroup_sim.faults import FAULT_KINDS, Fault
 from kgroup_sim.hand_edits import HAND_EDIT_KINDS
@@ -520,7 +521,7 @@ class World:
 
     # ---- checks ----------------------------------------------------------------------
 
-    def _after_event(self) -> None:
+    def after_event(self) -> None:
         """Re-read the view of every sidecar that ran code in this event."""
         now = self.kernel.now
         self.checker.step = self.kernel.events
@@ -686,44 +687,13 @@ class World:
         if cfg.kinds and cfg.fault_rate > 0:
             self.kernel.after(self.rng.expovariate(cfg.fault_rate), faults.random_fault, self)
         checker = self.checker
-        self.kernel.run_until(cfg.fault_time, self._after_event)
-        # the load's last change, when after the faults, starts the convergence phase
-        start = cfg.fault_time
-        shift = self.load_feed.shift_at if self.load_feed is not None else None
-        if shift is not None and shift > start and not checker.violations:
-            self.kernel.run_until(shift, self._after_event)
-            start = shift
+        self.kernel.run_until(cfg.fault_time, self.after_event)
+        start = oscillation.convergence_start(self)  # the faults' end, or the load's shift
         osc = cfg.oscillation
         # load rebalances may follow one another after a shift (a refresh each, the
         # dwell time between moves of a partition): the settle time is theirs too
-        stable_since = self._converge(start, osc.settle if osc is not None else 0.0)
-        window_moves = None
-        if osc is not None and not checker.violations:
-            opens = start + osc.settle
-            closes = opens + osc.window
-            if self.kernel.now < closes:
-                self.kernel.run_until(closes, self._after_event)
-            window_moves, changes = target_moves(self.epochs, opens, closes)
-            if not checker.violations and osc.exceeded(window_moves, changes):
-                checker.fail("oscillation", closes, (
-                    f"{window_moves} partitions moved by {changes} rebalances in "
-                    f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
-                    f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
-                    f"{osc.settle:g} s after "
-                    f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
-            if not checker.violations:
-                self._converge(max(closes, self.kernel.now))  # still live at the end
-        moves, rebalances = target_moves(self.epochs, start)
-        last = max((t for t, _, _ in self.epochs if t > start), default=None)
-        busiest = bound = None
-        if self.load_feed is not None and self.epochs:
-            rates = list(self.load_feed.rates_at(self.kernel.now))
-            final = {m: [p for p in parse_ranges(r) if p < len(rates)]
-                     for m, r in self.epochs[-1][2].items()}
-            members = [Assignee(m) for m in sorted(final)]
-            if members:
-                busiest = busiest_ratio(final, rates, members)
-                bound = load_bound(rates, members)
+        stable_since = self.converge(start, osc.settle if osc is not None else 0.0)
+        load = oscillation.load_figures(self, start, oscillation.check_window(self, start))
         converged_at = stable_since
         return Result(
             seed=self.seed,
@@ -738,18 +708,18 @@ class World:
             sink_accepted=checker.sink_accepted,
             sink_refused=checker.sink_refused,
             trace=self.lines,
-            moves=moves,
-            rebalances=rebalances,
-            last_move_after=None if last is None else last - start,
-            window_moves=window_moves,
-            busiest=busiest,
-            load_bound=bound,
+            moves=load.moves,
+            rebalances=load.rebalances,
+            last_move_after=load.last_move_after,
+            window_moves=load.window_moves,
+            busiest=load.busiest,
+            load_bound=load.load_bound,
             reshapes=self.reshapes.durations(),
             completed=len(checker.completed_at),
             successor_acquisitions=checker.successor_acquisitions,
         )
 
-    def _converge(self, start: float, slack: float = 0.0) -> float | None:
+    def converge(self, start: float, slack: float = 0.0) -> float | None:
         """From ``start`` (no faults any more), run until the group is converged and quiet
         for ``quiet_time``, or a violation (liveness: not so within :meth:`bound` plus
         ``slack``); returns since when it was converged and unchanged, or None."""
@@ -761,7 +731,7 @@ class World:
         t = start
         while not checker.violations:
             t += 0.5
-            self.kernel.run_until(t, self._after_event)
+            self.kernel.run_until(t, self.after_event)
             if checker.violations:
                 break
             why = self.not_converged()
