@@ -170,7 +170,7 @@ class SimSidecar:
         tick = self.logic.tick()
         for chain in tick.chains:
             self._drive(chain, None)
-        self.world.set_scope(self, tick.scope)
+        self.world.watches.set_scope(self, tick.scope)
         self.app_observe()
         if tick.exit is not None:
             self.world.sidecar_exited(self)

@@ -13,12 +13,8 @@ Rules of this module:
 * A load (``SimConfig.load``, ``SimConfig.oscillation``): the convergence phase starts at
   its last shift if that comes after the faults, and the window in which rebalances must
   have stopped follows it (:mod:`kgroup_sim.oscillation`).
-* Watches: one stream per resource type per observer, delivered in order with random
-  delays (a real watch never reorders; separate streams may). Faults: an event lost
-  (the observer catches up at its next re-list, as after a real watch's 410), a replay of
-  the last few events (a watch resumed from an older resourceVersion: duplicates, and old
-  versions after newer ones), a stream broken while its process is cut off (re-listed
-  when the network heals).
+* Watches: each observer's streams of the store's changes, with their faults and
+  re-lists, are kept by :mod:`kgroup_sim.watches`.
 """
 
 from __future__ import annotations
@@ -48,6 +44,7 @@ from kgroup_sim.reshapes import Reshapes
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
 from kgroup_sim.store import Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
+from kgroup_sim.watches import Event, Watches
 
 __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
@@ -189,33 +186,6 @@ def draw_spec(rng: Any, cfg: SimConfig) -> ConsumerGroupSpec:
     })
 
 
-Event = tuple[str, Obj]  # (event type, object)
-
-
-@dataclass
-class _Watch:
-    proc: Process
-    target: Any  # SimSidecar | SimOperator: on_event / on_list
-    streams: tuple[str, ...]
-    last: dict[str, float] = field(default_factory=dict)
-    recent: dict[str, list[Event]] = field(default_factory=dict)
-    broken: set[str] = field(default_factory=set)
-    # A sidecar's partition watch sees the partition Leases of its scope only (the
-    # scope its logic decides; None: all of them). The operator's is not scoped.
-    scoped: bool = False
-    scope: frozenset[int] | None = frozenset()
-
-    def sees(self, stream: str, obj: Obj) -> bool:
-        if not self.scoped or stream != "partition" or self.scope is None:
-            return True
-        lock = codec.parse_partition_lease(obj).value
-        return lock is not None and lock.partition in self.scope
-
-
-def _resource_of(stream: str) -> str:
-    return {"group": "consumergroups", "pod": "pods"}.get(stream, "leases")
-
-
 class World:
     def __init__(self, seed: int, cfg: SimConfig) -> None:
         self.seed = seed
@@ -231,7 +201,7 @@ class World:
         self.checker = Checker()
         self.store = Store(self._committed, expiry_admission=cfg.expiry_admission,
                            holder_admission=cfg.holder_admission)
-        self.watches: list[_Watch] = []
+        self.watches = Watches(self)
         self.sidecars: dict[str, SimSidecar] = {}
         self.incarnations = 0
         self.ids = 0
@@ -242,7 +212,6 @@ class World:
         # incarnation -> (partition, token) -> when the app check first saw it held
         self._held_first: dict[int, dict[tuple[int, int], float]] = {}
         self._by_proc: dict[int, SimSidecar] = {}
-        self._scoped_watch: dict[int, _Watch] = {}
         self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
@@ -270,7 +239,7 @@ class World:
     def loop_latency(self) -> float:
         return self.rng.uniform(0.0005, 0.005)
 
-    def _latency(self) -> float:
+    def message_latency(self) -> float:
         if self.faulty and self.rng.random() < self.cfg.slow:
             self.count("slow-message")
             return self.rng.uniform(0.2, 1.5)
@@ -287,7 +256,7 @@ class World:
         """A request to the store; ``timeout`` None: the operator's (0.4 x the lease)."""
         if timeout is None:
             timeout = max(0.5, 0.4 * self.spec.lease.duration_seconds)
-        proc.rpc(request, done, latency=self._latency, timeout=timeout, drop=self._drop)
+        proc.rpc(request, done, latency=self.message_latency, timeout=timeout, drop=self._drop)
 
     def write_latency(self) -> float:
         return self.rng.uniform(0.01, 0.3)
@@ -310,7 +279,7 @@ class World:
         if self.cfg.verbose:
             self.lines.append(f"{self.kernel.now:10.4f} {who}: {what}")
 
-    # ---- the store's commits: checks and watch fan-out -------------------------------
+    # ---- the store's commits: checks, then the watches -------------------------------
 
     def _committed(self, key: str, old: Obj | None, new: Obj | None) -> None:
         self.checker.step = self.kernel.events
@@ -352,72 +321,7 @@ class World:
             self.trace("store", f"{key} = {new}")
         event: Event = ("ADDED" if old is None else "DELETED" if new is None else "MODIFIED",
                         obj)
-        for w in self.watches:
-            stream = next((s for s in streams if s in w.streams), None)
-            if stream is None or not w.proc.alive:
-                continue
-            if w.proc.cut:
-                w.broken.add(stream)
-                continue
-            if self.faulty and self.rng.random() < self.cfg.event_loss:
-                self.count("lost-event")
-                continue
-            self._send(w, stream, [event])
-            recent = w.recent.setdefault(stream, [])
-            recent.append(event)
-            del recent[:-4]
-            if self.faulty and self.rng.random() < self.cfg.event_replay:
-                self.count("replayed-events")
-                self._send(w, stream, recent[-self.rng.randint(1, len(recent)):])
-
-    def _send(self, w: _Watch, stream: str, events: list[Event]) -> None:
-        for event_type, obj in events:
-            if not w.sees(stream, obj):
-                continue
-            t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
-            w.last[stream] = t
-            self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, event_type, obj)
-
-    def _relist(self, w: _Watch, stream: str) -> None:
-        if not w.proc.alive:
-            return
-        items = [o for k, o in self.store.list(_resource_of(stream))
-                 if stream in streams_of(k, o) and w.sees(stream, o)]
-        t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
-        w.last[stream] = t
-        scope = w.scope if w.scoped and stream == "partition" else None
-        self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items, scope)
-
-    def set_scope(self, sc: SimSidecar, scope: frozenset[int] | None) -> None:
-        """The sidecar's partition watch follows its logic's scope: a new one re-lists."""
-        w = self._scoped_watch.get(id(sc))
-        if w is None or scope == w.scope:
-            return
-        w.scope = scope
-        self.count("scope-change")
-        if w.proc.cut:
-            w.broken.add("partition")  # re-listed when the cut heals, as any broken stream
-        else:
-            self._relist(w, "partition")
-
-    def _periodic_relist(self, w: _Watch) -> None:
-        if not w.proc.alive:
-            return
-        if not w.proc.cut:
-            for stream in w.streams:
-                w.broken.discard(stream)
-                self._relist(w, stream)
-        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
-
-    def watch(self, proc: Process, target: Any, streams: tuple[str, ...], *,
-              scoped: bool = False) -> None:
-        w = _Watch(proc, target, streams, scoped=scoped)
-        self.watches.append(w)
-        if scoped:
-            self._scoped_watch[id(target)] = w
-        for stream in streams:
-            self._relist(w, stream)
-        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
+        self.watches.fan_out(streams, event)
 
     # ---- processes -------------------------------------------------------------------
 
@@ -430,7 +334,7 @@ class World:
             return  # one active operator (leader election): a second restart's start
         self.operator_proc = proc = self._process("operator")
         self.operator = SimOperator(self, proc)
-        self.watch(proc, self.operator, ("group", "lease", "pod"))
+        self.watches.watch(proc, self.operator, ("group", "lease", "pod"))
 
     def start_member(self, name: str | None = None, revision: str | None = None
                      ) -> SimSidecar:
@@ -448,7 +352,7 @@ class World:
         pod = self.store.get(f"pods/{name}")
         assert pod is not None
         sc.uid = sc.member.uid = pod["metadata"]["uid"]  # the downward API's KGROUP_POD_UID
-        self.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
+        self.watches.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         if self.cfg.app_timeout > 0:
             self._app_faults(sc)
