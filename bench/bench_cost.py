@@ -53,16 +53,15 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_sidecars import RealSidecars
 from stage import CLK_TCK, Stage, cpu_seconds, machine, wait_until
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.swarm import Swarm, SwarmProcs
 
-Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
 WRITE_VERBS = ("create", "update", "patch", "post", "put")
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")

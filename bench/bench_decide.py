@@ -17,14 +17,13 @@ import cProfile
 import pstats
 import time
 from datetime import UTC, datetime
-from typing import Any
 
+from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import Memory, Observation, decide, written
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
-Obj = dict[str, Any]
 
 
 def member_lease(member: str, rv: int) -> Obj:

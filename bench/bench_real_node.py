@@ -62,6 +62,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import machine, pct
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster import consumption, stack
 from kgroup_devcluster.cluster import Cluster, ensure_up
 from kgroup_devcluster.demo import WORKER as PYSPARK_WORKER
@@ -80,7 +81,6 @@ from kgroup_testing.sidecar_harness import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-Obj = dict[str, Any]
 STREAM = "orders"
 WORKERS = 4
 RATE = 400  # events/s in all, while every measurement runs

@@ -38,18 +38,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import Stage, apiserver_requests, machine, pct, wait_until
 
 from kgroup.client import Partition, SidecarClient
+from kgroup.core.objects import Obj
 from kgroup.core.operator.assignors import Member, lower_bound_moves
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.swarm import Swarm
 from kgroup_testing.sidecar_harness import SidecarProcess, read_audit, safety_violations
-
-Obj = dict[str, Any]
 
 
 class Members(Protocol):

@@ -34,9 +34,9 @@ from bench_cost import free_port, operator_metric, own_cpu_seconds, rss_mb
 from stage import Stage, machine
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup_devcluster.tokens import api_client_from_kubeconfig
 
-Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
 QUIET_FOR = 20.0
 """After ``--settle``, the window starts once the group is Degraded (settled: every

@@ -34,7 +34,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import (
@@ -46,9 +45,9 @@ from stage import (
     wait_until,
 )
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster.swarm import Swarm, SwarmProcs
 
-Obj = dict[str, Any]
 WRITE_VERBS = ("PUT", "POST", "DELETE", "PATCH")
 
 

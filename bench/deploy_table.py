@@ -13,12 +13,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stage import pct
 
-Obj = dict[str, Any]
+from kgroup.core.objects import Obj
 
 
 def fmt(xs: list[float], unit: str = "", digits: int = 2) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from stage import Stage
 
-Obj = dict[str, Any]
+from kgroup.core.objects import Obj
+
 APP_RELEASES_IN_FLIGHT = 32
 """The benchmark apps' releases in flight at once (all apps together)."""
 

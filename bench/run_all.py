@@ -31,11 +31,12 @@ import bench_rebalance
 import bench_scale
 from stage import cluster, machine, pct
 
+from kgroup.core.objects import Obj
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bench"
 RESULTS = OUT / "results.json"
 KAFKA_UNIFORM_MS = (15, 20)  # KIP-848, broker-side uniform assignor, 50,000 x 1,000 (Java)
-Obj = dict[str, Any]
 
 
 def rebalance(quick: bool) -> Obj:

@@ -26,10 +26,10 @@ from typing import Any
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import REPO, Cluster, ensure_up, running
 from kgroup_devcluster.tokens import admin_api_client
 
-Obj = dict[str, Any]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

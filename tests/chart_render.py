@@ -12,11 +12,11 @@ import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import build_tools
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,6 @@ CRD_FILE = "kgroup.dev_consumergroups.yaml"
 KUBE_VERSION = "1.35.4"
 
 
-Obj = dict[str, Any]
 
 
 @cache

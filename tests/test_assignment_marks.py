@@ -14,6 +14,7 @@ from test_simulation import SMALL, quiet
 
 from kgroup.core import lease_codec as codec
 from kgroup.core.member.reconcile import Acquire, Member, Snapshot, Target
+from kgroup.core.objects import Obj
 from kgroup.core.operator import decide as operator_logic
 from kgroup.core.operator.decide import Mark
 from kgroup_sim import control
@@ -21,7 +22,6 @@ from kgroup_sim.store import Store, WriteError, unassigned_acquisition
 from kgroup_sim.world import Fault, SimConfig
 from kgroup_sim.world import World as SimWorld
 
-Obj = dict[str, Any]
 GROUP = {"metadata": {"name": "g", "uid": "u"}}
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
 

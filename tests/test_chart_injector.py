@@ -4,8 +4,10 @@ e2e/tests/test_injector.py; the injected pod equal to the chart's: test_injectio
 
 from __future__ import annotations
 
-from chart_render import Obj, by_kind, one, render
+from chart_render import by_kind, one, render
 from test_chart_rbac import assert_no_wildcards, rule_table
+
+from kgroup.core.objects import Obj
 
 
 def operator_env(objs: list[Obj]) -> dict[str, Obj]:

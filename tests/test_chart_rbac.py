@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from chart_render import REPO, Obj, by_kind, one, render
+from chart_render import REPO, by_kind, one, render
+
+from kgroup.core.objects import Obj
 
 
 def rule_table(rules: list[Obj]) -> set[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:

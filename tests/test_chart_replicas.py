@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart_render import Obj, by_kind, one, render
+from chart_render import by_kind, one, render
 
+from kgroup.core.objects import Obj
 from kgroup_operator.certs import make_serving_cert
 
 SELECTOR = {"app.kubernetes.io/name": "kgroup", "app.kubernetes.io/instance": "kg",

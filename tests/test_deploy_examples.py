@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import yaml
 from chart_render import one, parent_chart, render
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster.real_node import (
     EXAMPLE,
     PDB_EXAMPLE,
@@ -17,8 +17,6 @@ from kgroup_devcluster.real_node import (
     example_pdb,
     example_workers,
 )
-
-Obj = dict[str, Any]
 
 
 def docs(path: Path) -> list[Obj]:

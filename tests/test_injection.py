@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kgroup.core.objects import Obj
 from kgroup.core.operator.injection import (
     ANNOTATION_INJECTED,
     InjectionRefused,
@@ -19,7 +20,6 @@ from kgroup.core.operator.injection import (
     needs_sidecar,
 )
 
-Obj = dict[str, Any]
 D = SidecarDefaults(image="ghcr.io/kgroup/kgroup-sidecar:0.1.0",
                     readiness={"periodSeconds": None, "timeoutSeconds": 3},
                     resources={"requests": {"cpu": "20m"}})

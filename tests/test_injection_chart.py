@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_render import CHART, Obj, one, render
+from chart_render import CHART, one, render
 
+from kgroup.core.objects import Obj
 from kgroup.core.operator.injection import ANNOTATION_INJECTED, defaults_from_values, inject
 
 REFERENCE_POD = """\

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chart_render import REPO, Obj, one, render
+from chart_render import REPO, one, render
 
+from kgroup.core.objects import Obj
 from kgroup.core.operator.injection import ANNOTATION_INJECTED, defaults_from_values, inject
 
 SHORT = REPO / "examples" / "worker-deployment-injected.yaml"

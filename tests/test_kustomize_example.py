@@ -9,11 +9,11 @@ import copy
 import subprocess
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import build_tools
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,6 @@ INJECTED = REPO / "examples" / "worker-deployment-injected.yaml"
 GROUP = REPO / "examples" / "consumergroup.yaml"
 LABEL = "kgroup.dev/group"
 
-Obj = dict[str, Any]
 
 
 def kustomize(path: Path) -> list[Obj]:

@@ -6,8 +6,8 @@ real API server are checked in e2e/tests/test_operator.py."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
+from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import (
     CREATES_PER_PASS,
     Memory,
@@ -20,7 +20,6 @@ from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
-Obj = dict[str, Any]
 
 
 def body(status: Obj | None = None, *, rv: str = "10", window: int = 0,

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
-
-Obj = dict[str, Any]
 
 
 def lease(name: str, member: str, rv: int) -> Obj:

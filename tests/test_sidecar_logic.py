@@ -32,6 +32,7 @@ from kgroup.core.member.requests import (
     ReplaceLease,
     Request,
 )
+from kgroup.core.objects import Obj
 from kgroup_sim.variants import (
     AcquireTimeoutFails,
     FixedRequestTimeout,
@@ -42,7 +43,6 @@ from kgroup_sim.variants import (
 ME = "pod-a"
 TIMING = LeaseTiming(duration=15, renew_interval=5)
 TIMEOUT = request_timeout(TIMING)  # 2.33 s: every request of this timing carries it
-Obj = dict[str, Any]
 
 
 def group(epoch: int | None = 1, mine: str = "0-1") -> Obj:

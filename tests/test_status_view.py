@@ -10,10 +10,9 @@ import yaml
 
 from kgroup.core.layout_status import layout_to_status
 from kgroup.core.lineage import Uniform, initial
+from kgroup.core.objects import Obj
 from kgroup.core.operator.status_view import build_view, render_table
 from kgroup.status_cli import render
-
-Obj = dict[str, Any]
 
 
 def group(**status: Any) -> Obj:

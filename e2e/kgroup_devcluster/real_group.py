@@ -20,12 +20,12 @@ from typing import Any
 from kubernetes import client
 
 from kgroup.constants import LABEL_GROUP, LABEL_PARTITION, LABEL_ROLE
+from kgroup.core.objects import Obj
 
 from . import node, stack
 from .cluster import Cluster
 from .real_node import EXAMPLE, STATEFULSET_EXAMPLE, example_group, example_workers
 
-Obj = dict[str, Any]
 APP = "orders-worker"  # the example's names
 GROUP = "orders"
 OPERATOR = "app.kubernetes.io/component=operator"

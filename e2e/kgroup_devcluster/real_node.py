@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from kgroup.core.objects import Obj
 from kgroup_sidecar.probe_files import (
     ALIVE,
     LIVENESS_PERIOD_SECONDS,
@@ -30,7 +31,6 @@ from kgroup_sidecar.probe_files import (
 
 from .cluster import REPO
 
-Obj = dict[str, Any]
 EXAMPLE = REPO / "examples" / "worker-deployment.yaml"
 STATEFULSET_EXAMPLE = REPO / "examples" / "worker-statefulset.yaml"
 PDB_EXAMPLE = REPO / "examples" / "worker-pdb.yaml"

@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 
 from kgroup.core.lease_codec import parse_partition_lease
 from kgroup.core.member.journal import Event, Revoking
+from kgroup.core.objects import Obj
 from kgroup_sidecar.apiclient import ApiClient, load_config
 from kgroup_sidecar.kube import KubeAdapter, Scope
 from kgroup_sidecar.metrics import Metrics
@@ -74,7 +75,6 @@ from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 T = TypeVar("T")
 EXECUTOR_THREADS = 32
 SHARED_CONNECTIONS = 32

@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup.core.operator.lease_cache import Cache
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.cluster import Cluster
@@ -32,7 +33,6 @@ from kgroup_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.cluster
 GROUP = "drv"
-Obj = dict[str, Any]
 
 
 class Recording(Kube):

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup.core.operator.wakeup import BUSY_READ_PAUSE, QUIET_AFTER, QUIET_READ_PAUSE
 from kgroup_devcluster.cluster import Cluster
 from kgroup_operator.controller import GroupController
@@ -26,7 +27,6 @@ from kgroup_operator.lease_watch import Http, LeaseWatch
 from kgroup_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.cluster
-Obj = dict[str, Any]
 
 
 def member_lease(group: str, member: str, session: str = "s1") -> Obj:

@@ -14,12 +14,13 @@ import os
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from kubernetes import client
 
 from kgroup.core.lease_codec import slim
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.tokens import request_token
 from kgroup_sidecar.apiclient import (
@@ -35,7 +36,6 @@ from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
 pytestmark = pytest.mark.cluster
-Obj = dict[str, Any]
 T = TypeVar("T")
 GROUP = "cli"
 REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"

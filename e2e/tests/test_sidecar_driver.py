@@ -21,6 +21,7 @@ from kubernetes import client
 from kgroup.core.lease_codec import is_member, is_partition
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member.pacing import request_timeout
+from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import Cluster
 from kgroup_sidecar.kube import KubeAdapter
 from kgroup_sidecar.runtime import Sidecar
@@ -31,7 +32,6 @@ pytestmark = pytest.mark.cluster
 GROUP = "drv"
 POD = "pod-a"
 T = request_timeout(LeaseTiming(duration=15, renew_interval=5))
-Obj = dict[str, Any]
 
 
 class Recording(KubeAdapter):

@@ -42,15 +42,14 @@ from kgroup.constants import (
     partition_lease_name,
 )
 from kgroup.core.locks import Lock
+from kgroup.core.objects import Obj
 from kgroup.core.tokens import resource_version_number
 
-Obj = dict[str, Any]
 DEFAULT_DURATION = 15
 """A member Lease without ``leaseDurationSeconds`` is read with this duration."""
 
 __all__ = [
     "MemberLease",
-    "Obj",
     "PackedLeases",
     "Parsed",
     "acquired_partition_lease",

@@ -44,11 +44,11 @@ import orjson
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 from kgroup.core.operator import watch_stream as ws
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 WATCH_SECONDS = 300
 """The server ends each watch after this long (then it is resumed from its version)."""
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5)

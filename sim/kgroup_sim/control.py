@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
+from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
     IDLE_RECHECK,
@@ -52,7 +53,7 @@ from kgroup.core.operator.planner import PodObservation
 from kgroup.core.operator.reshape import Layouts
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer
 from kgroup_sim.kernel import Process
-from kgroup_sim.store import Obj, WriteError, lease_key
+from kgroup_sim.store import WriteError, lease_key
 
 if TYPE_CHECKING:
     from kgroup_sim.world import World

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
+from kgroup.core.objects import Obj
 from kgroup_sim.control import GROUP_KEY
 from kgroup_sim.sidecar import GROUP
-from kgroup_sim.store import Obj, lease_key
+from kgroup_sim.store import lease_key
 
 if TYPE_CHECKING:
     from kgroup_sim.faults import Fault

@@ -16,12 +16,12 @@ With the app's part on (``SimConfig.app_timeout`` > 0) the app is a follower as
 ``kgroup.follower`` is: it starts after a delay (a slow start-up, as a Spark session's),
 keeps a long-poll open, is served every view it reads and calls again at once (takes it
 up), and reports each partition's health at every tick into the sidecar's health book.
-A sealed partition (a reshape replaced it: ``World.sealed``) is drained: from the time
-the app first sees it active and sealed, it reads the partition's backlog
-(``World.backlog``, simulated seconds; an empty one at once), then hands it back as
-completed with the seal's position, the release a real app makes with ``"completed":
-true`` (``check_release`` then ``SidecarLogic.app_release``, as the sidecar's HTTP API
-does).
+A sealed partition (a reshape replaced it: ``Reshapes.sealed``, :mod:`kgroup_sim.reshapes`)
+is drained: from the time the app first sees it active and sealed, it reads the
+partition's backlog (``Reshapes.backlog``, simulated seconds; an empty one at once), then
+hands it back as completed with the seal's position, the release a real app makes with
+``"completed": true`` (``check_release`` then ``SidecarLogic.app_release``, as the
+sidecar's HTTP API does).
 
 Faults of the app: it falls **silent** for a while (no call, no poll: hung), or goes
 **blind** (it keeps polling but believes it lost its partitions, as the old ``listen``
@@ -52,8 +52,9 @@ from kgroup.core.member.requests import (
     ReplaceLease,
     Request,
 )
+from kgroup.core.objects import Obj
 from kgroup_sim.kernel import TIMEOUT, Process
-from kgroup_sim.store import Obj, Store, WriteError, lease_key
+from kgroup_sim.store import Store, WriteError, lease_key
 
 if TYPE_CHECKING:
     from kgroup_sim.world import World
@@ -169,7 +170,7 @@ class SimSidecar:
         tick = self.logic.tick()
         for chain in tick.chains:
             self._drive(chain, None)
-        self.world.set_scope(self, tick.scope)
+        self.world.watches.set_scope(self, tick.scope)
         self.app_observe()
         if tick.exit is not None:
             self.world.sidecar_exited(self)
@@ -272,7 +273,7 @@ class SimSidecar:
 
     def _drain_sealed(self) -> None:
         """Start reading each active sealed partition of the view to its seal."""
-        sealed = self.world.sealed
+        sealed = self.world.reshapes.sealed
         if not sealed:
             return
         for pv in self.member.view(self.proc.clock()).partitions:
@@ -280,7 +281,7 @@ class SimSidecar:
             if pv.state != "active" or pv.partition not in sealed or key in self.draining:
                 continue
             self.draining.add(key)
-            backlog = self.world.backlog[pv.partition]
+            backlog = self.world.reshapes.backlog[pv.partition]
             if backlog == float("inf"):
                 continue  # no seal marker ever reached (SimConfig.seal_drain None)
             self.world.trace(self.pod, f"app drains p{pv.partition} token {pv.token} "

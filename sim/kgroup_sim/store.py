@@ -26,13 +26,12 @@ store-level checks. Stored dicts are never mutated: a write stores a new dict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kgroup.core.lease_codec import is_member, is_partition, parse_partition_lease
+from kgroup.core.objects import Obj
 
-__all__ = ["Obj", "Store", "WriteError", "lease_key", "streams_of"]
+__all__ = ["Store", "WriteError", "lease_key", "streams_of"]
 
-Obj = dict[str, Any]
 
 
 def lease_key(name: str) -> str:

@@ -32,12 +32,12 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 
 from kgroup.core import lease_codec as codec
-from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming, LockState
 from kgroup.core.member.app_presence import AppState
 from kgroup.core.member.converge import SidecarLogic
 from kgroup.core.member.reconcile import Acquire, Action, Lock, Member, Release, Snapshot
 from kgroup.core.member.requests import Scope
+from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import ExpiryRule
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.planner import PodObservation

@@ -8,28 +8,17 @@ Rules of this module:
 * Faults are injected only during ``[0, fault_time)`` (a crash's return, if due later, is
   moved to ``fault_time``); after that the network is clean, so the group must converge
   within :meth:`World.bound` and then stay quiet (no epoch bump, no lock change).
-* Reshapes (``SimConfig.reshape``): ``spec.partitions`` is changed to each size in turn
-  at times drawn from the seed during the fault phase, whatever else happens then. The
-  simulated producer seals what a layout replaces as soon as the store holds the layout;
-  each sealed partition gets a backlog drawn from the seed (``SimConfig.seal_drain``,
-  empty with ``SimConfig.seal_empty``), which each owner reads from its take-up (a
-  crashed owner's successor reads it again) before it hands the partition back as
-  completed with the seal's position, through the sidecar's release as a real app does.
-  Checked: no successor acquired before its predecessors completed (``reshape-order``,
-  :mod:`kgroup_sim.checks`), and each reshape ends (the layout settled: one generation,
-  or the newest fully assignable) within :meth:`World.reshape_bound` of its change, or
-  of the end of the faults if it came during them (``reshape-end``).
-* Watches: one stream per resource type per observer, delivered in order with random
-  delays (a real watch never reorders; separate streams may). Faults: an event lost
-  (the observer catches up at its next re-list, as after a real watch's 410), a replay of
-  the last few events (a watch resumed from an older resourceVersion: duplicates, and old
-  versions after newer ones), a stream broken while its process is cut off (re-listed
-  when the network heals).
+* Reshapes (``SimConfig.reshape``): the admin's spec changes, the producer's seals and
+  when each reshape ended are kept by :mod:`kgroup_sim.reshapes`.
+* A load (``SimConfig.load``, ``SimConfig.oscillation``): the convergence phase starts at
+  its last shift if that comes after the faults, and the window in which rebalances must
+  have stopped follows it (:mod:`kgroup_sim.oscillation`).
+* Watches: each observer's streams of the store's changes, with their faults and
+  re-lists, are kept by :mod:`kgroup_sim.watches`.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,25 +26,25 @@ from typing import Any
 from kgroup.constants import API_GROUP, API_VERSION, KIND, member_lease_name, partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.layout_status import layout_from_status
-from kgroup.core.lineage import Lineage, LineageError
 from kgroup.core.member.reconcile import Lock, Member
-from kgroup.core.operator.assignors import Member as Assignee
+from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import ExpiryRule
-from kgroup.core.operator.load_balance import busiest_ratio, load_bound
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import BalanceSettings, ConsumerGroupSpec
-from kgroup_sim import faults
-from kgroup_sim.checks import Checker, OscillationCheck, Violation, target_moves
+from kgroup_sim import faults, oscillation
+from kgroup_sim.checks import Checker, OscillationCheck, Violation
 from kgroup_sim.control import GROUP_KEY, SimOperator
 from kgroup_sim.faults import FAULT_KINDS, Fault
 from kgroup_sim.hand_edits import HAND_EDIT_KINDS
 from kgroup_sim.kernel import Kernel, Process
 from kgroup_sim.load import LoadFeed, ZipfLoad
+from kgroup_sim.reshapes import Reshapes
 from kgroup_sim.sidecar import GROUP, NAMESPACE, MemberFactory, SimSidecar
-from kgroup_sim.store import Obj, Store, lease_key, streams_of
+from kgroup_sim.store import Store, lease_key, streams_of
 from kgroup_sim.variants import REGRESSIONS, logic_with
+from kgroup_sim.watches import Event, Watches
 
 __all__ = ["FAULT_KINDS", "HAND_EDIT_KINDS", "REGRESSIONS", "Fault", "Result", "SimConfig", "World",
            "run_seed"]
@@ -197,33 +186,6 @@ def draw_spec(rng: Any, cfg: SimConfig) -> ConsumerGroupSpec:
     })
 
 
-Event = tuple[str, Obj]  # (event type, object)
-
-
-@dataclass
-class _Watch:
-    proc: Process
-    target: Any  # SimSidecar | SimOperator: on_event / on_list
-    streams: tuple[str, ...]
-    last: dict[str, float] = field(default_factory=dict)
-    recent: dict[str, list[Event]] = field(default_factory=dict)
-    broken: set[str] = field(default_factory=set)
-    # A sidecar's partition watch sees the partition Leases of its scope only (the
-    # scope its logic decides; None: all of them). The operator's is not scoped.
-    scoped: bool = False
-    scope: frozenset[int] | None = frozenset()
-
-    def sees(self, stream: str, obj: Obj) -> bool:
-        if not self.scoped or stream != "partition" or self.scope is None:
-            return True
-        lock = codec.parse_partition_lease(obj).value
-        return lock is not None and lock.partition in self.scope
-
-
-def _resource_of(stream: str) -> str:
-    return {"group": "consumergroups", "pod": "pods"}.get(stream, "leases")
-
-
 class World:
     def __init__(self, seed: int, cfg: SimConfig) -> None:
         self.seed = seed
@@ -239,7 +201,7 @@ class World:
         self.checker = Checker()
         self.store = Store(self._committed, expiry_admission=cfg.expiry_admission,
                            holder_admission=cfg.holder_admission)
-        self.watches: list[_Watch] = []
+        self.watches = Watches(self)
         self.sidecars: dict[str, SimSidecar] = {}
         self.incarnations = 0
         self.ids = 0
@@ -250,7 +212,6 @@ class World:
         # incarnation -> (partition, token) -> when the app check first saw it held
         self._held_first: dict[int, dict[tuple[int, int], float]] = {}
         self._by_proc: dict[int, SimSidecar] = {}
-        self._scoped_watch: dict[int, _Watch] = {}
         self.epochs: list[tuple[float, Any, dict[str, str]]] = []  # (time, epoch, target)
         self.operator: SimOperator | None = None
         self.operator_proc: Process | None = None
@@ -260,15 +221,7 @@ class World:
         # the impostor (a bare pod under a departed StatefulSet pod's name) and until when
         # (true time) the restart grace keeps the name for the StatefulSet's pod
         self.impostor: tuple[SimSidecar, float] | None = None
-        # reshapes: the layout last committed (its wire form, decoded), when each sealed
-        # partition was sealed and its backlog (own random stream: the draws do not shift
-        # the others), each spec change's time and when the layout settled after it
-        self._layout_seen: tuple[Any, Lineage | None] = (None, None)
-        self.sealed: dict[int, float] = {}
-        self.backlog: dict[int, float] = {}
-        self._drain_rng = random.Random(f"{seed}/seal-drain")
-        self.reshape_times: list[float] = []
-        self.reshape_ends: list[float | None] = []
+        self.reshapes = Reshapes(self)  # SimConfig.reshape's spec changes and seals
 
     # ---- services for the simulated processes ---------------------------------------
 
@@ -286,7 +239,7 @@ class World:
     def loop_latency(self) -> float:
         return self.rng.uniform(0.0005, 0.005)
 
-    def _latency(self) -> float:
+    def message_latency(self) -> float:
         if self.faulty and self.rng.random() < self.cfg.slow:
             self.count("slow-message")
             return self.rng.uniform(0.2, 1.5)
@@ -303,7 +256,7 @@ class World:
         """A request to the store; ``timeout`` None: the operator's (0.4 x the lease)."""
         if timeout is None:
             timeout = max(0.5, 0.4 * self.spec.lease.duration_seconds)
-        proc.rpc(request, done, latency=self._latency, timeout=timeout, drop=self._drop)
+        proc.rpc(request, done, latency=self.message_latency, timeout=timeout, drop=self._drop)
 
     def write_latency(self) -> float:
         return self.rng.uniform(0.01, 0.3)
@@ -326,99 +279,7 @@ class World:
         if self.cfg.verbose:
             self.lines.append(f"{self.kernel.now:10.4f} {who}: {what}")
 
-    # ---- reshapes ----------------------------------------------------------------------
-
-    def _layout_committed(self, layout: Any) -> None:
-        """A status was committed: a layout of more than one generation teaches the
-        checker the lineage, and the producer seals what it replaced."""
-        if layout is None or layout == self._layout_seen[0]:
-            return
-        lineage: Lineage | None = None
-        if isinstance(layout, dict) and len(layout.get("generations") or ()) > 1:
-            try:
-                lineage = layout_from_status(layout, self.spec.partitions)
-            except LineageError:
-                lineage = None
-        self._layout_seen = (layout, lineage)
-        if lineage is None:
-            return
-        self.checker.layout_seen(lineage)
-        latest = set(lineage.latest.partitions)
-        for gen in lineage.generations[:-1]:
-            for p in gen.partitions:
-                if p not in latest and p not in self.sealed:
-                    self.sealed[p] = self.kernel.now
-                    self.backlog[p] = self._draw_backlog()
-                    self.trace("producer", f"sealed p{p} (backlog {self.backlog[p]:.3f}s)")
-
-    def _draw_backlog(self) -> float:
-        if self.cfg.seal_drain is None:
-            return float("inf")  # nobody reads to the seal
-        if self._drain_rng.random() < self.cfg.seal_empty:
-            return 0.0
-        return self._drain_rng.uniform(*self.cfg.seal_drain)
-
-    def reshape_to(self, partitions: int) -> None:
-        """An admin changes spec.partitions (kubectl patch): a reshape."""
-        self.count("reshape")
-        self.trace("fault", f"reshape: spec.partitions {self.spec.partitions} -> {partitions}")
-        group = self.store.get(GROUP_KEY)
-        self.spec = self.spec.model_copy(update={"partitions": partitions})
-        self.reshape_times.append(self.kernel.now)
-        self.reshape_ends.append(None)
-        if group is None:
-            return  # deleted: applied again with the new spec by whoever re-applies it
-        md = {**group["metadata"], "generation": group["metadata"]["generation"] + 1}
-        self.store.update(GROUP_KEY, {**group, "metadata": md, "spec": self.spec.to_wire()})
-
-    def settled(self) -> str | None:
-        """Why the stored layout has not settled (a reshape under way), or None: it has
-        the spec's size and one generation, or its newest one fully assignable."""
-        layout = self.status().get("layout")
-        try:
-            lineage = layout_from_status(layout, self.spec.partitions)
-        except LineageError as exc:
-            return f"status.layout does not decode: {exc}"
-        latest = lineage.latest.partitions
-        if len(latest) != self.spec.partitions:
-            return (f"newest generation {lineage.latest.number} has {len(latest)} "
-                    f"partitions, spec {self.spec.partitions}")
-        if len(lineage.generations) > 1 and not all(map(lineage.is_assignable, latest)):
-            waiting = [p for p in latest if not lineage.is_assignable(p)]
-            return (f"{len(waiting)} of generation {lineage.latest.number}'s partitions "
-                    f"wait for predecessors ({len(lineage.generations)} generations kept)")
-        return None
-
-    def reshape_bound(self) -> float:
-        """How long a reshape may take once faults stopped: the usual bound, plus per
-        reshape (a chain drains generation after generation) the longest backlog, a
-        stabilisation delay and two lease durations for the completion to be recorded
-        and the successors' Leases created, marked and taken."""
-        s = self.spec
-        drain = self.cfg.seal_drain[1] if self.cfg.seal_drain is not None else 0.0
-        step = (drain + s.stabilization_max_delay_seconds + 2 * s.lease.duration_seconds
-                + self.cfg.app_tick + 2.0)
-        return self.bound() + len(self.cfg.reshape) * step
-
-    def _check_reshapes(self) -> None:
-        """Every half second: record when the layout settled after each reshape, and fail
-        one that has not within its bound."""
-        now = self.kernel.now
-        if self.reshape_ends and None in self.reshape_ends:
-            why = self.settled()
-            if why is None:
-                self.reshape_ends = [now if e is None else e for e in self.reshape_ends]
-            else:
-                last = max(self.reshape_times[-1], self.cfg.fault_time)
-                if now > last + self.reshape_bound() and not any(
-                        v.kind == "reshape-end" for v in self.checker.violations):
-                    self.checker.fail("reshape-end", now, (
-                        f"reshape to {self.spec.partitions} partitions at "
-                        f"{self.reshape_times[-1]:.3f} not ended {self.reshape_bound():.1f}s "
-                        f"after {last:.3f}: {why}"))
-        self.kernel.after(0.5, self._check_reshapes)
-
-    # ---- the store's commits: checks and watch fan-out -------------------------------
+    # ---- the store's commits: checks, then the watches -------------------------------
 
     def _committed(self, key: str, old: Obj | None, new: Obj | None) -> None:
         self.checker.step = self.kernel.events
@@ -451,7 +312,7 @@ class World:
             if lock is not None:
                 self.checker.completion_seen(lock.partition, self.kernel.now)
         if "group" in streams and new is not None:
-            self._layout_committed((new.get("status") or {}).get("layout"))
+            self.reshapes.layout_committed((new.get("status") or {}).get("layout"))
             epoch = (new.get("status") or {}).get("epoch")
             if old is None or epoch != (old.get("status") or {}).get("epoch"):
                 self.epochs.append((self.kernel.now, epoch,
@@ -460,72 +321,7 @@ class World:
             self.trace("store", f"{key} = {new}")
         event: Event = ("ADDED" if old is None else "DELETED" if new is None else "MODIFIED",
                         obj)
-        for w in self.watches:
-            stream = next((s for s in streams if s in w.streams), None)
-            if stream is None or not w.proc.alive:
-                continue
-            if w.proc.cut:
-                w.broken.add(stream)
-                continue
-            if self.faulty and self.rng.random() < self.cfg.event_loss:
-                self.count("lost-event")
-                continue
-            self._send(w, stream, [event])
-            recent = w.recent.setdefault(stream, [])
-            recent.append(event)
-            del recent[:-4]
-            if self.faulty and self.rng.random() < self.cfg.event_replay:
-                self.count("replayed-events")
-                self._send(w, stream, recent[-self.rng.randint(1, len(recent)):])
-
-    def _send(self, w: _Watch, stream: str, events: list[Event]) -> None:
-        for event_type, obj in events:
-            if not w.sees(stream, obj):
-                continue
-            t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
-            w.last[stream] = t
-            self.kernel.at(t, w.proc.deliver, w.target.on_event, stream, event_type, obj)
-
-    def _relist(self, w: _Watch, stream: str) -> None:
-        if not w.proc.alive:
-            return
-        items = [o for k, o in self.store.list(_resource_of(stream))
-                 if stream in streams_of(k, o) and w.sees(stream, o)]
-        t = max(w.last.get(stream, 0.0), self.kernel.now + self._latency())
-        w.last[stream] = t
-        scope = w.scope if w.scoped and stream == "partition" else None
-        self.kernel.at(t, w.proc.deliver, w.target.on_list, stream, items, scope)
-
-    def set_scope(self, sc: SimSidecar, scope: frozenset[int] | None) -> None:
-        """The sidecar's partition watch follows its logic's scope: a new one re-lists."""
-        w = self._scoped_watch.get(id(sc))
-        if w is None or scope == w.scope:
-            return
-        w.scope = scope
-        self.count("scope-change")
-        if w.proc.cut:
-            w.broken.add("partition")  # re-listed when the cut heals, as any broken stream
-        else:
-            self._relist(w, "partition")
-
-    def _periodic_relist(self, w: _Watch) -> None:
-        if not w.proc.alive:
-            return
-        if not w.proc.cut:
-            for stream in w.streams:
-                w.broken.discard(stream)
-                self._relist(w, stream)
-        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
-
-    def watch(self, proc: Process, target: Any, streams: tuple[str, ...], *,
-              scoped: bool = False) -> None:
-        w = _Watch(proc, target, streams, scoped=scoped)
-        self.watches.append(w)
-        if scoped:
-            self._scoped_watch[id(target)] = w
-        for stream in streams:
-            self._relist(w, stream)
-        self.kernel.after(self.rng.uniform(*self.cfg.relist), self._periodic_relist, w)
+        self.watches.fan_out(streams, event)
 
     # ---- processes -------------------------------------------------------------------
 
@@ -538,7 +334,7 @@ class World:
             return  # one active operator (leader election): a second restart's start
         self.operator_proc = proc = self._process("operator")
         self.operator = SimOperator(self, proc)
-        self.watch(proc, self.operator, ("group", "lease", "pod"))
+        self.watches.watch(proc, self.operator, ("group", "lease", "pod"))
 
     def start_member(self, name: str | None = None, revision: str | None = None
                      ) -> SimSidecar:
@@ -556,7 +352,7 @@ class World:
         pod = self.store.get(f"pods/{name}")
         assert pod is not None
         sc.uid = sc.member.uid = pod["metadata"]["uid"]  # the downward API's KGROUP_POD_UID
-        self.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
+        self.watches.watch(proc, sc, ("group", "partition"), scoped=self.cfg.scoped_watch)
         proc.schedule(self.rng.uniform(0, self.cfg.app_tick), sc.app_tick)
         if self.cfg.app_timeout > 0:
             self._app_faults(sc)
@@ -629,7 +425,7 @@ class World:
 
     # ---- checks ----------------------------------------------------------------------
 
-    def _after_event(self) -> None:
+    def after_event(self) -> None:
         """Re-read the view of every sidecar that ran code in this event."""
         now = self.kernel.now
         self.checker.step = self.kernel.events
@@ -745,7 +541,7 @@ class World:
                                              self.spec.partitions).assignable())
         if sorted(owner) != expected:
             return f"target covers {len(owner)} of {len(expected)} partitions"
-        if self.cfg.reshape and (why := self.settled()) is not None:
+        if self.cfg.reshape and (why := self.reshapes.settled()) is not None:
             return f"reshape not ended: {why}"
         for p in expected:
             lock = self.lock(p)
@@ -791,53 +587,17 @@ class World:
         for fault in cfg.script:
             self.kernel.at(fault.at, self.inject, fault)
         if cfg.reshape:
-            lo, hi = cfg.reshape_window
-            draws = random.Random(f"{self.seed}/reshape")
-            times = sorted(draws.uniform(lo, hi) * cfg.fault_time for _ in cfg.reshape)
-            for at, size in zip(times, cfg.reshape, strict=True):
-                self.kernel.at(at, self.reshape_to, size)
-            self.kernel.after(0.5, self._check_reshapes)
+            self.reshapes.schedule()
         if cfg.kinds and cfg.fault_rate > 0:
             self.kernel.after(self.rng.expovariate(cfg.fault_rate), faults.random_fault, self)
         checker = self.checker
-        self.kernel.run_until(cfg.fault_time, self._after_event)
-        # the load's last change, when after the faults, starts the convergence phase
-        start = cfg.fault_time
-        shift = self.load_feed.shift_at if self.load_feed is not None else None
-        if shift is not None and shift > start and not checker.violations:
-            self.kernel.run_until(shift, self._after_event)
-            start = shift
+        self.kernel.run_until(cfg.fault_time, self.after_event)
+        start = oscillation.convergence_start(self)  # the faults' end, or the load's shift
         osc = cfg.oscillation
         # load rebalances may follow one another after a shift (a refresh each, the
         # dwell time between moves of a partition): the settle time is theirs too
-        stable_since = self._converge(start, osc.settle if osc is not None else 0.0)
-        window_moves = None
-        if osc is not None and not checker.violations:
-            opens = start + osc.settle
-            closes = opens + osc.window
-            if self.kernel.now < closes:
-                self.kernel.run_until(closes, self._after_event)
-            window_moves, changes = target_moves(self.epochs, opens, closes)
-            if not checker.violations and osc.exceeded(window_moves, changes):
-                checker.fail("oscillation", closes, (
-                    f"{window_moves} partitions moved by {changes} rebalances in "
-                    f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
-                    f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
-                    f"{osc.settle:g} s after "
-                    f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
-            if not checker.violations:
-                self._converge(max(closes, self.kernel.now))  # still live at the end
-        moves, rebalances = target_moves(self.epochs, start)
-        last = max((t for t, _, _ in self.epochs if t > start), default=None)
-        busiest = bound = None
-        if self.load_feed is not None and self.epochs:
-            rates = list(self.load_feed.rates_at(self.kernel.now))
-            final = {m: [p for p in parse_ranges(r) if p < len(rates)]
-                     for m, r in self.epochs[-1][2].items()}
-            members = [Assignee(m) for m in sorted(final)]
-            if members:
-                busiest = busiest_ratio(final, rates, members)
-                bound = load_bound(rates, members)
+        stable_since = self.converge(start, osc.settle if osc is not None else 0.0)
+        load = oscillation.load_figures(self, start, oscillation.check_window(self, start))
         converged_at = stable_since
         return Result(
             seed=self.seed,
@@ -852,31 +612,30 @@ class World:
             sink_accepted=checker.sink_accepted,
             sink_refused=checker.sink_refused,
             trace=self.lines,
-            moves=moves,
-            rebalances=rebalances,
-            last_move_after=None if last is None else last - start,
-            window_moves=window_moves,
-            busiest=busiest,
-            load_bound=bound,
-            reshapes=[(t, None if e is None else e - t)
-                      for t, e in zip(self.reshape_times, self.reshape_ends, strict=True)],
+            moves=load.moves,
+            rebalances=load.rebalances,
+            last_move_after=load.last_move_after,
+            window_moves=load.window_moves,
+            busiest=load.busiest,
+            load_bound=load.load_bound,
+            reshapes=self.reshapes.durations(),
             completed=len(checker.completed_at),
             successor_acquisitions=checker.successor_acquisitions,
         )
 
-    def _converge(self, start: float, slack: float = 0.0) -> float | None:
+    def converge(self, start: float, slack: float = 0.0) -> float | None:
         """From ``start`` (no faults any more), run until the group is converged and quiet
         for ``quiet_time``, or a violation (liveness: not so within :meth:`bound` plus
         ``slack``); returns since when it was converged and unchanged, or None."""
         cfg, checker = self.cfg, self.checker
         stable_since: float | None = None  # converged, and unchanged since
         fingerprint: tuple[Any, ...] = ()
-        bound = self.reshape_bound() if cfg.reshape else self.bound()
+        bound = self.reshapes.bound() if cfg.reshape else self.bound()
         deadline = start + bound + slack
         t = start
         while not checker.violations:
             t += 0.5
-            self.kernel.run_until(t, self._after_event)
+            self.kernel.run_until(t, self.after_event)
             if checker.violations:
                 break
             why = self.not_converged()

@@ -39,9 +39,8 @@ from kgroup.constants import (
     partition_lease_name,
 )
 from kgroup.core.lease_codec import expiry_patch
+from kgroup.core.objects import Obj
 from kgroup.core.ranges import format_ranges
-
-Obj = dict[str, Any]
 
 
 def free_port() -> int:

@@ -44,7 +44,6 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from kgroup.constants import (
     API_GROUP,
@@ -58,13 +57,13 @@ from kgroup.constants import (
 )
 from kgroup.core.backoff import Backoff
 from kgroup.core.lease_codec import slim
+from kgroup.core.objects import Obj
 from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 Scope = frozenset[int] | None
 """The partitions a list or watch covers; None: every partition Lease of the group."""
 ListHandler = Callable[[str, list[Obj], Scope], None]

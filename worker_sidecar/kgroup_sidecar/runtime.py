@@ -38,6 +38,7 @@ from kgroup.core.member.requests import (
     ReplaceLease,
     Request,
 )
+from kgroup.core.objects import Obj
 from kgroup_sidecar.audit import AuditLog
 from kgroup_sidecar.events import EventPoster
 from kgroup_sidecar.health import SidecarHealth
@@ -47,7 +48,6 @@ from kgroup_sidecar.probe_files import ProbeFiles
 from kgroup_sidecar.settings import Settings
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 
 class Sidecar:

@@ -38,7 +38,6 @@ from typing import Any
 from kgroup.constants import member_lease_name, partition_lease_name
 from kgroup.core import health, load
 from kgroup.core import lease_codec as codec
-from kgroup.core.lease_codec import Obj
 from kgroup.core.locks import LeaseTiming
 from kgroup.core.member import journal as events
 from kgroup.core.member.app_presence import AppPresence, AppState
@@ -86,6 +85,7 @@ from kgroup.core.member.requests import (
     found,
 )
 from kgroup.core.member.watch_scope import next_watch_scope
+from kgroup.core.objects import Obj
 from kgroup.core.ranges import MAX_PARTITIONS, max_ranges_chars, parse_ranges
 
 __all__ = ["CONFLICT_RETRY_SECONDS", "MIN_WAIT", "REREAD_RETRY_SECONDS", "SidecarLogic"]

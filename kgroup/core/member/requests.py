@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from kgroup.core.lease_codec import Obj
+from kgroup.core.objects import Obj
 
 __all__ = [
     "UNKNOWN",

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
-from kgroup.core.lease_codec import Obj
+from kgroup.core.objects import Obj
 from kgroup.core.operator.autoscale import Autoscaler, Saved, ScaleChange, ScaleSettings
 from kgroup.core.operator.failure_detector import Expiry, ExpiryRule, expiries_to_mark
 from kgroup.core.operator.lease_cache import GroupLeases

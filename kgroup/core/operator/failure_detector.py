@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kgroup.constants import member_lease_name, partition_lease_name
-from kgroup.core.lease_codec import Obj
+from kgroup.core.objects import Obj
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.lock_requests import (
     Chain,

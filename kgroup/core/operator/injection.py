@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kgroup import constants as C
+from kgroup.core.objects import Obj
 
 __all__ = [
     "ANNOTATION_INJECTED",
@@ -50,7 +51,6 @@ __all__ = [
     "needs_sidecar",
 ]
 
-Obj = dict[str, Any]
 
 ANNOTATION_INJECTED = "sidecar.kgroup.dev/injected"
 """Set on an injected pod: the sidecar image the injector put in."""

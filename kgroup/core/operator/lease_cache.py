@@ -25,8 +25,9 @@ from typing import Any
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
-from kgroup.core.lease_codec import MemberLease, Obj
+from kgroup.core.lease_codec import MemberLease
 from kgroup.core.locks import Lock, SessionTracker
+from kgroup.core.objects import Obj
 from kgroup.core.operator.injection import has_sidecar
 from kgroup.core.operator.planner import LockObservation, PodObservation
 from kgroup.core.operator.status import MemberLeaseObservation

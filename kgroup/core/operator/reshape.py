@@ -44,7 +44,7 @@ from typing import Any
 
 from kgroup.constants import partition_lease_name
 from kgroup.core.layout_status import layout_from_status, layout_to_status
-from kgroup.core.lease_codec import Obj, completed_token
+from kgroup.core.lease_codec import completed_token
 from kgroup.core.lineage import (
     Change,
     Lineage,
@@ -55,6 +55,7 @@ from kgroup.core.lineage import (
     Uniform,
     initial,
 )
+from kgroup.core.objects import Obj
 from kgroup.core.operator.planner import Decision
 from kgroup.core.ranges import format_ranges
 from kgroup.crd_models import ConsumerGroupSpec, ReshapeChange, ReshapePolicy

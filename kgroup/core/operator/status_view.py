@@ -30,16 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.health import HealthSummary, parse_summary
 from kgroup.core.layout_status import layout_from_status
 from kgroup.core.lineage import Lineage, LineageError, initial
+from kgroup.core.objects import Obj
 from kgroup.core.ranges import clip_ranges, format_ranges
-
-Obj = dict[str, Any]
 
 __all__ = ["GroupView", "MemberRow", "PartitionRow", "build_view", "render_table"]
 

@@ -1,0 +1,99 @@
+"""The load's part of a simulated run's verdict (``SimConfig.load``,
+``SimConfig.oscillation``): where the convergence phase starts (the load's last shift, when
+it comes after the faults), the window in which load rebalances must have stopped, and the
+figures a :class:`~kgroup_sim.world.Result` reports of the target's moves and of the final
+balance.
+
+Bookkeeping only: the plans are the shipped planner's (``spec.balance.mode: load``, run by
+:mod:`kgroup_sim.control`); the window's rule is :class:`kgroup_sim.checks.OscillationCheck`
+and its count :func:`kgroup_sim.checks.target_moves`; the balance figures are the shipped
+:func:`~kgroup.core.operator.load_balance.busiest_ratio` and
+:func:`~kgroup.core.operator.load_balance.load_bound`, on the true (noise-free) rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kgroup.core.operator.assignors import Member as Assignee
+from kgroup.core.operator.load_balance import busiest_ratio, load_bound
+from kgroup.core.ranges import parse_ranges
+from kgroup_sim.checks import target_moves
+
+if TYPE_CHECKING:
+    from kgroup_sim.world import World
+
+__all__ = ["LoadFigures", "check_window", "convergence_start", "load_figures"]
+
+
+@dataclass(frozen=True)
+class LoadFigures:
+    """The target's changes after the convergence phase started: partitions moved,
+    targets that moved any, and when the last came (simulated s after the start); the
+    partitions moved in the oscillation window (None: not checked); the final target's
+    busiest member over the mean and the best any assignment could do (None: no load)."""
+
+    moves: int
+    rebalances: int
+    last_move_after: float | None
+    window_moves: int | None
+    busiest: float | None
+    load_bound: float | None
+
+
+def convergence_start(world: World) -> float:
+    """The faults are over: run on to the load's last shift when it comes later, and
+    return when the convergence phase starts (the shift, or the end of the faults)."""
+    start = world.cfg.fault_time
+    feed = world.load_feed
+    shift = feed.shift_at if feed is not None else None
+    if shift is not None and shift > start and not world.checker.violations:
+        world.kernel.run_until(shift, world.after_event)
+        start = shift
+    return start
+
+
+def check_window(world: World, start: float) -> int | None:
+    """With ``SimConfig.oscillation``, once converged from ``start``: run through the
+    window (``settle`` seconds after ``start``, ``window`` long), fail ``oscillation``
+    when the target moved more than it allows, then converge again (still live at the
+    end). Returns the partitions moved in the window; None: not checked."""
+    cfg, checker, osc = world.cfg, world.checker, world.cfg.oscillation
+    if osc is None or checker.violations:
+        return None
+    opens = start + osc.settle
+    closes = opens + osc.window
+    if world.kernel.now < closes:
+        world.kernel.run_until(closes, world.after_event)
+    window_moves, changes = target_moves(world.epochs, opens, closes)
+    if not checker.violations and osc.exceeded(window_moves, changes):
+        checker.fail("oscillation", closes, (
+            f"{window_moves} partitions moved by {changes} rebalances in "
+            f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
+            f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
+            f"{osc.settle:g} s after "
+            f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
+    if not checker.violations:
+        world.converge(max(closes, world.kernel.now))
+    return window_moves
+
+
+def load_figures(world: World, start: float, window_moves: int | None) -> LoadFigures:
+    """The figures of the run's end, from the target's history (``World.epochs``) and,
+    with a load, the final target on the true rates."""
+    epochs = world.epochs
+    moves, rebalances = target_moves(epochs, start)
+    last = max((t for t, _, _ in epochs if t > start), default=None)
+    busiest = bound = None
+    if world.load_feed is not None and epochs:
+        rates = list(world.load_feed.rates_at(world.kernel.now))
+        final = {m: [p for p in parse_ranges(r) if p < len(rates)]
+                 for m, r in epochs[-1][2].items()}
+        members = [Assignee(m) for m in sorted(final)]
+        if members:
+            busiest = busiest_ratio(final, rates, members)
+            bound = load_bound(rates, members)
+    return LoadFigures(moves=moves, rebalances=rebalances,
+                       last_move_after=None if last is None else last - start,
+                       window_moves=window_moves, busiest=busiest, load_bound=bound)
