@@ -223,6 +223,8 @@ def min_moves_lower_bound(
     if total <= 0:
         return 0
     mean = total / sum(m.weight for m in members)
+    if mean <= 0:  # the mean underflows: nothing to balance (as busiest_ratio says)
+        return 0
     need = 0
     for m in members:
         mine = sorted((loads[p] for p in target.get(m.id, ())), reverse=True)
