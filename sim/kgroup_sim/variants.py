@@ -124,7 +124,7 @@ class NoAdoptionMember(Member):
     that it does not know it holds is skipped for ever, so an acquisition reported failed
     but applied by the server afterwards leaves the partition stuck."""
 
-    def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
+    def adopt(self, snap: Snapshot, session: str) -> list[Action]:
         return []
 
 

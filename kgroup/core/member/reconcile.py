@@ -344,7 +344,7 @@ class Member:
         targeted: frozenset[int] = frozenset()
         if not leaving and snap.target is not None:
             targeted = snap.target.partitions
-        actions.extend(self._adopt(snap, session))
+        actions.extend(self.adopt(snap, session))
         # 3. revoke before assign; release on the app's word or at the drain timeout.
         actions.extend(self._revoke_and_release(snap, targeted, holding))
         # 4. acquire what is targeted, free or takeable (and not given back by the app).
@@ -498,9 +498,12 @@ class Member:
             self._session_write_in_flight = True
             return [Renew(session, timing, self._written_epoch)]
         return []
-    def _adopt(self, snap: Snapshot, session: str) -> list[Action]:
+    def adopt(self, snap: Snapshot, session: str) -> list[Action]:
         """Rule 2: adopt the lock an acquisition reported failed has written after all
-        (even if no longer targeted: rule 3 then revokes and releases it)."""
+        (even if no longer targeted: rule 3 then revokes and releases it).
+
+        A public seam: the simulation's ``NoAdoptionMember`` overrides it to show that
+        without adoption such a partition stays stuck (sim/kgroup_sim/variants.py)."""
         actions: list[Action] = []
         for p in sorted(self._unconfirmed):
             if p in self.owned or p in self._acquiring:

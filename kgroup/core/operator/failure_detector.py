@@ -71,7 +71,9 @@ class ExpiryRule:
         return expiry is None or now >= expiry
 
     def reread(self) -> bool:
-        """Whether the driver re-reads the holder's member Lease before marking."""
+        """Whether the driver re-reads the holder's member Lease before marking: always,
+        in kgroup. A public seam: the simulation's ``NoRereadExpiry`` answers False to
+        show that the cache alone expires live holders (sim/kgroup_sim/variants.py)."""
         return True
 
     def confirm(self, leases: GroupLeases, member: str, session: str, fresh: Obj | None,
