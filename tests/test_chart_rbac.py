@@ -37,7 +37,8 @@ OPERATOR_RULES = {
     ("kgroup.dev", "consumergroups/status", ("update",), ()),
     ("", "pods", ("list", "watch"), ()),
     ("apps", "statefulsets", ("list", "watch"), ()),
-    ("coordination.k8s.io", "leases", ("create", "get", "list", "patch", "watch"), ()),
+    ("coordination.k8s.io", "leases", ("create", "delete", "get", "list", "patch", "watch"),
+     ()),
     ("", "events", ("create",), ()),
     ("apps", "deployments/scale", ("get", "patch"), ()),
     ("apps", "statefulsets/scale", ("get", "patch"), ()),
@@ -156,7 +157,7 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
     operator = lease_verbs_called("operator/kgroup_operator/kube.py",
                                   "operator/kgroup_operator/handlers.py",
                                   "operator/kgroup_operator/lease_watch.py")
-    assert operator == {"create", "get", "list", "patch", "watch"}
+    assert operator == {"create", "delete", "get", "list", "patch", "watch"}
     assert lease_verbs_granted(OPERATOR_RULES) == operator
     leader = lease_verbs_called("operator/kgroup_operator/leader.py")
     role = one(render(), "Role", "kg-kgroup-operator-leader-election")

@@ -17,9 +17,11 @@ metadata and a member Lease are bounded: a worker changing the owner references,
 finalizers, labels or other annotations of a lock (held by another, by itself, or while
 acquiring it), or writing an unbounded member Lease (duration, annotation sizes,
 finalizers, owners); the operator creating a lock already
-held or changing a lock's owners, finalizers or labels; the mark binds the pod's uid: a
-pod of the mark's name but another uid (a pod re-created under that name) or a mark
-without a uid (an older operator's) acquires nothing.
+held or changing a lock's owners, finalizers or labels; the operator deleting any Lease
+but a free partition lock of its group that records its completion (a retired
+partition's, issue 39: a held one is refused with a message naming its holder); the mark
+binds the pod's uid: a pod of the mark's name but another uid (a pod re-created under that
+name) or a mark without a uid (an older operator's) acquires nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBin
 Lease = dict[str, Any]
 DRY = "All"
 UIDS: dict[str, str] = {}  # pod name -> the uid of the token pod the fixture made
+GROUP_UID: list[str] = []  # the uid of ConsumerGroup GROUP the fixture made (the locks' owner)
 OTHER_UID = "00000000-0000-0000-0000-00000000dead"  # a former pod-a's uid
 
 
@@ -148,6 +151,22 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
                 f"{GROUP}-partition-{n}", labels=_partition_labels(n), holder="pod-a", token=2,
                 notes={**mine, "kgroup.dev/session": "s-a", "kgroup.dev/holder-uid": uid,
                        "kgroup.dev/position": "7", "kgroup.dev/position-token": "1"}))
+        # locks owned by a real ConsumerGroup (a made-up owner uid would have the garbage
+        # collector delete them): the deletes' rows. No operator runs here: it sits.
+        group: Any = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+            "kgroup.dev", "v1alpha1", ns, "consumergroups", {
+                "apiVersion": "kgroup.dev/v1alpha1", "kind": "ConsumerGroup",
+                "metadata": {"name": GROUP},
+                "spec": {"partitions": 2, "selector": {"matchLabels": {"app": "none"}}}})
+        GROUP_UID[:] = [str(group["metadata"]["uid"])]
+        for n, holder, notes in (
+                (30, None, DONE), (31, "pod-b", {**DONE, "kgroup.dev/session": "s-b31"}),
+                (32, None, {"kgroup.dev/position": "7", "kgroup.dev/position-token": "5"}),
+                (33, None, {**DONE, "kgroup.dev/completed": "4"}), (34, None, DONE),
+                (35, None, DONE)):
+            e.admin.create_namespaced_lease(ns, lock(
+                n, holder=holder, token=1, notes=notes,
+                ownerReferences=[] if n == 35 else [owner(controller=True)]))
         e.admin.create_namespaced_lease(ns, _lease(  # pod-b's session (the quorum read)
             f"{GROUP}-member-pod-b", holder="pod-b", notes={"kgroup.dev/session": "s-b7"},
             labels={**MEMBER, "kgroup.dev/member": "pod-b"}))
@@ -272,9 +291,11 @@ def both(*changes: Callable[[Lease], None]) -> Callable[[Lease], None]:
 
 def owner(name: str = GROUP, *, controller: bool = False) -> dict[str, object]:
     """An owner reference to ConsumerGroup ``name`` (as lease_codec.owner_reference writes;
-    the uid names no object: a dry run, the garbage collector never sees it)."""
+    the uid is the fixture's group's, once made, else it names no object: a dry run, the
+    garbage collector never sees it)."""
+    uid = GROUP_UID[0] if GROUP_UID and name == GROUP else "00000000-0000-0000-0000-000000000001"
     ref: dict[str, object] = {"apiVersion": "kgroup.dev/v1alpha1", "kind": "ConsumerGroup",
-                              "name": name, "uid": "00000000-0000-0000-0000-000000000001"}
+                              "name": name, "uid": uid}
     if controller:
         ref.update(controller=True, blockOwnerDeletion=False)
     return ref
@@ -313,6 +334,9 @@ def answer(env: Env, call: Request) -> str:
 
 
 P = f"{GROUP}-partition-"
+# a completed release's annotations (lease_codec.released_partition_lease, completed=True)
+DONE = {"kgroup.dev/position": "seal-0", "kgroup.dev/position-token": "5",
+        "kgroup.dev/completed": "5", "kgroup.dev/token": "5"}
 MEMBER = {"kgroup.dev/group": GROUP, "kgroup.dev/role": "member", "kgroup.dev/member": "pod-a"}
 
 WORKER_TABLE: list[tuple[str, Request, str]] = [
@@ -525,7 +549,27 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
     ("strip a lock's labels (merge patch)", patch("operator", f"{P}4", {"metadata": {
         "labels": {"kgroup.dev/role": None}}}), "may write only kgroup partition locks"),
     ("update a lock (PUT)", put("operator", f"{P}4", set_note("x", "y")), "rbac"),
-    ("delete a lock", delete("operator", f"{P}4"), "rbac"),
+    # deletes: only a free lock of the group that records its completion (issue 39)
+    ("delete a free lock read to its end (a retired partition's)", delete("operator", f"{P}30"),
+     "allowed"),
+    ("delete a held lock", delete("operator", f"{P}31"),
+     'may not delete Lease t-privilege-'),
+    ("delete a held lock: the message names the holder", delete("operator", f"{P}31"),
+     'it is held by "pod-b"; only a free lock of a retired partition'),
+    ("delete a free lock not read to its end", delete("operator", f"{P}32"),
+     'it records no completion (kgroup.dev/completed "" must equal'),
+    ("delete a lock whose completion a later release replaced", delete("operator", f"{P}33"),
+     'it records no completion (kgroup.dev/completed "4" must equal'),
+    ("delete a free completed lock without its owner reference", delete("operator", f"{P}35"),
+     "the operator deletes only partition locks"),
+    ("delete a held lock without its owner reference", delete("operator", f"{P}4"),
+     "the operator deletes only partition locks"),
+    ("delete a member Lease", delete("operator", f"{GROUP}-member-pod-b"),
+     "the operator deletes only partition locks"),
+    ("delete its leader Lease", delete("operator", LEADER),
+     "the operator deletes only partition locks"),
+    ("delete another app's Lease", delete("operator", "other-app-leader"),
+     "the operator deletes only partition locks"),
     ("create another app's Lease", create("operator", _lease("app-lock")),
      "may write only kgroup partition locks"),
     ("patch another app's Lease", patch("operator", "other-app-leader", {"spec": {
@@ -578,6 +622,46 @@ def test_the_admin_is_judged_by_neither_policy(env: Env) -> None:
                  put("admin", f"{P}2", acquire("pod-a", 1)),
                  put("admin", f"{P}2", set_note("kgroup.dev/assigned", "pod-a"))):
         assert answer(env, call) == "allowed"
+
+
+def test_the_operators_delete_takes_only_a_free_completed_lock_at_the_version_read(
+        env: Env) -> None:
+    """kgroup_operator.kube's delete as shipped, under the operator's token, for real (not a
+    dry run): a held lock of the group is refused by the policy with a message naming its
+    holder (raised: the driver logs it and does not ask again until the lock changes); a
+    free lock that records its completion, at a resourceVersion it is no longer at, is not
+    deleted (the precondition: False); at the version read, it is deleted."""
+    import asyncio
+
+    from kgroup_operator.kube import Kube
+
+    kube_op = Kube(env.operator.api_client, identity="e2e")
+
+    def delete(n: int, rv: str | None = None) -> bool:
+        body = read(env, f"{P}{n}")
+        return asyncio.run(kube_op.delete_partition_lease(
+            namespace=env.ns, name=f"{P}{n}", seen_rv=rv or body["metadata"]["resourceVersion"],
+            uid=body["metadata"]["uid"]))
+
+    try:
+        with pytest.raises(client.ApiException) as refused:
+            delete(31)
+        assert refused.value.status == 403
+        message = json.loads(refused.value.body or "{}")["message"]
+        assert 'may not delete Lease ' + f"{env.ns}/{P}31" in message, message
+        assert 'it is held by "pod-b"' in message, message
+        before = read(env, f"{P}34")["metadata"]["resourceVersion"]
+        env.admin.patch_namespaced_lease(f"{P}34", env.ns, {  # changed since it was read
+            "metadata": {"annotations": {"kgroup.dev/assigned": "pod-a"}}})
+        assert delete(34, before) is False
+        assert read(env, f"{P}34")["metadata"]["name"] == f"{P}34"  # still there
+        assert delete(34) is True
+        with pytest.raises(client.ApiException) as gone:
+            read(env, f"{P}34")
+        assert gone.value.status == 404
+        assert read(env, f"{P}31")["spec"]["holderIdentity"] == "pod-b"  # untouched
+    finally:
+        kube_op.close()
 
 
 def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_it(

@@ -4,7 +4,9 @@ the partitions they replace are recorded completed on their Leases.
 
 The members are scripted (:class:`operator_harness.Members`, converging like sidecars);
 a completion is written as the sidecar writes it (``lease_codec.released_partition_lease``
-with ``completed``: the release and ``kgroup.dev/completed`` in one update).
+with ``completed``: the release and ``kgroup.dev/completed`` in one update). Once a
+generation retires, the operator deletes its partitions' Leases that are free and record
+their completion, and no other (issue 39).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def partition_leases(kube: client.ApiClient, namespace: str) -> set[int]:
     return {int(x.metadata.labels[C.LABEL_PARTITION]) for x in leases.items}
 
 
-def complete(kube: client.ApiClient, namespace: str, partition: int) -> None:
+def complete(kube: client.ApiClient, namespace: str, partition: int,
+             holder: str | None = None) -> None:
     """Record ``partition`` read to its seal marker, as a sidecar's completed release does
-    (again on a conflict with the scripted member's writes)."""
+    (again on a conflict with the scripted member's writes); ``holder``: in the same write,
+    the lock taken again by that pod (the completed record kept)."""
     coord = client.CoordinationV1Api(kube)
     name = C.partition_lease_name(GROUP, partition)
 
@@ -60,6 +64,9 @@ def complete(kube: client.ApiClient, namespace: str, partition: int) -> None:
             coord.read_namespaced_lease(name, namespace))
         body: Any = lease_codec.released_partition_lease(last, token=7, position="seal-0",
                                                          completed=True)
+        if holder is not None:
+            body["spec"]["holderIdentity"] = holder
+            body["metadata"]["annotations"][C.ANNOTATION_SESSION] = f"s-{holder}"
         try:
             coord.replace_namespaced_lease(name, namespace, body)
         except client.ApiException as exc:
@@ -110,6 +117,55 @@ def test_four_to_two_partitions_waits_for_every_predecessors_completion(
     wait_for("locks of 4 and 5", lambda: {4, 5} <= partition_leases(kube, namespace))
     status_where(kube, namespace, "Stable on the new generation",
                  lambda s: s.get("phase") == "Stable" and s.get("unowned") == 0, timeout=60)
+
+
+def release_by_hand(kube: client.ApiClient, namespace: str, partition: int) -> None:
+    """Clear the holder of ``partition``'s lock, its other annotations kept."""
+    coord = client.CoordinationV1Api(kube)
+    name = C.partition_lease_name(GROUP, partition)
+    body: Any = kube.sanitize_for_serialization(  # type: ignore[no-untyped-call]
+        coord.read_namespaced_lease(name, namespace))
+    body["spec"].pop("holderIdentity", None)
+    body["metadata"]["annotations"].pop(C.ANNOTATION_SESSION, None)
+    coord.replace_namespaced_lease(name, namespace, body)
+
+
+def test_a_retired_generations_leases_are_deleted_once_free_and_the_live_ones_stay(
+    kube: client.ApiClient, namespace: str, operator: OperatorProcess,  # noqa: F811
+    members_factory: Callable[..., Members],  # noqa: F811
+) -> None:
+    """4 -> 2, then 0-3 recorded completed: generation 1 retires from status.layout and the
+    operator deletes the Leases of 0, 1 and 2 (free, completed); 3's, taken again by a pod
+    in the same write as its completion, stays while it is held and goes once released;
+    4 and 5 (the live generation) keep theirs throughout. The scripted members stop
+    before the completions, so nothing but the operator and this test writes the locks."""
+    members = stable_group(kube, namespace, members_factory, pods=("w-0", "w-1"),
+                           partitions=4)
+    patch_spec(kube, namespace, {"partitions": 2})
+    status_where(kube, namespace, "generation 2 in status.layout",
+                 lambda s: s.get("layout", {}).get("generation") == 2)
+    for pod in ("w-0", "w-1"):
+        members.crash(pod)
+    for p in (0, 1, 2):
+        complete(kube, namespace, p)
+    complete(kube, namespace, 3, holder="w-9")
+    st = status_where(kube, namespace, "generation 1 retired", lambda s: len(
+        s.get("layout", {}).get("generations", [])) == 1, timeout=30)
+    assert st["layout"]["states"] == {"open": "4-5"} and st["layout"]["nextPartition"] == 6
+    wait_for("the Leases of 0-2 deleted, 4 and 5 created", lambda: partition_leases(
+        kube, namespace) == {3, 4, 5}, timeout=30)
+    stays("3 (held) and 4-5 (live) keep their Leases",
+          lambda: partition_leases(kube, namespace) == {3, 4, 5}, seconds=5)
+
+    release_by_hand(kube, namespace, 3)
+    wait_for("3's Lease deleted once free", lambda: partition_leases(
+        kube, namespace) == {4, 5}, timeout=30)
+    stays("4 and 5 keep their Leases", lambda: partition_leases(kube, namespace) == {4, 5},
+          seconds=3)
+    assert get_status(kube, namespace)["layout"]["nextPartition"] == 6
+    log = operator.log_text()
+    assert all(f"deleted Lease {GROUP}-partition-{p}" in log for p in range(4)), log[-3000:]
+    assert "forbidden" not in log
 
 
 def group_events(kube: client.ApiClient, namespace: str, reason: str) -> list[str]:

@@ -14,7 +14,9 @@ refused because the lock changed re-reads the lock and decides again); each stor
 goes into the cache at once. A pass awaits its creates (the slice) and its status write,
 not its marks: those run behind it (``writes``) in the lock gate's order (a crash's
 expiry marks first, then assignment marks, then the next slice's creates), and a mark a
-later pass superseded is dropped when its turn comes. The memory knows what is in flight
+later pass superseded is dropped when its turn comes. The retired partitions' Leases the
+plan names are deleted behind them, last (``kgroup.core.operator.retention``: each delete
+conditional on the Lease's resourceVersion as read). The memory knows what is in flight
 (``marks_sent``, ``expiries_sent``), so no pass sends it twice.
 With ``spec.autoscaling``, the target's Scale is read at most every
 :data:`SCALE_READ_SECONDS` (and after each change), and a change the plan asks for is
@@ -60,6 +62,7 @@ from kgroup.core.operator.lease_cache import Cache, GroupKey
 from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
+    DeleteLease,
     LockRequest,
     MarkExpired,
     NoAnswer,
@@ -68,6 +71,7 @@ from kgroup.core.operator.lock_requests import (
     Refused,
     Then,
 )
+from kgroup.core.operator.retention import Deletion, deletion_chains
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, pass_pause, read_pause
 from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
@@ -361,7 +365,8 @@ class GroupController:
         return True
 
     def _send_marks(self, plan: Plan) -> None:
-        """The plan's expiry marks, then its assignment marks, behind the pass."""
+        """The plan's expiry marks, then its assignment marks, then its deletes of retired
+        partitions' Leases, behind the pass."""
         if plan.expiries:  # in flight from now: no later pass sends them again
             self._behind("expiries", self._drive_all(expiry_chains(
                 plan.expiries, group=self.key[1], leases=self.cache.group(self.key),
@@ -370,6 +375,17 @@ class GroupController:
             for mark in plan.marks:
                 self.memory.mark_sent(mark)
             self._behind("marks", self._mark(plan.marks))
+        if plan.deletions:
+            self._behind("deletions", self._drive_all(deletion_chains(
+                plan.deletions, ledger=self.memory, gone=self._gone)))
+
+    def _gone(self, deletion: Deletion) -> None:
+        """A retired partition's Lease was deleted: out of the cache at once (its watch
+        event follows)."""
+        leases = self.cache.group(self.key)
+        body = leases.bodies.get(deletion.name)
+        if body is not None:
+            leases.drop(body)
 
     async def _create(self, body: dict[str, Any], plan: Plan) -> None:
         """The pass's lock creates, concurrently (the Kube's lock pool bounds how many are
@@ -477,6 +493,18 @@ class GroupController:
                 stored = await self.kube.mark_partition_expired(
                     namespace=namespace, group=name, partition=request.partition,
                     session=request.session, seen_rv=request.seen_rv)
+            elif isinstance(request, DeleteLease):
+                try:
+                    deleted = await self.kube.delete_partition_lease(
+                        namespace=namespace, name=request.name, seen_rv=request.seen_rv,
+                        uid=request.uid)
+                except ApiException as exc:
+                    if exc.status != 403:
+                        raise
+                    log.warning("%s/%s: delete of Lease %s forbidden: %s", *self.key,
+                                request.name, str(exc.body or exc.reason)[:500])
+                    return Refused(403)
+                return Ok() if deleted else Refused(409)
             else:
                 raise TypeError(f"unknown request {request!r}")
         except (ApiException, HTTPError, OSError) as exc:

@@ -6,7 +6,9 @@ lock's assignment mark with one merge patch of those two annotations alone, cond
 the lock's resourceVersion as the operator decided on it, reads a member Lease (a quorum GET)
 before it marks a lock's holder session expired with one merge patch of the
 ``kgroup.dev/expired-session`` annotation conditional on the lock's resourceVersion,
-writes the group's status only through the status subresource with the read
+deletes a retired partition's Lease (free and recorded completed:
+``kgroup.core.operator.retention``) only with preconditions on its resourceVersion and uid
+as read, writes the group's status only through the status subresource with the read
 ``resourceVersion`` (a 409 is raised as :class:`Conflict` for the caller to re-read and
 recompute), posts core/v1 Events, and reads and sets ``spec.autoscaling``'s target's
 replicas through its ``scale`` subresource only (a merge patch conditional on the
@@ -225,6 +227,26 @@ class Kube:
                 raise
 
         return cast(dict[str, Any] | None, await self._lock_call(call, Urgency.EXPIRY))
+
+    async def delete_partition_lease(self, *, namespace: str, name: str, seen_rv: str,
+                                     uid: str | None = None) -> bool:
+        """DELETE the Lease ``name`` only if it is still at ``seen_rv`` (and is the object
+        of ``uid``): True when deleted; False when it changed meanwhile (409) or is gone
+        (404). Last in the lock gate's order."""
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(
+            resource_version=seen_rv, uid=uid))
+
+        def call() -> bool:
+            try:
+                _json(self.locks.delete_namespaced_lease(name, namespace, body=options,
+                                                         _preload_content=False))
+                return True
+            except ApiException as exc:
+                if exc.status in (404, 409):
+                    return False
+                raise
+
+        return cast(bool, await self._lock_call(call, Urgency.DELETE))
 
     async def _list(self, namespace: str | None, everywhere: Callable[..., Any],
                     namespaced: Callable[..., Any], **kw: Any) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ class Urgency(enum.IntEnum):
     EXPIRY = 0  # a crashed member's locks: their new owners wait for each (failover)
     MARK = 1  # an existing lock's assignment mark (and the re-read after a refused one)
     CREATE = 2  # a lock that does not exist yet (created with its owner's mark, if any)
+    DELETE = 3  # a retired partition's Lease (retention: nobody waits for it)
 
 
 class LockGate:

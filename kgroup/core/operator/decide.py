@@ -27,6 +27,12 @@ chains the driver performs: grouped by holder, each holder's member Lease re-rea
 quorum GET, fed to the cache), :meth:`ExpiryRule.confirm` asked again, each confirmed mark
 a merge patch conditional on the lock's resourceVersion as read; each reported with
 :meth:`Memory.expiry_sent` / :meth:`Memory.expiry_failed`.
+Deletes (``Plan.deletions``): the Leases of retired partitions that are free and record
+their completion (:func:`~kgroup.core.operator.retention.retired_leases`, by the lineage
+``status.layout`` holds as stored), as request chains
+(:func:`~kgroup.core.operator.retention.deletion_chains`), each conditional on the Lease's
+resourceVersion as read and reported with :meth:`Memory.deletion_sent` /
+:meth:`Memory.deletion_failed`.
 Clocks: ``now`` is the caller's monotonic clock, ``wall`` the time stamped into the
 status. The memory lives as long as the operator process: a restart starts from what it
 lists (the target is always read back from the status).
@@ -64,6 +70,7 @@ from kgroup.core.operator.planner import (
 )
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout, Layouts, completions_on
+from kgroup.core.operator.retention import Deletion, retired_leases
 from kgroup.core.operator.rollout import restart_grace
 from kgroup.core.operator.status import (
     Problem,
@@ -159,6 +166,9 @@ class Memory:
     # expiry marks in flight or written, whose lock the cache has not seen change since:
     # partition -> (the session marked, the lock's resourceVersion when it was decided)
     expiries_sent: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # deletes of retired partitions' Leases in flight or done, whose Lease the cache has not
+    # seen go or change since: partition -> the Lease's resourceVersion when decided
+    deletions_sent: dict[int, str] = field(default_factory=dict)
     planned_generation: int | None = None  # spec generation the target reflects
     # partition -> why the name its lock must have is held by someone else's Lease
     squatted: dict[int, str] = field(default_factory=dict)
@@ -235,6 +245,16 @@ class Memory:
         if self.expiries_sent.get(expiry.partition) == (expiry.session, expiry.seen_rv):
             del self.expiries_sent[expiry.partition]
 
+    def deletion_sent(self, deletion: Deletion) -> None:
+        """The delete is on its way: not decided again until the Lease changes."""
+        self.deletions_sent[deletion.partition] = deletion.seen_rv
+
+    def deletion_failed(self, deletion: Deletion) -> None:
+        """The delete was refused (the Lease changed or is gone) or not answered: the next
+        pass decides again."""
+        if self.deletions_sent.get(deletion.partition) == deletion.seen_rv:
+            del self.deletions_sent[deletion.partition]
+
 
 def squatter(existing: Obj, group: str, partition: int) -> str | None:
     """Why ``existing`` (the Lease holding the name of ``group``'s lock of ``partition``)
@@ -283,6 +303,7 @@ class Plan:
     uids: dict[str, str] = field(default_factory=dict)  # member -> its pod's uid for marks
     marks: list[Mark] = field(default_factory=list)  # write after the status write
     expiries: list[Expiry] = field(default_factory=list)  # re-read, then mark (after marks)
+    deletions: list[Deletion] = field(default_factory=list)  # retired partitions' Leases
     lease_duration: int = 15  # of the partition Leases to create
     events: list[Event] = field(default_factory=list)  # post now (before any write)
     status: dict[str, Any] | None = None  # write this status (rv precondition: the body's)
@@ -395,6 +416,7 @@ class Changes:
     noticed_rv: tuple[str | None] | None = None  # (rv,): its one-off notices were posted
     marks_gone: list[int] = field(default_factory=list)  # sent marks of locks now gone
     expiries_settled: list[int] = field(default_factory=list)  # of locks no longer held
+    deletions_settled: list[int] = field(default_factory=list)  # of Leases gone or changed
 
     def apply(self, memory: Memory) -> None:
         if self.planned_generation is not None:
@@ -407,6 +429,8 @@ class Changes:
             memory.marks_sent.pop(p, None)
         for p in self.expiries_settled:
             memory.expiries_sent.pop(p, None)
+        for p in self.deletions_settled:
+            memory.deletions_sent.pop(p, None)
 
 
 @dataclass(frozen=True)
@@ -512,8 +536,10 @@ def decide(obs: Observation, memory: Memory, now: float, *, wall: datetime,
                                   name=pod.name))
     deadlines.append(identity_change)
     marks, changes.marks_gone = marks_to_write(memory, owners, leases, uids)
+    deletions, changes.deletions_settled = _deletions(memory, leases,
+                                                      str(codec.meta(body).get("name", "")))
     plan = Plan(wait=_next(deadlines, now), now=now, create_partitions=creates.partitions,
-                owners=owners, uids=uids, marks=marks, expiries=expiries,
+                owners=owners, uids=uids, marks=marks, expiries=expiries, deletions=deletions,
                 lease_duration=spec.lease.duration_seconds, decision=decision,
                 previous=read.status, new_status=new_status, problems=reported,
                 generation=generation, members=len(seen.members), deadlines=deadlines,
@@ -624,6 +650,16 @@ def _lease_creates(memory: Memory, leases: GroupLeases, layout: Layout,
     if more_to_create:
         recheck = now  # the next slice: the pass after this one's creates are done
     return Creates(create, recheck, requested, squatted)
+
+
+def _deletions(memory: Memory, leases: GroupLeases, group: str) -> tuple[list[Deletion],
+                                                                         list[int]]:
+    """The retired partitions' Leases to delete (by the lineage the status holds as read),
+    and the deletes in flight to forget: their Lease is gone or changed since."""
+    settled = [p for p, rv in memory.deletions_sent.items()
+               if (lock := leases.partitions.get(p)) is None or lock.resource_version != rv]
+    return retired_leases(memory.layouts.persisted, leases.bodies, group, leases.partitions,
+                          memory.deletions_sent), settled
 
 
 def _squat_problems(squatted: dict[int, str]) -> list[Problem]:

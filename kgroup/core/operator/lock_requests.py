@@ -2,8 +2,10 @@
 
 After a pass, the operator's writes to the group's locks are request chains built by the
 core (the expiry marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the
-assignment marks: :func:`kgroup.core.operator.assignment_marks.mark_chains`): generators
-that yield a request (:class:`ReadLease`, :class:`MarkExpired`, :class:`MarkAssigned`),
+assignment marks: :func:`kgroup.core.operator.assignment_marks.mark_chains`; the deletes of
+retired partitions' Leases: :func:`kgroup.core.operator.retention.deletion_chains`):
+generators that yield a request (:class:`ReadLease`, :class:`MarkExpired`,
+:class:`MarkAssigned`, :class:`DeleteLease`),
 receive its answer (:class:`Ok`, :class:`Refused`, :class:`NoAnswer`,
 :class:`Superseded`) and end with :class:`Then`: more chains to run side by side, or
 whether to decide again now or after the API server's retry pause. A driver maps each
@@ -23,6 +25,7 @@ from kgroup.core.objects import Obj
 __all__ = [
     "Answer",
     "Chain",
+    "DeleteLease",
     "LockRequest",
     "MarkAssigned",
     "MarkExpired",
@@ -71,7 +74,19 @@ class MarkAssigned:
     wanted: Callable[[], bool]
 
 
-LockRequest = ReadLease | MarkExpired | MarkAssigned
+@dataclass(frozen=True)
+class DeleteLease:
+    """A delete of lock ``partition`` (Lease ``name``) with preconditions: its
+    resourceVersion still ``seen_rv`` and, when known, its uid ``uid`` (``Refused`` when it
+    changed or is gone)."""
+
+    name: str
+    partition: int
+    seen_rv: str
+    uid: str | None = None
+
+
+LockRequest = ReadLease | MarkExpired | MarkAssigned | DeleteLease
 
 
 @dataclass(frozen=True)

@@ -290,6 +290,9 @@ class Layouts:
         self._read: tuple[Any, Lineage | LineageError] | None = None
         self._layout: Layout | None = None
         self.last: Lineage | None = None
+        # the lineage status.layout held as read by the last derive (None: absent, or not
+        # a layout): what the server stored, which retention goes by (retention.py)
+        self.persisted: Lineage | None = None
 
     def derive(self, partitions: int, status_layout: object,
                reported: Callable[[int], bool],
@@ -304,6 +307,7 @@ class Layouts:
                     read = exc
                 self._read = (status_layout, read)
             decoded = self._read[1]
+        self.persisted = decoded if isinstance(decoded, Lineage) else None
         layout = layout_of(partitions, decoded, reported, self.last, policy, change,
                            self.layout_class)
         kept = self._layout
