@@ -19,7 +19,7 @@ acquiring it), or writing an unbounded member Lease (duration, annotation sizes,
 finalizers, owners); the operator creating a lock already
 held or changing a lock's owners, finalizers or labels; the operator deleting any Lease
 but a free partition lock of its group that records its completion (a retired
-partition's, issue 39: a held one is refused with a message naming its holder); the mark
+partition's: a held one is refused with a message naming its holder); the mark
 binds the pod's uid: a pod of the mark's name but another uid (a pod re-created under that
 name) or a mark without a uid (an older operator's) acquires nothing.
 """
@@ -549,7 +549,7 @@ OPERATOR_TABLE: list[tuple[str, Request, str]] = [
     ("strip a lock's labels (merge patch)", patch("operator", f"{P}4", {"metadata": {
         "labels": {"kgroup.dev/role": None}}}), "may write only kgroup partition locks"),
     ("update a lock (PUT)", put("operator", f"{P}4", set_note("x", "y")), "rbac"),
-    # deletes: only a free lock of the group that records its completion (issue 39)
+    # deletes: only a free lock of the group that records its completion
     ("delete a free lock read to its end (a retired partition's)", delete("operator", f"{P}30"),
      "allowed"),
     ("delete a held lock", delete("operator", f"{P}31"),

@@ -6,7 +6,7 @@ The members are scripted (:class:`operator_harness.Members`, converging like sid
 a completion is written as the sidecar writes it (``lease_codec.released_partition_lease``
 with ``completed``: the release and ``kgroup.dev/completed`` in one update). Once a
 generation retires, the operator deletes its partitions' Leases that are free and record
-their completion, and no other (issue 39).
+their completion, and no other.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ what the kubelet's automount would give every container (a projected token bound
 pod, the cluster's CA, the namespace), mounted at the standard service-account path into
 the sidecar alone. The pod sets automountServiceAccountToken: false, so the app container
 holds no API token: a compromised app (the code that parses the stream's data) cannot act
-as the worker (issue 26).
+as the worker.
 */}}
 {{- define "kgroup.sidecarTokenVolume" -}}
 - name: kgroup-sidecar-token

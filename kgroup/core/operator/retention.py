@@ -1,4 +1,4 @@
-"""Retention: which Leases of retired partitions the operator deletes (issue 39).
+"""Retention: which Leases of retired partitions the operator deletes.
 
 A generation leaves the lineage when every partition it does not hand on is read to its
 end (``Lineage.retire``, docs/reshape.md "Retirement"). ``nextPartition`` stays, so a
@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kgroup import constants as C
-from kgroup.core.lease_codec import Obj, completed_token, labels_of, meta
+from kgroup.core.lease_codec import completed_token, labels_of, meta
 from kgroup.core.lineage import Lineage
+from kgroup.core.objects import Obj
 from kgroup.core.operator.lock_requests import (
     Chain,
     DeleteLease,
