@@ -244,13 +244,8 @@ def aggregate_status(
     acked, bad_annotations = _acknowledged(names, member_leases)
     problems.extend(bad_annotations)
 
-    misplaced = sum(1 for m, ps in target.items() for p in ps
-                    if holders.get(p) != m and p in counted)
-    unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
-    # a member that joined (or left) and is not yet in (out of) the target: the new target
-    # is still waiting for the stabilisation window, so the group is not settled
-    membership_pending = members != set(target)
-    rebalancing = bool(unacked) or misplaced > 0 or membership_pending
+    misplaced, unacked, rebalancing = _progress(target, members, holders, acked, epoch,
+                                                counted)
     patience = spec.handoff.drain_timeout_seconds + spec.lease.duration_seconds
     unowned_too_long = unowned > 0 and now - last_change_at > patience
     stalled, stalled_message = stalled_partitions(member_leases, holders,
@@ -293,6 +288,21 @@ def aggregate_status(
         conditions=conditions,
     )
     return status, problems
+
+
+def _progress(target: Mapping[str, Sequence[int]], members: set[str],
+              holders: Mapping[int, str], acked: Mapping[str, int], epoch: int,
+              counted: Collection[int]) -> tuple[int, list[str], bool]:
+    """How far the group is from its target: the counted partitions held by another
+    member than the target's (or by none), the target's members that have not
+    acknowledged ``epoch``, and whether it is still rebalancing."""
+    misplaced = sum(1 for m, ps in target.items() for p in ps
+                    if holders.get(p) != m and p in counted)
+    unacked = sorted(m for m in target if acked.get(m, 0) < epoch)
+    # a member that joined (or left) and is not yet in (out of) the target: the new target
+    # is still waiting for the stabilisation window, so the group is not settled
+    membership_pending = members != set(target)
+    return misplaced, unacked, bool(unacked) or misplaced > 0 or membership_pending
 
 
 def _owned_counts(holders: Mapping[int, str], counted: Collection[int]) -> dict[str, int]:
