@@ -20,7 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kgroup.core.operator.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
+from kgroup.core.operator.assignors import (
+    Assignee,
+    get_assignor,
+    lower_bound_moves,
+    moved_partitions,
+)
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "assignor.json"
 SIZES = [(10_000, 200), (50_000, 1_000), (100_000, 1_000)]
@@ -38,11 +43,11 @@ def timed(fn: Callable[[], dict[str, list[int]]], repeat: int) -> tuple[list[flo
 
 def bench(name: str, partitions: int, n_members: int, repeat: int) -> list[dict[str, Any]]:
     assignor = get_assignor(name)
-    members = [Member(f"worker-{i:05d}") for i in range(n_members)]
+    members = [Assignee(f"worker-{i:05d}") for i in range(n_members)]
     stable = assignor.assign(partitions, members, {}, {})
-    joined = [*members, Member("worker-joiner")]
+    joined = [*members, Assignee("worker-joiner")]
     left = [m for i, m in enumerate(members) if i != n_members // 2]
-    cases: list[tuple[str, list[Member], dict[str, list[int]]]] = [
+    cases: list[tuple[str, list[Assignee], dict[str, list[int]]]] = [
         ("initial", members, {}),
         ("join", joined, stable),
         ("leave", left, stable),
@@ -50,7 +55,8 @@ def bench(name: str, partitions: int, n_members: int, repeat: int) -> list[dict[
     rows = []
     for case, ms, current in cases:
 
-        def call(ms: list[Member] = ms, c: dict[str, list[int]] = current) -> dict[str, list[int]]:
+        def call(ms: list[Assignee] = ms,
+                 c: dict[str, list[int]] = current) -> dict[str, list[int]]:
             return assignor.assign(partitions, ms, c, {})
 
         times, result = timed(call, repeat)

@@ -53,7 +53,7 @@ from real_sidecars import RealSidecars
 from stage import Stage, machine, wait_until
 
 from kgroup import constants as C
-from kgroup.core.operator.assignors import Member
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import load_bound
 
 PARTITIONS = 64
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.quick, args.seed, capacity)
     try:
         bench.start()
-        bound = round(load_bound(bench.work.base, [Member(f"w-{i}") for i in range(MEMBERS)]),
+        bound = round(load_bound(bench.work.base, [Assignee(f"w-{i}") for i in range(MEMBERS)]),
                       3)
         count = bench.count_phase()
         print(f"count-based: {count}", flush=True)

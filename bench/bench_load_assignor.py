@@ -30,7 +30,7 @@ import random
 import statistics
 from typing import Any
 
-from kgroup.core.operator.assignors import Member
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import (
     LoadBalance,
     busiest_ratio,
@@ -45,7 +45,7 @@ NO_HYSTERESIS = LoadBalance(tolerance=0.0, margin=0.0, dwell_seconds=0.0)
 
 def one_run(seed: int, partitions: int, n_members: int, s: float, noise: float) -> dict[str, Any]:
     rng = random.Random(seed)
-    members = [Member(f"worker-{i}") for i in range(n_members)]
+    members = [Assignee(f"worker-{i}") for i in range(n_members)]
     loads = zipf_loads(partitions, s, rng)
     bal = Balancer(partitions, members)
     start = dict(bal.target)

@@ -45,7 +45,7 @@ from stage import Stage, apiserver_requests, machine, pct, wait_until
 
 from kgroup.client import Partition, SidecarClient
 from kgroup.core.objects import Obj
-from kgroup.core.operator.assignors import Member, lower_bound_moves
+from kgroup.core.operator.assignors import Assignee, lower_bound_moves
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster.swarm import Swarm
 from kgroup_testing.sidecar_harness import SidecarProcess, read_audit, safety_violations
@@ -169,7 +169,7 @@ def join_round(st: Stage, m: Members, pod: str, n_after: int, partitions: int) -
     assert before is not None
     owner_before = targets(before)
     current = {mem: parse_ranges(r) for mem, r in before["assignment"].items()}
-    members = [Member(x) for x in [*current, pod]]
+    members = [Assignee(x) for x in [*current, pod]]
     bound = lower_bound_moves(partitions, members, current, owner_before)
     writes_before = apiserver_requests(st.cluster)
     m.join(pod)
@@ -231,7 +231,7 @@ def burst_round(st: Stage, m: Members, joiners: list[str], members: int,
     assert before is not None
     owner_before = targets(before)
     current = {mem: parse_ranges(r) for mem, r in before["assignment"].items()}
-    bound = lower_bound_moves(partitions, [Member(x) for x in [*current, *joiners]],
+    bound = lower_bound_moves(partitions, [Assignee(x) for x in [*current, *joiners]],
                               current, owner_before)
     t0 = time.monotonic()
     for i, pod in enumerate(joiners):

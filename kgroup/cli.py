@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from kgroup.core.operator.assignors import (
     ASSIGNORS,
-    Member,
+    Assignee,
     get_assignor,
     lower_bound_moves,
     moved_partitions,
@@ -138,7 +138,7 @@ def render_table(
 def cmd_plan(args: argparse.Namespace) -> int:
     names = parse_members(args.members)
     current = load_current(args.current, args.partitions)
-    members = [Member(n) for n in names]
+    members = [Assignee(n) for n in names]
     after = get_assignor(args.assignor).assign(args.partitions, members, current, {})
     moved = moved_partitions(current, after)
     if args.output == "json":

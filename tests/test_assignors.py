@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kgroup.core.operator.assignors import (
-    Member,
+    Assignee,
     RangeAssignor,
     StickyAssignor,
     get_assignor,
@@ -14,8 +14,8 @@ from kgroup.core.operator.assignors import (
 )
 
 
-def ms(*ids: str) -> list[Member]:
-    return [Member(i) for i in ids]
+def ms(*ids: str) -> list[Assignee]:
+    return [Assignee(i) for i in ids]
 
 
 def test_get_assignor_knows_sticky_and_range() -> None:
@@ -51,7 +51,7 @@ def test_duplicate_member_ids_are_refused(name: str) -> None:
 
 def test_weights_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="weights must be >= 1"):
-        get_assignor("sticky").assign(4, [Member("a", 0)], {}, {})
+        get_assignor("sticky").assign(4, [Assignee("a", 0)], {}, {})
 
 
 def test_sticky_initial_assignment_is_contiguous_in_id_order() -> None:
@@ -69,7 +69,7 @@ def test_sticky_gives_the_extra_to_whoever_holds_more() -> None:
 
 
 def test_sticky_weighted_share_is_proportional() -> None:
-    result = get_assignor("sticky").assign(12, [Member("a", 1), Member("b", 2)], {}, {})
+    result = get_assignor("sticky").assign(12, [Assignee("a", 1), Assignee("b", 2)], {}, {})
     assert [len(result["a"]), len(result["b"])] == [4, 8]
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kgroup.core.operator.assignors import (
-    Member,
+    Assignee,
     get_assignor,
     lower_bound_moves,
     moved_partitions,
@@ -26,7 +26,7 @@ from kgroup.core.operator.assignors import (
 STICKY = get_assignor("sticky")
 RANGE = get_assignor("range")
 NAMES = [f"m{i}" for i in range(12)]
-Group = tuple[int, list[Member], dict[str, list[int]], dict[int, str]]
+Group = tuple[int, list[Assignee], dict[str, list[int]], dict[int, str]]
 
 
 @st.composite
@@ -37,7 +37,7 @@ def groups(
     n = draw(st.integers(min_value=1, max_value=max_partitions))
     ids = draw(st.lists(st.sampled_from(NAMES), min_size=min_members, max_size=8, unique=True))
     weights = st.integers(min_value=1, max_value=4) if weighted else st.just(1)
-    members = [Member(i, draw(weights)) for i in ids]
+    members = [Assignee(i, draw(weights)) for i in ids]
     # current: each partition owned by one id (member or departed) or by nobody
     owners = draw(st.lists(st.sampled_from([None, *NAMES]), min_size=n, max_size=n))
     current: dict[str, list[int]] = {}
@@ -50,7 +50,7 @@ def groups(
 
 
 def prior_owner(
-    members: Sequence[Member], current: Mapping[str, Sequence[int]], holders: Mapping[int, str]
+    members: Sequence[Assignee], current: Mapping[str, Sequence[int]], holders: Mapping[int, str]
 ) -> dict[int, str]:
     """The documented rule, restated: owner in current if a member, else holder if one."""
     ids = {m.id for m in members}
@@ -66,7 +66,7 @@ def moves_from_prior(prior: Mapping[int, str], result: Mapping[str, Sequence[int
     return sum(1 for mid, ps in result.items() for p in ps if prior.get(p) != mid)
 
 
-def brute_force_min_moves(n: int, members: Sequence[Member], prior: Mapping[int, str]) -> int:
+def brute_force_min_moves(n: int, members: Sequence[Assignee], prior: Mapping[int, str]) -> int:
     """Try every balanced quota vector; the best keeps sum(min(held, quota))."""
     total = sum(m.weight for m in members)
     held = {m.id: 0 for m in members}
@@ -83,7 +83,7 @@ def brute_force_min_moves(n: int, members: Sequence[Member], prior: Mapping[int,
     return n - best
 
 
-def assert_complete(n: int, members: Sequence[Member], result: Mapping[str, list[int]]) -> None:
+def assert_complete(n: int, members: Sequence[Assignee], result: Mapping[str, list[int]]) -> None:
     assert set(result) == {m.id for m in members}
     flat = [p for ps in result.values() for p in ps]
     assert sorted(flat) == list(range(n)), "every partition exactly once"
@@ -91,7 +91,7 @@ def assert_complete(n: int, members: Sequence[Member], result: Mapping[str, list
         assert ps == sorted(ps)
 
 
-def assert_balanced(n: int, members: Sequence[Member], result: Mapping[str, list[int]]) -> None:
+def assert_balanced(n: int, members: Sequence[Assignee], result: Mapping[str, list[int]]) -> None:
     total = sum(m.weight for m in members)
     for m in members:
         share = Fraction(n * m.weight, total)
@@ -158,7 +158,7 @@ def test_sticky_result_is_a_fixed_point(g: Group) -> None:
 def test_a_join_only_moves_partitions_to_the_newcomer(g: Group, newcomer: str) -> None:
     n, members, current, holders = g
     stable = STICKY.assign(n, members, current, holders)
-    joined = [*members, Member(newcomer)]
+    joined = [*members, Assignee(newcomer)]
     after = STICKY.assign(n, joined, stable, {})
     for m in members:
         assert set(after[m.id]) <= set(stable[m.id]), "an old member only gives up"

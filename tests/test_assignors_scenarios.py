@@ -12,7 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from kgroup.core.operator.assignors import Member, get_assignor, lower_bound_moves, moved_partitions
+from kgroup.core.operator.assignors import (
+    Assignee,
+    get_assignor,
+    lower_bound_moves,
+    moved_partitions,
+)
 
 PARTITIONS = 64
 
@@ -65,7 +70,7 @@ def run(name: str, assignor_name: str) -> tuple[int, int]:
     target: dict[str, list[int]] = {}
     total_moved = total_bound = 0
     for ids in SCENARIOS[name]():
-        members = [Member(i) for i in ids]
+        members = [Assignee(i) for i in ids]
         bound = lower_bound_moves(PARTITIONS, members, target, {})
         nxt = assignor.assign(PARTITIONS, members, target, {})
         counts = [len(ps) for ps in nxt.values()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kgroup.core.operator.assignors import Member, lower_bound_moves
+from kgroup.core.operator.assignors import Assignee, lower_bound_moves
 from kgroup.core.operator.planner import Decision, GroupPlanner, correct_hand_edit, rebalance_reason
 from kgroup.crd_models import ConsumerGroupSpec
 
@@ -124,7 +124,7 @@ def test_a_burst_of_ten_joins_within_three_seconds_costs_two_rebalances() -> Non
             members = members | {f"p{i // 3}"}
         d = plan(p, s, target=target, epoch=epoch, members=set(members), now=t)
         if d.target is not None:
-            bound = lower_bound_moves(64, [Member(m) for m in members], target, {})
+            bound = lower_bound_moves(64, [Assignee(m) for m in members], target, {})
             assert d.moved == bound
             bumps.append(round(t, 1))
             target, epoch = d.target, d.epoch
@@ -179,7 +179,7 @@ def test_a_departed_members_partitions_are_handed_out_at_once() -> None:
     d = plan(p, s, target=TWO, epoch=2, members={"a", "c"}, now=2)
     assert d.target is not None and set(d.target) == {"a", "c"}
     assert d.reason == "member joined: c; member left: b"
-    assert d.moved == lower_bound_moves(8, [Member("a"), Member("c")], TWO, {})
+    assert d.moved == lower_bound_moves(8, [Assignee("a"), Assignee("c")], TWO, {})
 
 
 def test_a_member_returning_within_restart_grace_keeps_its_partitions() -> None:

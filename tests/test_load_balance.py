@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kgroup.core.operator.assignors import Member
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import (
     LoadBalance,
     LoadPlan,
@@ -20,7 +20,7 @@ from kgroup.core.operator.load_balance import (
     plan_load_balance,
 )
 
-A, B, C = Member("a"), Member("b"), Member("c")
+A, B, C = Assignee("a"), Assignee("b"), Assignee("c")
 
 
 def member_loads(target: dict[str, list[int]], loads: list[float]) -> dict[str, float]:
@@ -30,7 +30,7 @@ def member_loads(target: dict[str, list[int]], loads: list[float]) -> dict[str, 
 def plan(
     current: dict[str, list[int]],
     loads: list[float],
-    members: list[Member] | None = None,
+    members: list[Assignee] | None = None,
     last_moved: dict[int, float] | None = None,
     now: float = 1000.0,
     config: LoadBalance | None = None,
@@ -219,17 +219,17 @@ def test_membership_moves_ignore_the_dwell_time() -> None:
 
 
 def test_the_count_cap_is_slack_times_the_fair_count_rounded_up() -> None:
-    assert count_caps(64, [Member(f"m{i}") for i in range(8)], 2.0) == {
+    assert count_caps(64, [Assignee(f"m{i}") for i in range(8)], 2.0) == {
         f"m{i}": 16 for i in range(8)
     }
-    assert count_caps(10, [A, Member("b", weight=4)], 1.5) == {"a": 3, "b": 12}
+    assert count_caps(10, [A, Assignee("b", weight=4)], 1.5) == {"a": 3, "b": 12}
     assert count_caps(1, [A, B, C], 2.0) == {"a": 1, "b": 1, "c": 1}
 
 
 def test_zero_load_partitions_do_not_pile_up_on_the_member_that_sheds_load() -> None:
     # 4 hot partitions and 36 idle ones on 4 members; cap = 2 x 10 = 20
     loads = [10.0, 10.0, 10.0, 10.0] + [0.0] * 36
-    members = [Member(f"m{i}") for i in range(4)]
+    members = [Assignee(f"m{i}") for i in range(4)]
     current = {
         "m0": [0, 1, 2, 3],
         "m1": list(range(4, 16)),
@@ -257,7 +257,7 @@ def test_a_member_above_its_cap_sheds_its_highest_numbered_partitions() -> None:
 
 
 def test_a_member_of_weight_two_carries_twice_the_load() -> None:
-    heavy = Member("b", weight=2)
+    heavy = Assignee("b", weight=2)
     loads = [1.0] * 12
     result = plan({"a": list(range(12)), "b": []}, loads, members=[A, heavy])
     got = member_loads(result.target, loads)
@@ -277,7 +277,7 @@ def test_a_swap_that_leaves_the_busiest_where_it_was_is_rounding_not_a_gain() ->
 def test_load_never_empties_a_member_the_sticky_rules_give_a_share() -> None:
     # a (weight 1) holds the hot partition; b (weight 3) could carry it at a lower
     # utilisation, but an empty a would be a joiner on the next pass and get a share back.
-    heavy = Member("b", weight=3)
+    heavy = Assignee("b", weight=3)
     loads = [10.0, 0.0, 0.0, 0.0]
     current = {"a": [0], "b": [1, 2, 3]}
     first = plan(current, loads, members=[A, heavy])

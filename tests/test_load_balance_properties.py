@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kgroup.core.operator.assignors import Member, get_assignor
+from kgroup.core.operator.assignors import Assignee, get_assignor
 from kgroup.core.operator.load_balance import (
     LoadBalance,
     busiest_ratio,
@@ -35,7 +35,7 @@ from kgroup_sim.load import Balancer, jitter, zipf_loads
 
 TEN_MINUTES = 600.0
 NO_HYSTERESIS = LoadBalance(tolerance=0.0, margin=0.0, dwell_seconds=0.0)
-EIGHT = [Member(f"worker-{i}") for i in range(8)]
+EIGHT = [Assignee(f"worker-{i}") for i in range(8)]
 SIM = settings(max_examples=10, deadline=None, derandomize=True)
 
 
@@ -52,7 +52,7 @@ def loads_of(seed: int, s: float = 0.8) -> list[float]:
 
 
 def utilisations(
-    target: Mapping[str, Sequence[int]], loads: Sequence[float], members: Sequence[Member]
+    target: Mapping[str, Sequence[int]], loads: Sequence[float], members: Sequence[Assignee]
 ) -> list[float]:
     return sorted(
         (sum(loads[p] for p in target.get(m.id, ())) / m.weight for m in members), reverse=True
@@ -123,7 +123,7 @@ def test_a_join_or_leave_moves_what_the_sticky_rules_move_then_the_load_is_rebal
         bal.members = [m for m in EIGHT if m != gone]
         expected = len(bal.target[gone.id])
     else:
-        bal.members = [*EIGHT, Member("worker-new")]
+        bal.members = [*EIGHT, Assignee("worker-new")]
         expected = 64 // 9
     result = bal.plan(loads)
     assert result.membership_moves == expected
@@ -174,7 +174,7 @@ def test_every_plan_that_moves_lowers_the_sorted_utilisations(
 
 def brute_force(
     partitions: int,
-    members: Sequence[Member],
+    members: Sequence[Assignee],
     start: Mapping[str, Sequence[int]],
     loads: Sequence[float],
     limit: float,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kgroup.core.operator.assignors import Member
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import busiest_ratio, effective_loads, load_bound
 from kgroup.core.operator.planner import Decision, GroupPlanner
 from kgroup.crd_models import ConsumerGroupSpec
 
 TWO = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
 HOT = {0: 10.0, **{p: 1.0 for p in range(1, 8)}}  # a carries 13, b 4
-AB = [Member("a"), Member("b")]
+AB = [Assignee("a"), Assignee("b")]
 
 
 def spec(mode: str = "load", **balance: Any) -> ConsumerGroupSpec:

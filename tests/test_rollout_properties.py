@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kgroup.core.operator.assignors import Member, lower_bound_moves
+from kgroup.core.operator.assignors import Assignee, lower_bound_moves
 from kgroup.core.operator.planner import GroupPlanner, PodObservation
 from kgroup.crd_models import ConsumerGroupSpec
 
@@ -148,7 +148,7 @@ def test_pure_joins_and_leaves_of_one_revision_move_the_lower_bound(
         members_now = g.members()
         moved = g.step(dt)
         if moved is not None:
-            bound = lower_bound_moves(partitions, [Member(m) for m in members_now], before, {})
+            bound = lower_bound_moves(partitions, [Assignee(m) for m in members_now], before, {})
             assert moved == bound
     g.settle()
     assert set(g.target) == g.members()

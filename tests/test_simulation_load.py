@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kgroup.core.load import parse_load
-from kgroup.core.operator.assignors import Member, get_assignor
+from kgroup.core.operator.assignors import Assignee, get_assignor
 from kgroup.core.operator.load_balance import busiest_ratio, load_bound
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import ConsumerGroupSpec
@@ -93,7 +93,7 @@ def test_without_faults_skewed_load_is_balanced_in_one_rebalance_and_then_rests(
         assert len(load_epochs(world)) <= 2, (seed, world.epochs)
         assert result.sim_time - world.epochs[-1][0] >= 150.0
         final = {m: parse_ranges(r, limit=PARTITIONS) for m, r in world.epochs[-1][2].items()}
-        members = [Member(m) for m in final]
+        members = [Assignee(m) for m in final]
         loads = list(feed.rates)
         assert busiest_ratio(final, loads, members) <= max(1.2, load_bound(loads, members))
         count_based = get_assignor("sticky").assign(PARTITIONS, members, {}, {})
@@ -133,7 +133,7 @@ def shifting(balance: str = "real", *, noise: float = 0.2, settle: float = 150.0
 
 def busiest_on(target: dict[str, str], rates: Sequence[float]) -> float:
     owned = {m: parse_ranges(r) for m, r in target.items()}
-    return busiest_ratio(owned, list(rates), [Member(m) for m in sorted(owned)])
+    return busiest_ratio(owned, list(rates), [Assignee(m) for m in sorted(owned)])
 
 
 def test_a_zipf_load_is_drawn_per_seed_and_its_hot_set_moves_at_the_shift() -> None:

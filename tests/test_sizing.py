@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kgroup.core.operator.assignors import Member
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import load_bound
 from kgroup.core.operator.sizing import (
     busiest_share,
@@ -100,7 +100,7 @@ def test_busiest_share_equals_load_bound_on_random_loads() -> None:
         n = rng.randint(1, 40)
         m = rng.randint(1, 12)
         loads = [rng.choice([0.0, rng.random(), 10 * rng.random()]) for _ in range(n)]
-        members = [Member(f"m{i}") for i in range(m)]
+        members = [Assignee(f"m{i}") for i in range(m)]
         assert busiest_share(m, loads, count_balanced=False) == pytest.approx(
             load_bound(loads, members), rel=1e-9)
 

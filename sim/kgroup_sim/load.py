@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgroup.core.load import encode_load
-from kgroup.core.operator.assignors import Member, get_assignor
+from kgroup.core.operator.assignors import Assignee, get_assignor
 from kgroup.core.operator.load_balance import LoadBalance, LoadPlan, plan_load_balance
 from kgroup.core.ranges import parse_ranges
 
@@ -48,7 +48,7 @@ class Balancer:
     """
 
     partitions: int
-    members: list[Member]
+    members: list[Assignee]
     config: LoadBalance = field(default_factory=LoadBalance)
     target: dict[str, list[int]] = field(default_factory=dict)
     last_moved: dict[int, float] = field(default_factory=dict)

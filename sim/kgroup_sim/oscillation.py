@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kgroup.core.operator.assignors import Member as Assignee
+from kgroup.core.operator.assignors import Assignee
 from kgroup.core.operator.load_balance import busiest_ratio, load_bound
 from kgroup.core.ranges import parse_ranges
 from kgroup_sim.checks import target_moves

@@ -35,8 +35,8 @@ from typing import Protocol
 
 __all__ = [
     "ASSIGNORS",
+    "Assignee",
     "Assignor",
-    "Member",
     "RangeAssignor",
     "StickyAssignor",
     "get_assignor",
@@ -46,8 +46,10 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Member:
-    """A group member: its id (the pod name) and its relative capacity."""
+class Assignee:
+    """A group member as an assignor sees it: its id (the pod name) and its relative
+    capacity. The member itself, its state machine, is
+    :class:`kgroup.core.member.reconcile.Member`."""
 
     id: str
     weight: int = 1
@@ -61,7 +63,7 @@ class Assignor(Protocol):
     def assign(
         self,
         partitions: int,
-        members: Sequence[Member],
+        members: Sequence[Assignee],
         current: Mapping[str, Sequence[int]],
         holders: Mapping[int, str],
     ) -> dict[str, list[int]]:
@@ -69,7 +71,7 @@ class Assignor(Protocol):
         ...
 
 
-def _check(partitions: int, members: Sequence[Member]) -> list[Member]:
+def _check(partitions: int, members: Sequence[Assignee]) -> list[Assignee]:
     """Validate the inputs every assignor shares; return members sorted by id."""
     if partitions < 0:
         raise ValueError(f"partitions must be >= 0, got {partitions}")
@@ -108,7 +110,7 @@ def _prior_owners(
     return owner
 
 
-def _holdings(ordered: Sequence[Member], owner: Sequence[str | None]) -> dict[str, list[int]]:
+def _holdings(ordered: Sequence[Assignee], owner: Sequence[str | None]) -> dict[str, list[int]]:
     """Member id -> the partitions it holds now, ascending."""
     held: dict[str, list[int]] = {m.id: [] for m in ordered}
     for p, mid in enumerate(owner):
@@ -118,7 +120,7 @@ def _holdings(ordered: Sequence[Member], owner: Sequence[str | None]) -> dict[st
 
 
 def _quotas(
-    partitions: int, ordered: Sequence[Member], held_count: Mapping[str, int]
+    partitions: int, ordered: Sequence[Assignee], held_count: Mapping[str, int]
 ) -> dict[str, int]:
     """Balanced target counts that keep as many current holdings as possible.
 
@@ -129,7 +131,7 @@ def _quotas(
     """
     total_weight = sum(m.weight for m in ordered)
     quota: dict[str, int] = {}
-    candidates: list[Member] = []
+    candidates: list[Assignee] = []
     for m in ordered:
         q, rem = divmod(partitions * m.weight, total_weight)
         quota[m.id] = q
@@ -137,7 +139,7 @@ def _quotas(
             candidates.append(m)
     extras = partitions - sum(quota.values())
 
-    def preference(m: Member) -> tuple[bool, int, str]:
+    def preference(m: Assignee) -> tuple[bool, int, str]:
         h = held_count[m.id]
         return (h <= quota[m.id], -h, m.id)
 
@@ -149,7 +151,7 @@ def _quotas(
 
 def lower_bound_moves(
     partitions: int,
-    members: Sequence[Member],
+    members: Sequence[Assignee],
     current: Mapping[str, Sequence[int]],
     holders: Mapping[int, str],
 ) -> int:
@@ -181,7 +183,7 @@ class StickyAssignor:
     def assign(
         self,
         partitions: int,
-        members: Sequence[Member],
+        members: Sequence[Assignee],
         current: Mapping[str, Sequence[int]],
         holders: Mapping[int, str],
     ) -> dict[str, list[int]]:
@@ -228,7 +230,7 @@ class RangeAssignor:
     def assign(
         self,
         partitions: int,
-        members: Sequence[Member],
+        members: Sequence[Assignee],
         current: Mapping[str, Sequence[int]],
         holders: Mapping[int, str],
     ) -> dict[str, list[int]]:

@@ -87,7 +87,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kgroup.core.operator.assignors import Member, _check, _holdings, _prior_owners
+from kgroup.core.operator.assignors import Assignee, _check, _holdings, _prior_owners
 
 __all__ = [
     "LoadBalance",
@@ -154,7 +154,7 @@ def effective_loads(partitions: int, loads: Mapping[int, float | None]) -> list[
     return [measured.get(p, fill) for p in range(partitions)]
 
 
-def count_caps(partitions: int, members: Sequence[Member], count_slack: float) -> dict[str, int]:
+def count_caps(partitions: int, members: Sequence[Assignee], count_slack: float) -> dict[str, int]:
     """Member id -> the most partitions it may hold: ceil(slack x N x w / W), at least 1."""
     ordered = _check(partitions, members)
     total_weight = sum(m.weight for m in ordered)
@@ -165,7 +165,7 @@ def count_caps(partitions: int, members: Sequence[Member], count_slack: float) -
 
 
 def busiest_ratio(
-    target: Mapping[str, Sequence[int]], loads: Sequence[float], members: Sequence[Member]
+    target: Mapping[str, Sequence[int]], loads: Sequence[float], members: Sequence[Assignee]
 ) -> float:
     """The busiest member's utilisation over the mean (1.0 when there is no load)."""
     weight = {m.id: m.weight for m in members}
@@ -179,7 +179,7 @@ def busiest_ratio(
     return busiest / mean
 
 
-def load_bound(loads: Sequence[float], members: Sequence[Member]) -> float:
+def load_bound(loads: Sequence[float], members: Sequence[Assignee]) -> float:
     """A lower bound on :func:`busiest_ratio` that *every* assignment meets.
 
     Pigeonhole: of the ``j*M + 1`` heaviest partitions, some member holds at least
@@ -209,7 +209,7 @@ def load_bound(loads: Sequence[float], members: Sequence[Member]) -> float:
 def min_moves_lower_bound(
     target: Mapping[str, Sequence[int]],
     loads: Sequence[float],
-    members: Sequence[Member],
+    members: Sequence[Assignee],
     limit: float,
 ) -> int:
     """The fewest partitions any planner must move so the busiest ratio is <= ``limit``.
@@ -240,7 +240,7 @@ def min_moves_lower_bound(
 
 def plan_load_balance(
     partitions: int,
-    members: Sequence[Member],
+    members: Sequence[Assignee],
     current: Mapping[str, Sequence[int]],
     holders: Mapping[int, str],
     loads: Mapping[int, float | None],
@@ -271,14 +271,14 @@ def plan_load_balance(
     return LoadPlan(target, moved, len(membership_moved))
 
 
-def _surplus_key(m: Member, count: int, partitions: int, total_weight: int) -> int:
+def _surplus_key(m: Assignee, count: int, partitions: int, total_weight: int) -> int:
     """count - fair count, scaled by W to stay an exact integer."""
     return count * total_weight - partitions * m.weight
 
 
 def _settle_membership(
     partitions: int,
-    ordered: Sequence[Member],
+    ordered: Sequence[Assignee],
     prior: Sequence[str | None],
     load: Sequence[float],
     caps: Mapping[str, int],
@@ -345,7 +345,7 @@ class _Move:
 
 
 def _refine_load(
-    ordered: Sequence[Member],
+    ordered: Sequence[Assignee],
     owner: list[str | None],
     load: Sequence[float],
     caps: Mapping[str, int],

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kgroup.core.operator.assignors import Member, get_assignor, moved_partitions
+from kgroup.core.operator.assignors import Assignee, get_assignor, moved_partitions
 from kgroup.core.operator.load_balance import (
     LoadBalance,
     busiest_ratio,
@@ -52,9 +52,9 @@ from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 __all__ = [
     "Decision",
     "GroupPlanner",
+    "GroupTarget",
     "LockObservation",
     "PodObservation",
-    "Target",
     "balance_config",
     "correct_hand_edit",
     "current_members",
@@ -65,8 +65,9 @@ __all__ = [
     "window_end",
 ]
 
-Target = dict[str, list[int]]
-"""Member id (pod name) -> the partitions targeted to it, ascending."""
+GroupTarget = dict[str, list[int]]
+"""The group's target: member id (pod name) -> the partitions targeted to it, ascending.
+One member's share as that member sees it is :class:`kgroup.core.member.view.Target`."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def live_holders(
     return out
 
 
-def normalize_target(target: Mapping[str, Sequence[int]]) -> Target:
+def normalize_target(target: Mapping[str, Sequence[int]]) -> GroupTarget:
     """A canonical copy: every list sorted and de-duplicated, keys kept (also empty ones)."""
     return {m: sorted(set(ps)) for m, ps in sorted(target.items())}
 
@@ -193,7 +194,7 @@ class Decision:
     even if nothing is observed in between (end of a window, a grace period), or None.
     """
 
-    target: Target | None = None
+    target: GroupTarget | None = None
     epoch: int = 0
     reason: str = ""
     moved: int = 0
@@ -307,7 +308,7 @@ class GroupPlanner:
             self._changed_at = now
         return self._join_quiet if self._joined_at == now else now - self._joined_at
 
-    def _window_due(self, spec: ConsumerGroupSpec, current: Target, effective: set[str],
+    def _window_due(self, spec: ConsumerGroupSpec, current: GroupTarget, effective: set[str],
                     rollout: Replacements, sessions: Collection[str] | None, quiet: float,
                     now: float) -> float | None:
         """A membership change pending (noted from now on): the end of its stabilisation
@@ -329,10 +330,10 @@ class GroupPlanner:
         return None
 
     def _assign(self, spec: ConsumerGroupSpec, effective: set[str], rollout: Replacements,
-                holders: Mapping[int, str], loads: Mapping[int, float], now: float) -> Target:
+                holders: Mapping[int, str], loads: Mapping[int, float], now: float) -> GroupTarget:
         """The next target by the group's assignor (or load-aware planning); a rollout's
         waiting members get nothing."""
-        ids = [Member(id=m) for m in sorted(effective - rollout.waiting)]
+        ids = [Assignee(id=m) for m in sorted(effective - rollout.waiting)]
         if spec.balance.mode == "load":
             assigned = plan_load_balance(spec.partitions, ids, rollout.current, dict(holders),
                                          loads, self._last_moved, now,
@@ -342,7 +343,7 @@ class GroupPlanner:
                                                           rollout.current, dict(holders))
         return normalize_target({**assigned, **{m: [] for m in rollout.waiting}})
 
-    def _load_step(self, spec: ConsumerGroupSpec, current: Target, epoch: int,
+    def _load_step(self, spec: ConsumerGroupSpec, current: GroupTarget, epoch: int,
                    holders: Mapping[int, str], loads: Mapping[int, float], now: float,
                    next_check: float | None) -> Decision:
         """Membership settled, ``spec.balance.mode`` load: move partitions for load
@@ -353,7 +354,7 @@ class GroupPlanner:
         none = Decision(epoch=epoch, next_check=next_check)
         if any(holders.get(p) != m for m, ps in current.items() for p in ps):
             return none
-        ids = [Member(id=m) for m in sorted(current) if current[m]]
+        ids = [Assignee(id=m) for m in sorted(current) if current[m]]
         if not ids:
             return none
         result = plan_load_balance(spec.partitions, ids, current, dict(holders), loads,
@@ -369,7 +370,7 @@ class GroupPlanner:
                     f"{busiest_ratio(after, load, ids):.2f}x after"),
             next_check=next_check)
 
-    def _stamp(self, before: Target, after: Target, now: float) -> None:
+    def _stamp(self, before: GroupTarget, after: GroupTarget, now: float) -> None:
         """Remember when each partition whose target owner changed moved (the dwell); a
         partition's first owner is no move (a new group balances its load at once)."""
         owner = {p: m for m, ps in before.items() for p in ps}
@@ -385,7 +386,7 @@ class GroupPlanner:
                 and not pod.terminating and self._present is not None
                 and member in self._present)
 
-    def _see(self, pods: Iterable[PodObservation] | None, current: Target) -> None:
+    def _see(self, pods: Iterable[PodObservation] | None, current: GroupTarget) -> None:
         """Remember the pods seen now, and the last sight of departed targeted members."""
         if pods is None:
             return
@@ -395,7 +396,7 @@ class GroupPlanner:
         self._pods = {**keep, **seen}
 
     def _effective_members(
-        self, spec: ConsumerGroupSpec, current: Target, members: set[str], now: float,
+        self, spec: ConsumerGroupSpec, current: GroupTarget, members: set[str], now: float,
         kept_ordinals: Mapping[str, range] | None = None,
     ) -> tuple[set[str], float | None]:
         """Members plus departed targeted members still within their restart grace."""
@@ -426,7 +427,7 @@ def balance_config(spec: ConsumerGroupSpec) -> LoadBalance:
                        dwell_seconds=float(b.dwell_seconds), count_slack=b.count_slack)
 
 
-def _new_target(spec: ConsumerGroupSpec, current: Target, after: Target, *, epoch: int,
+def _new_target(spec: ConsumerGroupSpec, current: GroupTarget, after: GroupTarget, *, epoch: int,
                 holders: Mapping[int, str], spec_changed: bool,
                 next_check: float | None) -> Decision:
     """The decision to write ``after`` as the next epoch's target: why, and how many
@@ -477,8 +478,8 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     return min(a, b)
 
 
-def _by_member(holders: Mapping[int, str]) -> Target:
-    out: Target = {}
+def _by_member(holders: Mapping[int, str]) -> GroupTarget:
+    out: GroupTarget = {}
     for p, m in sorted(holders.items()):
         out.setdefault(m, []).append(p)
     return out
