@@ -285,7 +285,8 @@ class Swarm:
     async def _report_health(self, interval: float) -> None:
         """Every member's app reports the health of what it holds every ``interval`` s,
         as ``POST /v1/health`` would (``SidecarHealth.report``): positions advance, lags
-        move, nothing stalls. Each renewal then carries a fresh summary, as with real apps."""
+        move, processed rates vary, nothing stalls. Each renewal then carries a fresh
+        health summary and load annotation (``kgroup.dev/load``), as with real apps."""
         tick = 0
         while True:
             await asyncio.sleep(interval)
@@ -296,7 +297,8 @@ class Swarm:
                     continue
                 run.sidecar.health.report({"partitions": [
                     {"partition": p, "token": t, "position": f"{1000 * tick + p}-0",
-                     "lag": (tick * 7 + p) % 50} for p, t in held.items()]})
+                     "lag": (tick * 7 + p) % 50, "rate": float(10 + (tick * 3 + p) % 40)}
+                    for p, t in held.items()]})
                 self.health_reports += 1
 
     def settings(self, pod: str, *, audit: bool = True, group: str | None = None) -> Settings:
