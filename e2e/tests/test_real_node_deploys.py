@@ -247,7 +247,17 @@ def test_an_evicted_worker_hands_over_within_its_grace_and_the_budget_refuses_a_
     new_owners = wait_for("the victim's partitions owned elsewhere", handed_over,
                           timeout=grace)
     took = time.monotonic() - t0
-    audit = workers.audit()
+
+    # A sidecar appends its audit line once it learns its write was applied: the Lease
+    # may show the new owner before its audit file does (a moment after the answer, or
+    # longer when the answer was lost and the acquisition is adopted from the watch).
+    def acquisitions_audited() -> list[dict[str, Any]]:
+        audit = workers.audit()
+        seen = {(r["member"], r["partition"]) for r in audit
+                if r["event"] == "acquire" and r["mono"] >= t0}
+        return audit if all((o, p) in seen for p, o in new_owners.items()) else []
+    audit = wait_for("the new owners' acquisitions in their audit", acquisitions_audited,
+                     timeout=30)
     releases = {r["partition"]: r for r in audit if r["member"] == victim
                 and r["event"] == "release" and r["mono"] >= t0}
     assert sorted(releases) == owned
