@@ -15,6 +15,10 @@ Rules of this module:
   have stopped follows it (:mod:`kgroup_sim.oscillation`).
 * Watches: each observer's streams of the store's changes, with their faults and
   re-lists, are kept by :mod:`kgroup_sim.watches`.
+
+Over 600 lines, and one job: the run's wiring (store commits fed to the checker and the
+watches, members started and stopped, the verdict at the end); what had a job of its own
+(reshapes, the load window, watches, faults, hand edits) lives in its own module.
 """
 
 from __future__ import annotations
