@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from kgroup.core.operator import watch_stream as ws
+from kgroup.core import watch_stream as ws
 
 
 def events(n: int) -> list[bytes]:

@@ -44,8 +44,8 @@ import orjson
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.core import watch_stream as ws
 from kgroup.core.objects import Obj
-from kgroup.core.operator import watch_stream as ws
 
 log = logging.getLogger(__name__)
 
