@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import MappingProxyType
 
 import pytest
 
@@ -48,6 +49,9 @@ def test_a_line_over_the_bound_is_refused_and_not_held() -> None:
     with pytest.raises(ws.LineTooLong):
         lines.feed(b"y" * 101 + b"\nz")  # a whole line over the bound
     assert lines.pending == 0
+    with pytest.raises(ws.LineTooLong):
+        lines.feed(b"y" * 101 + b"\n")  # one whole line in one chunk (the common case)
+    assert lines.feed(b'{"a":1}\n') == [b'{"a":1}'] and lines.feed(b" \n") == []
     assert lines.feed(b"x" * 100 + b"\n") == [b"x" * 100]  # at the bound: fine
 
 
@@ -68,6 +72,11 @@ def test_what_each_event_means() -> None:
         ws.step({"type": "ERROR"})
     odd = ws.step({"type": "MODIFIED", "object": "not an object"})
     assert (odd.deliver, odd.obj, odd.resource_version) == (True, {}, None)
+    proxied = ws.step(MappingProxyType({"type": "ADDED", "object": MappingProxyType(
+        {"metadata": MappingProxyType({"resourceVersion": 12})})}))  # any Mapping
+    assert (proxied.deliver, proxied.kind, proxied.resource_version) == (True, "ADDED", "12")
+    untyped = ws.step({"object": obj})
+    assert (untyped.deliver, untyped.kind) == (False, "")
 
 
 def test_backoff_grows_to_a_bound_and_is_none_without_failures() -> None:

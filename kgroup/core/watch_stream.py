@@ -19,8 +19,7 @@ Used by the operator's per-group Lease watch (``kgroup_operator.lease_watch``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["BACKOFF_SECONDS", "MAX_LINE_BYTES", "Gone", "LineTooLong", "Lines", "Step",
            "WatchError", "backoff", "step"]
@@ -66,24 +65,35 @@ class Lines:
         return len(self._pending)
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\n" not in chunk:
+        """The lines ``chunk`` finishes. A watch reads one event per chunk in the steady
+        state (a renewal), so that case is taken first, without a split; otherwise one
+        split per chunk, and the bound checked line by line only when the bytes at hand
+        exceed it."""
+        end = chunk.find(b"\n")
+        if end < 0:
             if len(self._pending) + len(chunk) > self.max_line:
                 self._pending = b""
                 raise LineTooLong(f"a watch line over {self.max_line} bytes")
             self._pending += chunk
             return []
-        *lines, rest = (self._pending + chunk).split(b"\n")
-        if len(rest) > self.max_line or any(len(line) > self.max_line for line in lines):
+        if end == len(chunk) - 1 and not self._pending:  # one whole line
+            if end > self.max_line:
+                raise LineTooLong(f"a watch line over {self.max_line} bytes")
+            line = chunk[:end]
+            return [line] if line.strip() else []
+        data = self._pending + chunk if self._pending else chunk
+        *lines, rest = data.split(b"\n")
+        if len(data) > self.max_line and (
+                len(rest) > self.max_line or max(map(len, lines)) > self.max_line):
             self._pending = b""
             raise LineTooLong(f"a watch line over {self.max_line} bytes")
         self._pending = rest
         return [line for line in lines if line.strip()]
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """What one event means: ``deliver`` it (its type and object) or not; the version to
-    resume from (None: unchanged)."""
+    resume from (None: unchanged). A tuple: one is made per event, in every pod."""
 
     deliver: bool
     kind: str
@@ -91,17 +101,26 @@ class Step:
     resource_version: str | None
 
 
+_tuple = tuple.__new__  # a Step without the Python-level __new__ of a NamedTuple
+
+
 def step(event: Mapping[str, Any]) -> Step:
-    """One decoded event; an ERROR raises :class:`Gone` (410) or :class:`WatchError`."""
-    kind = str(event.get("type") or "")
+    """One decoded event; an ERROR raises :class:`Gone` (410) or :class:`WatchError`.
+    (The ``dict`` checks first: what a JSON decoder makes, without an ABC check.)"""
+    kind = event.get("type")
+    if kind.__class__ is not str:
+        kind = str(kind or "")
     obj = event.get("object")
-    obj = obj if isinstance(obj, Mapping) else {}
+    if obj.__class__ is not dict and not isinstance(obj, Mapping):
+        obj = {}
     if kind == "ERROR":
         code = obj.get("code")
         raise error(code if isinstance(code, int) else 500, str(obj.get("message") or ""))
     meta = obj.get("metadata")
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-    return Step(kind in DELIVERED, kind, obj, str(rv) if rv else None)
+    rv = (meta.get("resourceVersion")
+          if meta.__class__ is dict or isinstance(meta, Mapping) else None)
+    return _tuple(Step, (kind in DELIVERED, kind, obj,
+                         rv if rv.__class__ is str and rv else (str(rv) if rv else None)))
 
 
 def backoff(failures: int) -> float:
