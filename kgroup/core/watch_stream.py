@@ -9,25 +9,40 @@ API server ends the stream. What a watcher decides, whatever reads the bytes:
 * :func:`step` says what an event means: one to hand on (ADDED, MODIFIED, DELETED), a
   BOOKMARK (only its resourceVersion, to resume from), or an ERROR (410 Gone: the version
   is too old, list again; anything else: watch again);
-* :func:`backoff` says how long to wait before the next attempt after ``failures``
-  failures in a row (none after a stream the server simply ended: events are waited
-  for, not polled).
+* :class:`Resume` says where the next attempt starts and how long it waits: a 410 lists
+  again at once; any other break watches again from the last version seen, after
+  :func:`backoff` (exponential, capped, spread: :data:`RECONNECT`) when it failed; a
+  stream the server simply ended is watched again at once (events are waited for, not
+  polled);
+* :func:`watch_seconds` is the server-side timeout a watch asks for, spread so that the
+  watches started together do not all end together.
 
-Used by the operator's per-group Lease watch (``kgroup_operator.lease_watch``).
+Used by both processes' watches, through :mod:`kgroup.kube_watch`: the operator's
+per-group Lease watch (``kgroup_operator.lease_watch``) and the sidecar's watches
+(``kgroup_sidecar.kube``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["BACKOFF_SECONDS", "MAX_LINE_BYTES", "Gone", "LineTooLong", "Lines", "Step",
-           "WatchError", "backoff", "step"]
+from kgroup.core.backoff import Backoff
+
+__all__ = ["MAX_LINE_BYTES", "RECONNECT", "WATCH_SECONDS", "Gone", "LineTooLong", "Lines",
+           "Resume", "Step", "WatchError", "backoff", "step", "watch_seconds"]
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """An event line's bound: an object is at most 1.5 MiB (etcd's request limit), JSON
 escaping of its annotations can at most double it, and the event adds a few bytes."""
-BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
+RECONNECT = Backoff(base=0.2, cap=8.0)
+"""The pause before listing or watching again after failures in a row: 0.2, 0.4 ... 6.4,
+8 s, spread by +-25 %. An overloaded API server answering every watch with 5xx is not
+asked again by every watcher together (docs/design.md, "Retries back off, spread")."""
+WATCH_SECONDS = 240
+"""A watch's server-side timeout, before its spread: each watch asks for a time drawn in
+``[WATCH_SECONDS, 2 * WATCH_SECONDS)`` (as client-go's reflector does)."""
 DELIVERED = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
@@ -123,8 +138,52 @@ def step(event: Mapping[str, Any]) -> Step:
                          rv if rv.__class__ is str and rv else (str(rv) if rv else None)))
 
 
-def backoff(failures: int) -> float:
-    """Seconds to wait after ``failures`` failed attempts in a row (0: none failed)."""
-    if failures <= 0:
-        return 0.0
-    return BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
+def backoff(failures: int, draw: float) -> float:
+    """Seconds to wait after ``failures`` failed attempts in a row (0: none failed);
+    ``draw`` in [0, 1) (``random.random()``): where in its spread the pause falls."""
+    return RECONNECT.delay(failures, draw)
+
+
+def watch_seconds(draw: float) -> int:
+    """The server-side timeout one watch asks for; ``draw`` in [0, 1)."""
+    return int(WATCH_SECONDS * (1.0 + min(max(draw, 0.0), 0.999)))
+
+
+@dataclass
+class Resume:
+    """Where a list+watch picks up after its stream ended or broke.
+
+    ``resource_version`` None: list first. Only a 410 Gone forgets the version (the one
+    case where watching again from it cannot work); any other break (a refusal, a dropped
+    connection, an API server restart, a line over the bound, what is not JSON) is a
+    failure, and the watch resumes from the last version seen after :func:`backoff`.
+    The failures count again from 0 once a list answered or the stream moved the version
+    on (an event or a bookmark), or the server ended it."""
+
+    resource_version: str | None = None
+    failures: int = 0
+
+    def listed(self, resource_version: str) -> None:
+        self.resource_version = resource_version
+        self.failures = 0
+
+    def read(self, resource_version: str | None) -> None:
+        """The stream stopped (ended or broke) after reading up to ``resource_version``."""
+        if resource_version is not None and resource_version != self.resource_version:
+            self.resource_version = resource_version
+            self.failures = 0
+
+    def ended(self) -> None:
+        """The server ended the stream (its timeout): watch again at once."""
+        self.failures = 0
+
+    def gone(self) -> None:
+        """410 Gone: list again, at once."""
+        self.resource_version = None
+
+    def failed(self) -> None:
+        self.failures += 1
+
+    def pause(self, draw: float) -> float:
+        """Seconds to wait before the next attempt; ``draw`` in [0, 1)."""
+        return backoff(self.failures, draw)
