@@ -105,14 +105,16 @@ def test_a_partitions_retries_grow_to_a_short_bound_and_reset_when_it_is_taken()
     assert 0.75 <= m._retry_at[3] - 10.0 <= 1.25  # counted afresh
 
 
-def test_the_sidecars_watches_reconnect_with_the_backoff_and_end_spread() -> None:
-    from kgroup_sidecar import kube
+def test_both_processes_watches_reconnect_with_one_backoff_and_end_spread() -> None:
+    """The sidecar's watches and the operator's Lease watch run one loop
+    (kgroup.kube_watch.follow) over kgroup.core.watch_stream's rule."""
+    from kgroup.core import watch_stream as ws
 
-    assert kube.RECONNECT.delay(1, 0.5) == 0.2 and kube.RECONNECT.delay(99, 0.5) == 8.0
-    ends = {kube.watch_seconds(random.Random(i).random()) for i in range(100)}
-    assert min(ends) >= kube.WATCH_SECONDS and max(ends) < 2 * kube.WATCH_SECONDS
+    assert ws.RECONNECT.delay(1, 0.5) == 0.2 and ws.RECONNECT.delay(99, 0.5) == 8.0
+    ends = {ws.watch_seconds(random.Random(i).random()) for i in range(100)}
+    assert min(ends) >= ws.WATCH_SECONDS and max(ends) < 2 * ws.WATCH_SECONDS
     assert len(ends) > 50  # spread, not one moment for every pod started together
-    assert kube.watch_seconds(1.0) < 2 * kube.WATCH_SECONDS
+    assert ws.watch_seconds(1.0) < 2 * ws.WATCH_SECONDS
 
 
 def test_a_pods_draws_are_uniform_reproducible_and_its_own() -> None:

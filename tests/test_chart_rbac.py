@@ -125,8 +125,9 @@ _VERB = {"read": "get", "list": "list", "create": "create", "replace": "update",
 # The sidecar's own client (kgroup_sidecar.apiclient): verb(LEASES, ...), and its watches
 # as data: WatchSpec("kind", LEASES, ...) is a list plus a watch.
 _SIDECAR_CALL = re.compile(r"\.(get|list|create|replace|patch|delete)\(\s*LEASES\b")
-# The operator's Lease watch (lease_watch.py, aiohttp): GETs of the leases URL, one a watch.
-_AIOHTTP_WATCH = '"watch": "true"'
+# The operator's Lease watch (lease_watch.py, aiohttp): a list, then the list+watch loop
+# both processes share (kgroup/kube_watch.py) watches.
+_SHARED_WATCH = "kube_watch.follow("
 _SIDECAR_WATCH = re.compile(r"WatchSpec\(\s*\"\w+\",\s*LEASES\b")
 
 
@@ -140,7 +141,7 @@ def lease_verbs_called(*files: str) -> set[str]:
         verbs |= {_VERB[m] for m in _SIDECAR_CALL.findall(text)}
         if _SIDECAR_WATCH.search(text):
             verbs |= {"list", "watch"}
-        if "watch.Watch" in text or "watch=True" in text or _AIOHTTP_WATCH in text \
+        if "watch.Watch" in text or "watch=True" in text or _SHARED_WATCH in text \
                 or "kopf.on.event(\"coordination.k8s.io\"" in text:
             verbs |= {"list", "watch"}
     return verbs
@@ -203,7 +204,7 @@ def operator_calls() -> set[tuple[str, str, str]]:
             calls |= {(group, res, "list"), (group, res, "watch")}
         if "watch.Watch" in text or "watch=True" in text:
             calls |= {("coordination.k8s.io", "leases", "watch")}
-        if _AIOHTTP_WATCH in text:  # lease_watch.py: a list, then a watch, with aiohttp
+        if _SHARED_WATCH in text:  # lease_watch.py: a list, then a watch, with aiohttp
             calls |= {("coordination.k8s.io", "leases", v) for v in ("list", "watch")}
     return calls
 

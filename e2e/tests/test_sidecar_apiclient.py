@@ -19,6 +19,8 @@ from typing import TypeVar
 import pytest
 from kubernetes import client
 
+from kgroup import kube_watch
+from kgroup.core import watch_stream as ws
 from kgroup.core.lease_codec import slim
 from kgroup.core.objects import Obj
 from kgroup_devcluster.cluster import Cluster
@@ -26,7 +28,6 @@ from kgroup_devcluster.tokens import request_token
 from kgroup_sidecar.apiclient import (
     ApiClient,
     ApiError,
-    Gone,
     Resource,
     in_cluster_config,
     kubeconfig_config,
@@ -225,10 +226,11 @@ def test_a_watch_whose_version_is_gone_relists_and_a_restart_rewatches(
                              lambda: w.saw("partition", "ADDED", f"{GROUP}-partition-1"))
             assert ("partition", [f"{GROUP}-partition-0"]) in w.lists[1:]
             assert created["metadata"]["name"] == f"{GROUP}-partition-1"
-            with pytest.raises(Gone):  # the client's own answer to that version
-                async for _ in c.watch(LEASES, namespace, resource_version="2",
-                                       timeout_seconds=2):
-                    pass
+            with pytest.raises(ws.Gone):  # the server's own answer to that version
+                await kube_watch.stream(
+                    lambda params, timeout: c.open_watch(LEASES, namespace, params,
+                                                         timeout=timeout),
+                    ws.Resume("2"), lambda kind, obj: None, loads=json.loads, seconds=2)
         finally:
             await adapter.aclose()
             await c.close()
@@ -306,20 +308,26 @@ def test_a_watch_line_longer_than_aiohttps_line_cap_arrives_whole(
     ConsumerGroup with a large status). A ConfigMap of 700 kB stands in for it."""
     configmaps = Resource("", "v1", "configmaps")
 
+    class Found(Exception):
+        pass
+
+    def deliver(kind: str, obj: Obj) -> None:
+        if obj["metadata"]["name"] == "big":
+            assert len(obj["data"]["padding"]) == 700_000
+            raise Found
+
     async def go() -> None:
         c = api()
         try:
             listed = await c.list(configmaps, namespace, timeout=5)
             await c.create(configmaps, namespace, {
                 "metadata": {"name": "big"}, "data": {"padding": "x" * 700_000}}, timeout=10)
-            async for event in c.watch(configmaps, namespace,
-                                       resource_version=listed["metadata"]["resourceVersion"],
-                                       timeout_seconds=5):
-                if event["object"]["metadata"]["name"] == "big":
-                    assert len(event["object"]["data"]["padding"]) == 700_000
-                    break
-            else:
-                pytest.fail("no event for the big ConfigMap")
+            with pytest.raises(Found):  # else the stream ended at its timeout without it
+                await kube_watch.stream(
+                    lambda params, timeout: c.open_watch(configmaps, namespace, params,
+                                                         timeout=timeout),
+                    ws.Resume(listed["metadata"]["resourceVersion"]), deliver,
+                    loads=json.loads, seconds=5)
         finally:
             await c.close()
 

@@ -18,13 +18,15 @@ Why not a kopf handler on every Lease, as for the other resources:
 
 How: each watch is a task on the operator's event loop reading the API server's stream
 with aiohttp (as kopf itself does; one session, its connection pool shared by every
-group's watch), the stream's lines cut by :class:`kgroup.core.operator.watch_stream.Lines`
-(bounded) and decoded with orjson. An earlier version read it with the ``kubernetes``
-client in a thread per watch: urllib3's chunked reads in Python, ``json.loads`` and the
-hand-over to the loop cost most of the operator's steady-state CPU (docs/benchmarks.md).
-List, then watch from the list's resourceVersion (bookmarks keep it fresh); a 410 Gone
-lists again, any other break watches again from the last version seen, after a backoff
-when it failed (:func:`kgroup.core.operator.watch_stream.backoff`). Nothing polls.
+group's watch), through the list+watch loop the sidecar's watches run too
+(:func:`kgroup.kube_watch.follow`: lines cut with one bound, the same backoff, 410 and
+bookmark handling), decoded with orjson. An earlier version read it with the
+``kubernetes`` client in a thread per watch: urllib3's chunked reads in Python,
+``json.loads`` and the hand-over to the loop cost most of the operator's steady-state CPU
+(docs/benchmarks.md). List, then watch from the list's resourceVersion (bookmarks keep it
+fresh); a 410 Gone lists again, any other break watches again from the last version seen,
+after a spread backoff when it failed (:class:`kgroup.core.watch_stream.Resume`). Nothing
+polls.
 
 Authentication is the ``kubernetes`` client's configuration (kubeconfig or in-cluster),
 read per request: a rotated in-cluster token is used at once (its refresh hook).
@@ -36,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -44,13 +46,12 @@ import orjson
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup import kube_watch
+from kgroup.core import watch_stream as ws
 from kgroup.core.objects import Obj
-from kgroup.core.operator import watch_stream as ws
 
 log = logging.getLogger(__name__)
 
-WATCH_SECONDS = 300
-"""The server ends each watch after this long (then it is resumed from its version)."""
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5)
 BATCH_SECONDS = 0.1
 """After each read of the stream, reading pauses this long (:func:`_let_it_gather`) unless
@@ -117,7 +118,7 @@ class LeaseWatch:
         self.events = 0
         self.reads = 0
         self.lists = 0
-        self.failures = 0
+        self._resume = ws.Resume()
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
@@ -161,26 +162,15 @@ class LeaseWatch:
 
     # ---- the stream ----------------------------------------------------------------------
 
+    @property
+    def failures(self) -> int:
+        """Attempts that failed in a row (the backoff's count)."""
+        return self._resume.failures
+
     async def _run(self) -> None:
-        rv: str | None = None
-        while True:
-            try:
-                if rv is None:
-                    rv = await self._list()
-                rv = await self._watch(rv)
-            except ws.Gone:
-                log.info("Leases of %s/%s: watch expired (410 Gone); listing again",
-                         self.namespace, self.group)
-                rv = None
-            except ws.WatchError as exc:  # the API server refused: list again after a wait
-                self.failures += 1
-                log.warning("Leases of %s/%s: %s; retrying", self.namespace, self.group, exc)
-                rv = None
-            except Exception as exc:  # the API server went away, or sent what is not JSON
-                self.failures += 1  # (aiohttp.ClientError, TimeoutError, ValueError, ...)
-                log.warning("Leases of %s/%s: watch broke (%s: %s); retrying",
-                            self.namespace, self.group, type(exc).__name__, exc)
-            await asyncio.sleep(ws.backoff(self.failures))
+        await kube_watch.follow(self._list, self._open, self._deliver, loads=orjson.loads,
+                                name=f"Leases of {self.namespace}/{self.group}", log=log,
+                                resume=self._resume, after_read=self._after_read)
 
     async def _list(self) -> str:
         async with self.http.session().get(
@@ -188,39 +178,30 @@ class LeaseWatch:
                 headers=self.http.headers(), timeout=LIST_TIMEOUT) as resp:
             raw = await resp.read()
             if resp.status != 200:
-                raise _error(resp.status, raw)
+                raise kube_watch.refusal(resp.status, raw, orjson.loads)
         body = orjson.loads(raw)
-        self.failures = 0
         self.lists += 1
         self._deliver_list(list(body.get("items") or []))
         return str(body["metadata"]["resourceVersion"])
 
-    async def _watch(self, rv: str) -> str:
-        """One watch request until the server ends it; the version to resume from."""
-        params = {"labelSelector": self.selector, "watch": "true", "resourceVersion": rv,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
-        timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=WATCH_SECONDS + 30)
+    @contextlib.asynccontextmanager
+    async def _open(self, params: dict[str, str], timeout: aiohttp.ClientTimeout
+                    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One watch request (``kube_watch.stream`` reads it); held meanwhile for
+        :meth:`tls_held_bytes`."""
         async with self.http.session().get(
-                self.http.leases_url(self.namespace), params=params,
+                self.http.leases_url(self.namespace),
+                params={"labelSelector": self.selector, **params},
                 headers=self.http.headers(), timeout=timeout) as resp:
-            if resp.status != 200:
-                raise _error(resp.status, await resp.read())
-            self.failures = 0
             self._resp = resp
             try:
-                lines = ws.Lines()
-                async for chunk in resp.content.iter_any():
-                    self.reads += 1
-                    for line in lines.feed(chunk):
-                        s = ws.step(orjson.loads(line))
-                        rv = s.resource_version or rv
-                        if s.deliver:
-                            self.events += 1
-                            self._deliver(s.kind, s.obj)
-                    await _let_it_gather(resp, self.pause(), self._hurry)
+                yield resp
             finally:
                 self._resp = None
-        return rv
+
+    async def _after_read(self, resp: aiohttp.ClientResponse) -> None:
+        self.reads += 1
+        await _let_it_gather(resp, self.pause(), self._hurry)
 
     def _deliver_list(self, items: list[Obj]) -> None:
         try:
@@ -230,6 +211,7 @@ class LeaseWatch:
                           self.group)
 
     def _deliver(self, kind: str, obj: Any) -> None:
+        self.events += 1
         try:
             self.on_event(kind, obj)
         except Exception:
@@ -275,12 +257,3 @@ async def _let_it_gather(resp: aiohttp.ClientResponse, seconds: float,
             if limits is not None:
                 limits()
             protocol.resume_reading()
-
-
-def _error(status: int, raw: bytes) -> ws.WatchError:
-    try:
-        body = orjson.loads(raw) if raw else {}
-    except ValueError:
-        body = {}
-    message = str(body.get("message") or "") if isinstance(body, dict) else ""
-    return ws.error(status, message)

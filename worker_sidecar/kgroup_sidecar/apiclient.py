@@ -3,8 +3,9 @@
 Why not the official ``kubernetes`` package: it is synchronous (the sidecar needed a thread
 per watch and a thread pool for writes) and importing it costs about 10 MB of a process
 whose whole budget is 40 MB (docs/design.md, "The sidecar talks to the API server with
-aiohttp"). The sidecar needs seven requests on three resources: list, watch (JSON lines),
-get, create, conditional replace, delete with preconditions, and a merge patch (Events).
+aiohttp"). The sidecar needs seven requests on three resources: list, watch (JSON lines,
+read by :mod:`kgroup.kube_watch`, as the operator's Lease watch), get, create, conditional
+replace, delete with preconditions, and a merge patch (Events).
 kopf, the operator's framework, talks to the API server the same way.
 
 Configuration, as client-go reads it:
@@ -30,7 +31,8 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -57,7 +59,7 @@ class ApiError(Exception):
 
 
 class Gone(ApiError):
-    """410: the resourceVersion a watch asked for is too old; list again."""
+    """410: a version or a list's continue token is too old; list again."""
 
 
 @dataclass(frozen=True)
@@ -282,36 +284,15 @@ class ApiClient:
             raise
         return True
 
-    async def watch(self, res: Resource, namespace: str, *, resource_version: str,
-                    timeout_seconds: int, label_selector: str | None = None,
-                    field_selector: str | None = None) -> AsyncIterator[Obj]:
-        """The watch events from ``resource_version`` on, bookmarks included, until the
-        server ends the stream (about ``timeout_seconds``). A 410 Gone, as the answer or as
-        an ERROR event, raises :class:`Gone`; any other ERROR event raises ApiError."""
-        params = _query({"watch": "true", "resourceVersion": resource_version,
-                         "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds),
-                         "labelSelector": label_selector, "fieldSelector": field_selector})
-        timeout = aiohttp.ClientTimeout(total=None, connect=3.0,
-                                        sock_read=timeout_seconds + 10)
-        async with self._http.get(self.config.server + res.path(namespace), params=params,
-                                  headers=self.config.headers(), timeout=timeout) as resp:
-            if resp.status != 200:
-                raise _error(resp.status, await resp.read())
-            # Lines are split here, not with readline(): aiohttp refuses a line longer than
-            # twice its read buffer (512 KiB in 3.14, 128 KiB before), and one event is one
-            # line of up to an object's size (1.5 MiB: a ConsumerGroup's large status).
-            pending = bytearray()
-            async for chunk in resp.content.iter_any():
-                pending += chunk
-                while (end := pending.find(b"\n")) >= 0:
-                    line = bytes(pending[:end])
-                    del pending[:end + 1]
-                    if line.strip():
-                        event: Obj = json.loads(line)
-                        if event.get("type") == "ERROR":
-                            status = event.get("object") or {}
-                            raise _status_error(int(status.get("code") or 500), status)
-                        yield event
+    def open_watch(self, res: Resource, namespace: str, params: Mapping[str, str | None],
+                   *, timeout: aiohttp.ClientTimeout
+                   ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+        """A watch request (``watch=true`` among ``params``), its stream read by
+        :mod:`kgroup.kube_watch` (one line bound, 410 Gone, bookmarks, for both
+        processes' watches)."""
+        return self._http.get(self.config.server + res.path(namespace),
+                              params=_query(params), headers=self.config.headers(),
+                              timeout=timeout)
 
 
 def _error(status: int, raw: bytes) -> ApiError:

@@ -3,9 +3,11 @@
 Everything runs in the sidecar's one event loop (:mod:`kgroup_sidecar.apiclient`, aiohttp
 straight to the API server): no threads. Each watch is a task that lists, hands the list to
 ``on_list``, then watches from the list's resourceVersion (with bookmarks) and hands every
-event to ``on_event``. A ``410 Gone`` re-lists; a broken stream (API server restart,
-network) re-watches from the last resourceVersion after a short backoff; a stream the
-server ended (its timeout) is simply watched again.
+event to ``on_event``: the list+watch loop the operator's Lease watch runs too
+(:func:`kgroup.kube_watch.follow`: lines cut with one bound, the same spread backoff and
+server-side timeout). A ``410 Gone`` re-lists; any other break (a refusal, an API server
+restart, the network) re-watches from the last resourceVersion after the backoff; a
+stream the server ended (its timeout) is simply watched again.
 
 The watches are data (:func:`watches`): one :class:`WatchSpec` per watch.
 
@@ -40,11 +42,16 @@ deadline and fence the member.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import random
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from functools import partial
 
+import aiohttp
+
+from kgroup import kube_watch
 from kgroup.constants import (
     API_GROUP,
     API_VERSION,
@@ -55,7 +62,7 @@ from kgroup.constants import (
     ROLE_MEMBER,
     ROLE_PARTITION,
 )
-from kgroup.core.backoff import Backoff
+from kgroup.core import watch_stream as ws
 from kgroup.core.lease_codec import slim
 from kgroup.core.objects import Obj
 from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
@@ -71,19 +78,10 @@ EventHandler = Callable[[str, str, Obj], None]
 
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 GROUPS = Resource(API_GROUP, API_VERSION, PLURAL)
-WATCH_SECONDS = 240
-"""A watch's server-side timeout, before its spread: each watch asks for a time drawn in
-``[WATCH_SECONDS, 2 * WATCH_SECONDS)`` (as client-go's reflector does), so the watches of
-pods started together do not all end, and re-open, together."""
 LIST_TIMEOUT = 10.0
 LIST_PAGE = 250
 """Objects per list page: the peak of a list is one page decoded whole (≈ 1.2 MB of
 Python objects for 250 locks) besides the slim objects kept so far."""
-RECONNECT = Backoff(base=0.2, cap=8.0)
-"""Pause before re-listing or re-watching after failures in a row: 0.2, 0.4 ... 6.4, 8 s,
-spread by +-25 % (a stream the server simply ended is watched again at once). An
-overloaded API server answering every pod's watch with 5xx is not asked again by all of
-them together every 2 s (docs/design.md, "Retries back off, spread")."""
 SHARED_CONNECTIONS = 16
 SESSION_CONNECTIONS = 2
 
@@ -106,11 +104,6 @@ def watches(group: str) -> list[WatchSpec]:
         WatchSpec("group", GROUPS, field_selector=f"metadata.name={group}"),
         WatchSpec("partition", LEASES, scoped=True),
     ]
-
-
-def watch_seconds(draw: float) -> int:
-    """The server-side timeout one watch asks for; ``draw`` in [0, 1)."""
-    return int(WATCH_SECONDS * (1.0 + min(max(draw, 0.0), 0.999)))
 
 
 def partition_selector(group: str, scope: Scope) -> str:
@@ -224,39 +217,17 @@ class KubeAdapter:
         if spec.scoped and scope == frozenset():
             self._on_list(kind, [], scope)  # nothing of interest: an empty list, no watch
             return
-        failures = 0
-        resource_version: str | None = None
-        while not self._stopped:
-            try:
-                if resource_version is None:
-                    resource_version = await self._list(api, spec, selection, scope)
-                async for event in api.watch(spec.resource, self.namespace,
-                                             resource_version=resource_version,
-                                             timeout_seconds=watch_seconds(random.random()),
-                                             **selection):
-                    failures = 0
-                    obj: Obj = event.get("object") or {}
-                    rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        resource_version = str(rv)
-                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        self._on_event(kind, str(event["type"]), obj)
-                continue  # the server ended the stream (its timeout): watch again
-            except asyncio.CancelledError:
-                raise
-            except Gone:
-                log.info("watch of %s expired (410 Gone): re-listing", kind)
-                resource_version = None
-                continue
-            except ApiError as exc:
-                failures += 1
-                log.warning("watch of %s failed (%s %s); retrying", kind, exc.status,
-                            exc.reason)
-            except Exception as exc:  # the API server went away: connection, TLS, timeout
-                failures += 1
-                log.warning("watch of %s broke (%s); retrying", kind, type(exc).__name__)
-            # Backoff between reconnects only: events are waited for, never polled.
-            await asyncio.sleep(RECONNECT.delay(failures, random.random()))
+        query = {"labelSelector": selection.get("label_selector"),
+                 "fieldSelector": selection.get("field_selector")}
+
+        def open_(params: dict[str, str], timeout: aiohttp.ClientTimeout
+                  ) -> AbstractAsyncContextManager[aiohttp.ClientResponse]:
+            return api.open_watch(spec.resource, self.namespace, {**query, **params},
+                                  timeout=timeout)
+
+        await kube_watch.follow(partial(self._list, api, spec, selection, scope), open_,
+                                partial(self._on_event, kind), loads=json.loads, name=kind,
+                                log=log)
 
     async def _list(self, api: ApiClient, spec: WatchSpec, selection: dict[str, str | None],
                     scope: Scope) -> str:
@@ -269,8 +240,11 @@ class KubeAdapter:
         items: list[Obj] = []
         token: str | None = None
         while True:
-            page = await api.list(spec.resource, self.namespace, timeout=LIST_TIMEOUT,
-                                  limit=LIST_PAGE, continue_token=token, **selection)
+            try:
+                page = await api.list(spec.resource, self.namespace, timeout=LIST_TIMEOUT,
+                                      limit=LIST_PAGE, continue_token=token, **selection)
+            except Gone as exc:  # a page's token gone stale: list again, at once
+                raise ws.Gone(exc.status, exc.reason) from exc
             items.extend(slim(o) for o in page.get("items") or [])
             meta = page.get("metadata") or {}
             token = meta.get("continue") or None
