@@ -13,12 +13,13 @@ import pytest
 from kgroup.core.load import parse_load
 from kgroup.core.operator.assignors import Assignee, get_assignor
 from kgroup.core.operator.load_balance import busiest_ratio, load_bound
+from kgroup.core.operator.load_window import LOAD_WINDOW_REPORTS
 from kgroup.core.ranges import parse_ranges
 from kgroup.crd_models import ConsumerGroupSpec
 from kgroup_sim.__main__ import main, run_many
 from kgroup_sim.checks import OscillationCheck
 from kgroup_sim.load import LoadFeed, ZipfLoad, moves_between, zipf_loads
-from kgroup_sim.variants import BALANCES
+from kgroup_sim.variants import BALANCES, LOAD_WINDOWS
 from kgroup_sim.world import SimConfig, World, run_seed
 
 PARTITIONS = 16
@@ -107,28 +108,30 @@ SHIFT_AT = 60.0
 """The hot set moves 30 s after the faults end (fault_time 30)."""
 
 
-WINDOW_REBALANCES = 2
-"""Load rebalances allowed in the window. With +-20 % noise drawn at every renewal and 4
-partitions per member, noise alone sometimes lifts a member past the band: of 1,000 seeds
-(docs/benchmarks.md) 161 moved in a 240 s window, 138 once, 21 twice and 2 (seeds 632 and
-892) three times, at most 11 partitions; a measured bound, not a proven one. Without
-hysteresis the target changes at nearly every load refresh (every 30 s: 8 in 240 s, 4 in
-120 s)."""
+LATE_ABOVE = 1.2
+"""The shipped trigger (1 + tolerance + margin). A window move from a target above it on
+the true rates is late settling: a real imbalance the planner waited to be sure of,
+because the reports' noise widens its band (kgroup.core.operator.load_status.GroupLoad.noise);
+it is counted apart. Every other move in the window is a noise move, and none is allowed.
+With +-20 % noise drawn at every renewal, 4 partitions per member, and the operator
+planning on each member's latest report alone (before its load window), 161 of 1,000
+seeds moved in a 240 s window; without hysteresis the target changes at nearly every
+load refresh (every 30 s: 8 in 240 s, 4 in 120 s)."""
 
 
 def shifting(balance: str = "real", *, noise: float = 0.2, settle: float = 150.0,
              window: float = 120.0) -> SimConfig:
     """What ``python -m kgroup_sim --load zipf --load-noise 0.2 --load-shift 60 --members 4
-    --partitions 16 --fault-time 30 --window-moves -1 --window-rebalances 2`` runs: the spec
+    --partitions 16 --fault-time 30 --window-moves 0 --late-above 1.2`` runs: the spec
     drawn from the seed with ``spec.balance`` set, every fault kind for 30 s, Zipf s = 0.8
     placed per seed and placed again at 60 s, each reported rate off by up to ``noise`` at
     every renewal."""
     return SimConfig(members=4, partitions=PARTITIONS, fault_time=30.0,
                      load=ZipfLoad(s=0.8, noise=noise, shift_at=SHIFT_AT),
                      balance=BALANCES[balance],
+                     load_window=LOAD_WINDOWS.get(balance, LOAD_WINDOW_REPORTS),
                      oscillation=OscillationCheck(settle=settle, window=window,
-                                                  max_moves=None,
-                                                  max_rebalances=WINDOW_REBALANCES))
+                                                  max_moves=0, late_above=LATE_ABOVE))
 
 
 def busiest_on(target: dict[str, str], rates: Sequence[float]) -> float:
@@ -158,8 +161,8 @@ def test_a_zipf_load_is_drawn_per_seed_and_its_hot_set_moves_at_the_shift() -> N
 
 
 def test_a_shifting_noisy_load_under_faults_rebalances_then_moves_nothing() -> None:
-    """The real planner on the whole simulation: no violation (safety, liveness, and at
-    most two load rebalances in the window 150-270 s after the shift), few moves,
+    """The real planner on the whole simulation: no violation (safety, liveness, and no
+    noise move in the window 150-270 s after the shift: late settling apart), few moves,
     balanced on the new rates at the end; and the shift left work to do on some seed."""
     work = 0
     for seed in range(3):
@@ -194,6 +197,8 @@ LOAD_SEEDS = 200
 @pytest.mark.slow  # a seed sweep: make check runs the three seeds above
 def test_on_every_seed_the_planner_rests_after_a_shift_and_without_hysteresis_it_does_not(
 ) -> None:
+    """No noise move on any seed; both broken variants are caught: without hysteresis on
+    most seeds, without the load window (the latest report alone) on some."""
     cfg = shifting(window=240.0)
     failed = [(r.seed, r.violations[0]) for r in run_many(range(LOAD_SEEDS), cfg, jobs=2)
               if not r.ok]
@@ -201,9 +206,13 @@ def test_on_every_seed_the_planner_rests_after_a_shift_and_without_hysteresis_it
     broken = list(run_many(range(LOAD_SEEDS // 4), shifting("no-hysteresis", window=240.0),
                            jobs=2))
     caught = [r.seed for r in broken if any(v.kind == "oscillation" for v in r.violations)]
-    # not every seed: on 8 of these 50 even the broken balance changed the target at
-    # most twice in the window (on 4 not at all), as the real planner may
-    assert len(caught) >= 0.75 * len(broken), caught
+    # not every seed: the window averages the noise for the broken balance too
+    assert len(caught) >= 0.5 * len(broken), caught
+    unsmoothed = list(run_many(range(LOAD_SEEDS // 4), shifting("no-smoothing", window=240.0),
+                               jobs=2))
+    caught = [r.seed for r in unsmoothed
+              if any(v.kind == "oscillation" for v in r.violations)]
+    assert caught, "planning on the latest report alone made no noise move on any seed"
 
 
 def test_the_cli_fails_the_broken_balance_and_prints_how_to_replay_it(

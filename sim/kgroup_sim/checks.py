@@ -62,12 +62,20 @@ class Violation:
 class OscillationCheck:
     """After the faults and the load's last shift, ``settle`` seconds to rebalance, then
     in the next ``window`` seconds at most ``max_moves`` partitions moved and at most
-    ``max_rebalances`` changes of target that moved any (None: that one not bounded)."""
+    ``max_rebalances`` changes of target that moved any (None: that one not bounded).
+
+    ``late_above``: a change in the window from a target whose busiest member, on the
+    true (noise-free) rates, was above this many times the mean is *late settling* (a
+    real imbalance the planner waited to be sure of), counted apart and not bounded;
+    the others are *noise moves* and are bounded (None: every change is bounded). Set it
+    to the shipped trigger (1.20), not to a variant's: a planner without hysteresis moves
+    at any imbalance, and those moves stay counted."""
 
     settle: float = 180.0
     window: float = 300.0
     max_moves: int | None = 0
     max_rebalances: int | None = None
+    late_above: float | None = None
 
     def exceeded(self, moves: int, rebalances: int) -> bool:
         return (self.max_moves is not None and moves > self.max_moves) or (

@@ -72,7 +72,7 @@ class SimOperator:
         self.world = world
         self.proc = proc
         self.memory = self._memory(proc.clock())
-        self.leases = GroupLeases()
+        self.leases = GroupLeases(load_window_reports=world.cfg.load_window)
         self.group: Obj | None = None
         self.pods: dict[str, PodObservation] = {}
         self.pod_bodies: dict[str, Obj] = {}

@@ -24,7 +24,7 @@ from kgroup_sim.checks import target_moves
 if TYPE_CHECKING:
     from kgroup_sim.world import World
 
-__all__ = ["LoadFigures", "check_window", "convergence_start", "load_figures"]
+__all__ = ["LoadFigures", "check_window", "convergence_start", "late_settling", "load_figures"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class LoadFigures:
     window_moves: int | None
     busiest: float | None
     load_bound: float | None
+    late_moves: int | None = None  # of the window's, late settling (OscillationCheck)
 
 
 def convergence_start(world: World) -> float:
@@ -54,11 +55,33 @@ def convergence_start(world: World) -> float:
     return start
 
 
-def check_window(world: World, start: float) -> int | None:
+def late_settling(world: World, opens: float, closes: float, above: float | None
+                  ) -> tuple[int, int]:
+    """``(partitions moved, changes)`` in ``(opens, closes]`` that started from a target
+    whose busiest member was above ``above`` times the mean on the true rates of that
+    moment (late settling: :class:`~kgroup_sim.checks.OscillationCheck`)."""
+    feed = world.load_feed
+    if above is None or feed is None:
+        return 0, 0
+    moved = changes = 0
+    for (_, _, before), (t, epoch, after) in zip(world.epochs, world.epochs[1:], strict=False):
+        if not opens < t <= closes:
+            continue
+        rates = list(feed.rates_at(t))
+        held = {m: [p for p in parse_ranges(r) if p < len(rates)] for m, r in before.items()}
+        members = [Assignee(m) for m in sorted(held) if held[m]]
+        if members and busiest_ratio(held, rates, members) > above:
+            n, c = target_moves([(0.0, None, before), (t, epoch, after)], -1.0)
+            moved, changes = moved + n, changes + c
+    return moved, changes
+
+
+def check_window(world: World, start: float) -> tuple[int, int] | None:
     """With ``SimConfig.oscillation``, once converged from ``start``: run through the
     window (``settle`` seconds after ``start``, ``window`` long), fail ``oscillation``
-    when the target moved more than it allows, then converge again (still live at the
-    end). Returns the partitions moved in the window; None: not checked."""
+    when the target moved more than it allows (late settling apart), then converge again
+    (still live at the end). Returns the partitions moved in the window and how many of
+    them were late settling; None: not checked."""
     cfg, checker, osc = world.cfg, world.checker, world.cfg.oscillation
     if osc is None or checker.violations:
         return None
@@ -67,19 +90,22 @@ def check_window(world: World, start: float) -> int | None:
     if world.kernel.now < closes:
         world.kernel.run_until(closes, world.after_event)
     window_moves, changes = target_moves(world.epochs, opens, closes)
-    if not checker.violations and osc.exceeded(window_moves, changes):
+    late, late_changes = late_settling(world, opens, closes, osc.late_above)
+    noise_moves, noise_changes = window_moves - late, changes - late_changes
+    if not checker.violations and osc.exceeded(noise_moves, noise_changes):
         checker.fail("oscillation", closes, (
-            f"{window_moves} partitions moved by {changes} rebalances in "
-            f"[{opens:.0f}, {closes:.0f}] s with the load steady (at most "
+            f"{noise_moves} partitions moved by {noise_changes} rebalances in "
+            f"[{opens:.0f}, {closes:.0f}] s with the load steady"
+            f"{f' ({late} more settling late)' if late else ''} (at most "
             f"{osc.max_moves} partitions, {osc.max_rebalances} rebalances); settle "
             f"{osc.settle:g} s after "
             f"{'the shift' if start > cfg.fault_time else 'the faults'}"))
     if not checker.violations:
         world.converge(max(closes, world.kernel.now))
-    return window_moves
+    return window_moves, late
 
 
-def load_figures(world: World, start: float, window_moves: int | None) -> LoadFigures:
+def load_figures(world: World, start: float, window: tuple[int, int] | None) -> LoadFigures:
     """The figures of the run's end, from the target's history (``World.epochs``) and,
     with a load, the final target on the true rates."""
     epochs = world.epochs
@@ -96,4 +122,6 @@ def load_figures(world: World, start: float, window_moves: int | None) -> LoadFi
             bound = load_bound(rates, members)
     return LoadFigures(moves=moves, rebalances=rebalances,
                        last_move_after=None if last is None else last - start,
-                       window_moves=window_moves, busiest=busiest, load_bound=bound)
+                       window_moves=None if window is None else window[0],
+                       busiest=busiest, load_bound=bound,
+                       late_moves=None if window is None else window[1])

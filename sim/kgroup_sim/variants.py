@@ -47,6 +47,7 @@ from kgroup.crd_models import BalanceSettings
 
 __all__ = [
     "BALANCES",
+    "LOAD_WINDOWS",
     "REGRESSIONS",
     "AcquireTimeoutFails",
     "DeafToSilence",
@@ -323,9 +324,20 @@ BALANCES: dict[str, BalanceSettings] = {
     # spec.balance.mode load with the documented defaults (tolerance 0.15, margin 0.05,
     # dwellSeconds 60)
     "real": BalanceSettings(mode="load"),
-    # BROKEN: no hysteresis: no band (tolerance 0, margin 0: any member above the mean
-    # with a gain to make triggers a rebalance) and no dwell time (a partition may move at
-    # every plan), so noise in the reports moves partitions back and forth
+    # BROKEN (with LOAD_WINDOWS): no hysteresis: no band (tolerance 0, margin 0: any
+    # member above the mean with a gain to make triggers a rebalance), no dwell time (a
+    # partition may move at every plan), and planning on the latest report alone (no
+    # mean, so no measured noise to widen the band), so noise in the reports moves
+    # partitions back and forth
     "no-hysteresis": BalanceSettings(mode="load", tolerance=0, margin=0, dwell_seconds=0),
+    # BROKEN (with LOAD_WINDOWS): the shipped band and dwell time, but the operator plans
+    # on each member's latest report alone, so noise re-drawn at every renewal reaches
+    # the planner whole
+    "no-smoothing": BalanceSettings(mode="load"),
 }
 """``spec.balance`` for load-mode runs, by name (``python -m kgroup_sim --balance``)."""
+
+LOAD_WINDOWS: dict[str, int] = {"no-hysteresis": 1, "no-smoothing": 1}
+"""The operator's load window (``GroupLeases.load_window_reports``) of the balances that
+change it; the others keep the shipped
+:data:`~kgroup.core.operator.load_window.LOAD_WINDOW_REPORTS`."""

@@ -33,6 +33,7 @@ from kgroup.core.layout_status import layout_from_status
 from kgroup.core.member.reconcile import Lock, Member
 from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import ExpiryRule
+from kgroup.core.operator.load_window import LOAD_WINDOW_REPORTS
 from kgroup.core.operator.pod_identity import PodIdentities
 from kgroup.core.operator.reshape import Layout
 from kgroup.core.ranges import parse_ranges
@@ -120,6 +121,9 @@ class SimConfig:
     # spec.balance for the run, over the given or drawn spec (mode load: the load-aware
     # planner; kgroup_sim.variants.BALANCES); None: the spec's own
     balance: BalanceSettings | None = None
+    # how many of each member's latest load reports the operator averages
+    # (GroupLeases.load_window_reports; kgroup_sim.variants.LOAD_WINDOWS)
+    load_window: int = LOAD_WINDOW_REPORTS
     # after the faults and the load's last shift, the window in which load rebalances
     # must stop (kgroup_sim.checks.OscillationCheck); None: not checked, the run ends
     # once converged and quiet
@@ -161,6 +165,8 @@ class Result:
     last_move_after: float | None = None  # simulated s from the same start to the last
     # partitions moved in the oscillation window (None: SimConfig.oscillation unset)
     window_moves: int | None = None
+    # of those, late settling (OscillationCheck.late_above; None: unset or not checked)
+    late_moves: int | None = None
     # the final target's busiest member over the mean, on the true (noise-free) rates,
     # and the best any assignment could do (load_bound); None: no load
     busiest: float | None = None
@@ -620,6 +626,7 @@ class World:
             rebalances=load.rebalances,
             last_move_after=load.last_move_after,
             window_moves=load.window_moves,
+            late_moves=load.late_moves,
             busiest=load.busiest,
             load_bound=load.load_bound,
             reshapes=self.reshapes.durations(),

@@ -625,6 +625,7 @@ def _plan_target(obs: Observation, memory: Memory, spec: ConsumerGroupSpec, read
                       and generation != memory.planned_generation),
         loads=(layout.loads_to_slots(memory.load.rates)
                if spec.balance.mode == "load" else None),
+        load_noise=memory.load.noise,
     ), read.target)
 
 

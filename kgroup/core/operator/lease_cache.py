@@ -29,6 +29,7 @@ from kgroup.core.lease_codec import MemberLease
 from kgroup.core.locks import Lock, SessionTracker
 from kgroup.core.objects import Obj
 from kgroup.core.operator.injection import has_sidecar
+from kgroup.core.operator.load_window import LOAD_WINDOW_REPORTS, LoadWindow
 from kgroup.core.operator.planner import LockObservation, PodObservation
 from kgroup.core.operator.status import MemberLeaseObservation
 
@@ -108,6 +109,11 @@ class GroupLeases:
     # locks() as last built; None once a lock changed (a pass at 10,000 partitions spent a
     # fifth of its time rebuilding it)
     _locks: tuple[LockObservation, ...] | None = field(default=None, repr=False)
+    # how many of a member's latest load reports count (kgroup.core.operator.load_window);
+    # a documented seam: the simulation's no-smoothing variant sets 1 (the latest alone)
+    load_window_reports: int = LOAD_WINDOW_REPORTS
+    # by member Lease name: its load annotations of the last window (the figures' mean)
+    _loads: dict[str, LoadWindow] = field(default_factory=dict, repr=False)
 
     def put(self, body: Obj, now: float) -> bool:
         """A Lease from a watch event or a list (ignored when older than the cached one).
@@ -138,6 +144,7 @@ class GroupLeases:
             # load reports that start or stop: the status's load figures appear or go
             load_news = old is not None and (C.ANNOTATION_LOAD in codec.annotations_of(body)) \
                 != (C.ANNOTATION_LOAD in codec.annotations_of(old))
+            self._window_load(name, old, body, now)
             self.bodies[name] = body
             self.members[ml.member] = ml
             if ml.session:
@@ -157,6 +164,17 @@ class GroupLeases:
                 self._locks = None
             return material_lock_change(previous_lock, lock)
         return False
+
+    def _window_load(self, name: str, old: Obj | None, body: Obj, now: float) -> None:
+        """A new write's load annotation joins the Lease's window (a replay of the same
+        resourceVersion is no new sample); a Lease without one has no window."""
+        raw = codec.annotations_of(body).get(C.ANNOTATION_LOAD)
+        if not raw:
+            self._loads.pop(name, None)
+            return
+        version = codec.meta(body).get("resourceVersion")
+        if old is None or version is None or codec.meta(old).get("resourceVersion") != version:
+            self._loads.setdefault(name, LoadWindow(self.load_window_reports)).add(raw, now)
 
     def _renewal(self, old: Obj, body: Obj, name: str) -> MemberLease | None:
         """The cached member Lease with ``body``'s marker, when ``body`` differs from the
@@ -187,6 +205,7 @@ class GroupLeases:
         name = str(codec.meta(body).get("name", ""))
         self.bodies.pop(name, None)
         self._health.pop(name, None)
+        self._loads.pop(name, None)
         if codec.is_member(body):
             ml = codec.parse_member_lease(body).value
             if ml is not None and (current := self.members.get(ml.member)) is not None \
@@ -251,9 +270,11 @@ class GroupLeases:
         out: dict[str, MemberLeaseObservation] = {}
         for m, v in self.members.items():
             notes = codec.annotations_of(self.bodies.get(v.name) or {})
+            window = self._loads.get(v.name)
             out[m] = MemberLeaseObservation(m, v.session, v.epoch_annotation,
                                             notes.get(C.ANNOTATION_HEALTH),
-                                            notes.get(C.ANNOTATION_LOAD))
+                                            notes.get(C.ANNOTATION_LOAD),
+                                            tuple(window.samples()) if window else ())
         return out
 
 

@@ -110,15 +110,19 @@ class LoadBalance:
     (1 + tolerance + margin) x mean, and a rebalance must lower the busiest by more than
     margin x mean. ``dwell_seconds``: a partition moved within this time does not move.
     ``count_slack``: a member holds at most ceil(count_slack x its fair count).
+    ``noise``: how far the measured loads may be off (a fraction of the mean member's
+    load, from the reports' spread: :meth:`kgroup.core.operator.load_status.GroupLoad.noise`);
+    it widens the dead zone and the gain a rebalance must make by as much.
     """
 
     tolerance: float = 0.15
     margin: float = 0.05
     dwell_seconds: float = 60.0
     count_slack: float = 2.0
+    noise: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("tolerance", "margin", "dwell_seconds"):
+        for name in ("tolerance", "margin", "dwell_seconds", "noise"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
@@ -365,7 +369,8 @@ def _refine_load(
         return max(member_load[m.id] / m.weight for m in ordered)
 
     before = busiest()
-    if before <= (1 + cfg.tolerance + cfg.margin) * mean:  # the dead zone
+    band = cfg.margin + cfg.noise  # the dead zone above the tolerance, and the gain needed
+    if before <= (1 + cfg.tolerance + band) * mean:
         return
     step_gain = max(cfg.margin * STEP_FRACTION, RESOLUTION) * mean
     keep = {m.id: min(1, (len(load) * m.weight) // sum(weight.values())) for m in ordered}
@@ -392,7 +397,7 @@ def _refine_load(
         member_load[mv.to] += delta
         moves.append(move)
     after = busiest()
-    if before - after <= max(cfg.margin, RESOLUTION) * mean:
+    if before - after <= max(band, RESOLUTION) * mean:
         return  # not worth it: noise, or nothing that moves can help
     for src, mv in moves:
         owner[mv.give] = mv.to

@@ -58,6 +58,10 @@ __all__ = [
 LOAD_REFRESH_SECONDS = 30.0
 """The status's load figures are taken at most this often."""
 
+NOISE_SIGMAS = 2.0
+"""How many standard errors of a member's measured rate widen the balance's band
+(:meth:`GroupLoad.noise`): a rebalance starts only on an imbalance that is that sure."""
+
 
 @dataclass(frozen=True)
 class GroupLoad:
@@ -69,6 +73,19 @@ class GroupLoad:
     lag: int | None  # the group's; None: nobody reported one
     # the partitions each reporting member holds now
     member_partitions: dict[str, frozenset[int]] = field(default_factory=dict)
+    # the standard error of each reporting member's mean rate over its window (events/s)
+    member_errors: dict[str, float] = field(default_factory=dict)
+
+    def noise(self, members: Sequence[str]) -> float:
+        """How far the busiest member's measured share may be off, as a fraction of the
+        mean member's load: :data:`NOISE_SIGMAS` standard errors of the noisiest member
+        (0 when the reports agree or no member carries load)."""
+        current = [m for m in members if m in self.member_rates]
+        rate = sum(self.member_rates[m] for m in current)
+        if not current or rate <= 0:
+            return 0.0
+        worst = max((self.member_errors.get(m, 0.0) for m in current), default=0.0)
+        return NOISE_SIGMAS * worst / (rate / len(current))
 
     def readings(self) -> dict[str, Reading]:
         """Each reporting member's figures, for the next take's lag growth."""
@@ -79,12 +96,15 @@ class GroupLoad:
 
 def group_load(member_leases: Mapping[str, MemberLeaseObservation],
                holders: Mapping[int, str], partitions: int) -> GroupLoad | None:
-    """The members' reports read back; None when no member reports a rate or a lag."""
-    parsed: dict[str, MemberLoad] = {}
+    """The members' reports read back; None when no member reports a rate or a lag.
+    Rates are the mean over the reports of the member Lease's window
+    (:mod:`kgroup.core.operator.load_window`; without a window, its current annotation
+    alone); the lag is the latest report's."""
+    parsed: dict[str, list[tuple[MemberLoad, int]]] = {}
     for name, lease in member_leases.items():
         ml = parse_load(lease.load_annotation, partitions=partitions)
         if ml is not None and (ml.rate is not None or ml.lag is not None):
-            parsed[name] = ml
+            parsed[name] = _window(lease, ml, partitions)
     if not parsed:
         return None
     held: dict[str, list[int]] = {}
@@ -94,23 +114,73 @@ def group_load(member_leases: Mapping[str, MemberLeaseObservation],
     rates: dict[int, float] = {}
     member_rates: dict[str, float] = {}
     member_lags: dict[str, int] = {}
-    for name, ml in sorted(parsed.items()):
-        mine = held.get(name, [])
-        if ml.rates:
-            own = {p: ml.rates[p] for p in mine if p in ml.rates}
-            rates.update(own)
-            # the exact total while it still holds all it reported (codes are 0.28 % steps)
-            exact = len(own) == len(ml.rates) and ml.rate is not None
-            member_rates[name] = ml.rate if exact and ml.rate is not None \
-                else sum(own.values())
-        elif ml.rate is not None:
-            rates.update({p: ml.rate / len(mine) for p in mine})
-            member_rates[name] = ml.rate
-        if ml.lag is not None:
-            member_lags[name] = ml.lag
+    errors: dict[str, float] = {}
+    for name, samples in sorted(parsed.items()):
+        own, total, error = _mean_rates(samples, held.get(name, []))
+        rates.update(own)
+        errors[name] = error
+        if total is not None:
+            member_rates[name] = total
+        lag = samples[-1][0].lag
+        if lag is not None:
+            member_lags[name] = lag
     lag = sum(member_lags.values()) if member_lags else None
     return GroupLoad(rates, member_rates, member_lags, lag,
-                     {m: frozenset(held.get(m, ())) for m in parsed})
+                     {m: frozenset(held.get(m, ())) for m in parsed}, errors)
+
+
+def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int
+            ) -> list[tuple[MemberLoad, int]]:
+    """The window's reports read back with their counts, oldest first, ending with the
+    current one (``latest``); reports that do not read are left out."""
+    samples = list(lease.load_samples)
+    if not samples or samples[-1][0] != lease.load_annotation:
+        return [(latest, 1)]
+    out = [(ml, n) for raw, n in samples[:-1]
+           if (ml := parse_load(raw, partitions=partitions)) is not None]
+    return [*out, (latest, samples[-1][1])]
+
+
+def _sample_rates(ml: MemberLoad, mine: Sequence[int]) -> tuple[dict[int, float], float | None]:
+    """One report's rates of the partitions the member holds now, and its total."""
+    if ml.rates:
+        own = {p: ml.rates[p] for p in mine if p in ml.rates}
+        # the exact total while it still holds all it reported (codes are 0.28 % steps)
+        exact = len(own) == len(ml.rates) and ml.rate is not None
+        return own, ml.rate if exact and ml.rate is not None else sum(own.values())
+    if ml.rate is not None:
+        return ({p: ml.rate / len(mine) for p in mine}, ml.rate)
+    return {}, None
+
+
+def _mean_rates(samples: Sequence[tuple[MemberLoad, int]], mine: Sequence[int]
+                ) -> tuple[dict[int, float], float | None, float]:
+    """Each held partition's rate and the member's total, averaged over the reports
+    weighted by how many renewals carried each (a partition over the reports that
+    carry it); and the standard error of that total: the partitions' sample variances
+    over their counts, summed (0 while a partition has fewer than two reports or they
+    agree)."""
+    sums: dict[int, float] = {}
+    squares: dict[int, float] = {}
+    weights: dict[int, int] = {}
+    total = 0.0
+    total_weight = 0
+    for ml, n in samples:
+        own, rate = _sample_rates(ml, mine)
+        for p, r in own.items():
+            sums[p] = sums.get(p, 0.0) + n * r
+            squares[p] = squares.get(p, 0.0) + n * r * r
+            weights[p] = weights.get(p, 0) + n
+        if rate is not None:
+            total += n * rate
+            total_weight += n
+    own_mean = {p: sums[p] / weights[p] for p in sums}
+    variance = 0.0
+    for p, n in weights.items():
+        if n > 1:
+            spread = max(0.0, squares[p] - n * own_mean[p] ** 2) / (n - 1)
+            variance += spread / n
+    return own_mean, (total / total_weight if total_weight else None), math.sqrt(variance)
 
 
 def _figure(value: float) -> float:
@@ -168,10 +238,10 @@ def member_arrivals(load: GroupLoad, history: History | None) -> dict[str, float
 
 
 Taken = tuple[LoadStatus, dict[str, float], dict[int, float], dict[str, Reading],
-              dict[int, float]]
+              dict[int, float], float]
 """status.load, each member's load, each reported partition's rate, each member's
 reading (the next take's lag growth starts from it), each reported partition's arrival
-rate."""
+rate, the noise allowance of the balance's band (:meth:`GroupLoad.noise`)."""
 
 
 def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
@@ -206,7 +276,7 @@ def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
                         capacity=None if capacity is None else _figure(capacity),
                         measured_at=format_timestamp(wall))
     return (status, per_member, load.partition_rates, load.readings(),
-            known if arrivals is not None else {})
+            known if arrivals is not None else {}, load.noise(current))
 
 
 def load_status(load: GroupLoad, members: Sequence[str], partitions: int, *,
@@ -268,6 +338,9 @@ class LoadTracker:
     # each partition's arrival rate as last estimated (a member behind whose growth
     # cannot be measured takes its partitions')
     arrivals: dict[int, float] = field(default_factory=dict)
+    # how much the balance's band widens for the reports' noise, as last measured
+    # (GroupLoad.noise; 0: the reports agree, or none)
+    noise: float = 0.0
 
     def capacity(self) -> float | None:
         """The capacity per member the last figures used (remembered while the members
@@ -295,8 +368,9 @@ class LoadTracker:
             self.status, self.members, self.rates = None, {}, {}
             self.readings = self.readings_at = None
             self.arrivals = {}
+            self.noise = 0.0
             return
-        self.status, self.members = taken[0], taken[1]
+        self.status, self.members, self.noise = taken[0], taken[1], taken[5]
         self.rates = {**self.rates, **taken[2]}
         if ripe or self.readings is None:
             self.readings, self.readings_at = taken[3], now

@@ -244,6 +244,7 @@ class GroupPlanner:
         sessions: Collection[str] | None = None,
         kept_ordinals: Mapping[str, range] | None = None,
         loads: Mapping[int, float] | None = None,
+        load_noise: float = 0.0,
     ) -> Decision:
         """Decide whether the target changes now; see the module docstring.
 
@@ -256,7 +257,9 @@ class GroupPlanner:
         the members whose session is live (None: unknown). `kept_ordinals`: the ordinals
         each StatefulSet keeps now (see :func:`kgroup.core.operator.rollout.restart_grace`; None:
         unknown). `loads`: per partition, events/s as reported (``spec.balance.mode`` load
-        only; see :meth:`_load_step`). A departed member whose
+        only; see :meth:`_load_step`); `load_noise`: how far they may be off (widens the
+        balance's dead zone: :class:`~kgroup.core.operator.load_balance.LoadBalance`).
+        A departed member whose
         session is live and whose pod is still there, not terminating, only turned
         unready (its app container restarting, a flapping probe): its departure waits
         for the window, as joins do, rather than moving its partitions at once.
@@ -279,7 +282,7 @@ class GroupPlanner:
             self._pending_since = None
             if spec.balance.mode == "load":
                 return self._load_step(spec, current, epoch, holders, loads or {}, now,
-                                       grace_deadline)
+                                       grace_deadline, load_noise)
             return Decision(epoch=epoch, next_check=grace_deadline)
 
         rollout = replacements(current=current, members=effective, pods=self._pods)
@@ -288,7 +291,7 @@ class GroupPlanner:
             if due is not None:
                 return Decision(epoch=epoch, next_check=_earliest(due, grace_deadline))
 
-        after = self._assign(spec, effective, rollout, holders, loads or {}, now)
+        after = self._assign(spec, effective, rollout, holders, loads or {}, now, load_noise)
         self._pending_since = None
         if after == current:
             return Decision(epoch=epoch, next_check=grace_deadline)
@@ -330,14 +333,15 @@ class GroupPlanner:
         return None
 
     def _assign(self, spec: ConsumerGroupSpec, effective: set[str], rollout: Replacements,
-                holders: Mapping[int, str], loads: Mapping[int, float], now: float) -> GroupTarget:
+                holders: Mapping[int, str], loads: Mapping[int, float], now: float,
+                noise: float = 0.0) -> GroupTarget:
         """The next target by the group's assignor (or load-aware planning); a rollout's
         waiting members get nothing."""
         ids = [Assignee(id=m) for m in sorted(effective - rollout.waiting)]
         if spec.balance.mode == "load":
             assigned = plan_load_balance(spec.partitions, ids, rollout.current, dict(holders),
                                          loads, self._last_moved, now,
-                                         balance_config(spec)).target
+                                         balance_config(spec, noise)).target
         else:
             assigned = get_assignor(spec.assignor).assign(spec.partitions, ids,
                                                           rollout.current, dict(holders))
@@ -345,7 +349,7 @@ class GroupPlanner:
 
     def _load_step(self, spec: ConsumerGroupSpec, current: GroupTarget, epoch: int,
                    holders: Mapping[int, str], loads: Mapping[int, float], now: float,
-                   next_check: float | None) -> Decision:
+                   next_check: float | None, noise: float = 0.0) -> Decision:
         """Membership settled, ``spec.balance.mode`` load: move partitions for load
         (:func:`~kgroup.core.operator.load_balance.plan_load_balance`, with its hysteresis
         and dwell time), only once every partition is held by its target member (a
@@ -358,7 +362,7 @@ class GroupPlanner:
         if not ids:
             return none
         result = plan_load_balance(spec.partitions, ids, current, dict(holders), loads,
-                                   self._last_moved, now, balance_config(spec))
+                                   self._last_moved, now, balance_config(spec, noise))
         after = normalize_target({**{m: [] for m in current}, **result.target})
         if not result.moved or after == current:
             return none
@@ -420,11 +424,13 @@ class GroupPlanner:
         return members | graced, deadline
 
 
-def balance_config(spec: ConsumerGroupSpec) -> LoadBalance:
-    """The knobs of load balancing from ``spec.balance``."""
+def balance_config(spec: ConsumerGroupSpec, noise: float = 0.0) -> LoadBalance:
+    """The knobs of load balancing from ``spec.balance``, and the loads' measured
+    ``noise`` (:class:`~kgroup.core.operator.load_balance.LoadBalance`)."""
     b = spec.balance
     return LoadBalance(tolerance=b.tolerance, margin=b.margin,
-                       dwell_seconds=float(b.dwell_seconds), count_slack=b.count_slack)
+                       dwell_seconds=float(b.dwell_seconds), count_slack=b.count_slack,
+                       noise=noise)
 
 
 def _new_target(spec: ConsumerGroupSpec, current: GroupTarget, after: GroupTarget, *, epoch: int,

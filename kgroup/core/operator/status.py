@@ -94,6 +94,9 @@ class MemberLeaseObservation:
     epoch_annotation: str | None
     health_annotation: str | None = None  # raw kgroup.dev/health (kgroup.core.health)
     load_annotation: str | None = None  # raw kgroup.dev/load (kgroup.core.load)
+    # the load annotations of the last window with their renewal counts, oldest first
+    # (kgroup.core.operator.load_window); empty: only ``load_annotation`` counts
+    load_samples: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
