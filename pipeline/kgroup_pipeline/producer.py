@@ -92,7 +92,7 @@ class EventWriter:
             client.hset(self.names.meta, "partitions", partitions)
             fixed = initial(partitions)
             layout = lambda: fixed  # noqa: E731
-        self.layout = layout
+        self.layout: Callable[[], Lineage] = layout
         self.producer = LayoutProducer(client, stream, layout)
         self.rng = random.Random(seed)
         self.run = uuid.uuid4().hex[:8]
