@@ -256,6 +256,8 @@ class Bench:
             auto = st.get("autoscaling") or {}
             self.series.append({"t": round(time.monotonic() - t0), "lag": lag,
                                 "recommended": load.get("recommendedMembers"),
+                                "capacity": load.get("capacity"),
+                                "arrival": load.get("arrival"), "rate": load.get("rate"),
                                 "replicas": auto.get("replicas"),
                                 "members": st.get("memberCount"),
                                 "factor": self.work.factor})
@@ -263,7 +265,7 @@ class Bench:
     def busiest_over_mean(self) -> float:
         return self.work.busiest_over_mean(self.st.holders())
 
-    def verify(self, wait: float = 240.0) -> dict[str, Any]:
+    def verify(self, wait: float = 300.0) -> dict[str, Any]:
         """The producer stopped, the members' catch-up waited for: the verifier's count."""
         self.feeding.set()
         for t in self.threads[:1]:
@@ -472,7 +474,10 @@ def main(argv: list[str] | None = None) -> int:
            "autoscale": {k: auto[k] for k in ("scale_changes", "max_members", "partitions")}
            | {"recommended": [s["recommended"] for s in auto["series"]],
               "replicas": [s["replicas"] for s in auto["series"]],
-              "lag": [s["lag"] for s in auto["series"]]},
+              "lag": [s["lag"] for s in auto["series"]],
+              "capacity": [s["capacity"] for s in auto["series"]],
+              "arrival": [s["arrival"] for s in auto["series"]],
+              "rate": [s["rate"] for s in auto["series"]]},
            "keda": auto["keda"], "lost": events["lost"], "duplicated": events["duplicated"],
            "events": events, "capacity_per_member": capacity, "quick": args.quick,
            "seconds": round(time.time() - started), "machine": machine()}
