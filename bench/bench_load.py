@@ -153,12 +153,16 @@ class Workload:
 class Members:
     """The pods' two containers: a real sidecar (``RealSidecars`` without its tiny app, the
     app's part on: a pod joins when its app first asks) and the light worker as its app, a
-    process capped at ``capacity`` events/s. A leave is a pod's deletion: SIGTERM to both."""
+    process capped at ``capacity`` events/s. A worker that exits is started again, as the
+    kubelet restarts a container (``restarts``). A leave is a pod's deletion: SIGTERM to
+    both."""
 
     def __init__(self, st: Stage, pods: list[str], base_port: int, redis_url: str,
                  capacity: float) -> None:
         self.st, self.redis_url, self.capacity = st, redis_url, capacity
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.lock = threading.Lock()
+        self.restarts = 0
         self.sidecars = RealSidecars(st, [], base_port, app=False, app_timeout=None)
         self.add(pods)
 
@@ -168,26 +172,40 @@ class Members:
             port = self.sidecars.ports[pod]
             wait_until(f"{pod}'s sidecar listening", lambda port=port: listening(port),
                        timeout=60, interval=0.2)
-            with (self.st.workdir / f"worker-{pod}.log").open("ab") as out:
-                self.workers[pod] = subprocess.Popen(
-                    [sys.executable, "-m", "kgroup_pipeline.light_worker",
-                     "--redis", self.redis_url, "--stream", STREAM,
-                     "--sidecar", f"http://127.0.0.1:{port}", "--drain-timeout", "10",
-                     "--max-rate", f"{self.capacity:g}"],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
+            with self.lock:
+                self.workers[pod] = self._worker(pod, port)
+
+    def _worker(self, pod: str, port: int) -> subprocess.Popen[bytes]:
+        with (self.st.workdir / f"worker-{pod}.log").open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "kgroup_pipeline.light_worker",
+                 "--redis", self.redis_url, "--stream", STREAM,
+                 "--sidecar", f"http://127.0.0.1:{port}", "--drain-timeout", "10",
+                 "--max-rate", f"{self.capacity:g}"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
+
+    def restart_exited(self) -> None:
+        with self.lock:
+            for pod, proc in list(self.workers.items()):
+                if proc.poll() is not None and pod in self.sidecars.ports:
+                    self.workers[pod] = self._worker(pod, self.sidecars.ports[pod])
+                    self.restarts += 1
 
     def leave(self, pod: str) -> None:
-        worker = self.workers.pop(pod)
+        with self.lock:
+            worker = self.workers.pop(pod)
         worker.terminate()  # the app hands its partitions back at their committed offsets
         self.sidecars.leave(pod)
         worker.wait(60)
 
     def close(self) -> None:
-        for worker in self.workers.values():
+        with self.lock:
+            workers, self.workers = list(self.workers.values()), {}
+        for worker in workers:
             worker.terminate()
         self.sidecars.close()
-        for worker in self.workers.values():
+        for worker in workers:
             try:
                 worker.wait(30)
             except subprocess.TimeoutExpired:
@@ -231,7 +249,7 @@ class Bench:
         st.start_operator()
         self.members = Members(st, list(self.pods), free_ports(MAX_MEMBERS + 8),
                                self.redis.url, self.capacity)
-        for target in (self._feed, self._noise, self._sample):
+        for target in (self._feed, self._noise, self._sample, self._kubelet):
             t = threading.Thread(target=target, daemon=True)
             t.start()
             self.threads.append(t)
@@ -243,6 +261,11 @@ class Bench:
     def _noise(self) -> None:
         while not self.stop.wait(NOISE_EVERY):
             self.work.redraw()
+
+    def _kubelet(self) -> None:
+        while not self.stop.wait(2.0):
+            if self.members is not None:
+                self.members.restart_exited()
 
     def _sample(self) -> None:
         t0 = time.monotonic()
@@ -271,6 +294,9 @@ class Bench:
         for t in self.threads[:1]:
             t.join(timeout=30)
         events: dict[str, Any] = verification(self.client, wait=wait)
+        assert self.feed is not None and self.members is not None
+        events["producer_errors"] = self.feed.errors
+        events["worker_restarts"] = self.members.restarts
         return events
 
     def close(self) -> None:

@@ -25,13 +25,16 @@ from kgroup_pipeline.verify import Report, verify
 STREAM = "load"
 KEYS_PER_PARTITION = 16
 TICK = 0.25  # seconds between two writes (each partition's due events in one call)
+CHUNK = 1000  # events per script call at most (a tick late on a starved machine: several)
 
 
 class Feed:
     """Writes each partition's input, ``rates()`` events/s per partition (read at every
     tick, so a change of rates applies within a tick), to its stream: keys picked among
     the ones the layout routes to that partition, the fraction of an event carried to the
-    next tick, every tick's events in one fenced call with the ledger."""
+    next tick, a tick's events in fenced calls of at most :data:`CHUNK` with the ledger.
+    A call Redis fails is counted in ``errors`` and not tried again: the verifier counts
+    what the ledger says was produced, which is what the streams hold either way."""
 
     def __init__(self, client: redis.Redis, partitions: int,
                  rates: Callable[[], Sequence[float]], *, seed: int = 1,
@@ -49,6 +52,7 @@ class Feed:
             i += 1
         self.carry = [0.0] * partitions
         self.produced = 0
+        self.errors = 0  # writes Redis failed (their events dropped, or written with the ledger)
 
     def step(self, dt: float) -> int:
         """The events due over ``dt`` seconds, written; -> how many."""
@@ -58,10 +62,15 @@ class Feed:
             n = int(self.carry[p])
             self.carry[p] -= n
             keys += [self.rng.choice(self.pools[p]) for _ in range(n)]
-        if keys:
-            self.writer.write(keys)
-            self.produced += len(keys)
-        return len(keys)
+        self.rng.shuffle(keys)
+        written = 0
+        for i in range(0, len(keys), CHUNK):
+            try:
+                written += self.writer.write(keys[i:i + CHUNK]).events
+            except redis.RedisError:
+                self.errors += 1  # the writer reads its seqs from the ledger again
+        self.produced += written
+        return written
 
     def run(self, stop: threading.Event) -> None:
         last = time.monotonic()

@@ -106,3 +106,44 @@ def test_a_throttled_worker_behind_hands_a_revoked_partition_over_at_once(
     part1 = next(p for p in report.partitions if p.partition == 1)
     assert part1.caught_up and part1.lost == 0 and part1.duplicated == 0
     assert part1.committed == part1.produced > 1500
+
+
+def test_a_redis_timeout_ends_a_batch_not_the_worker_and_loses_nothing(
+        rclient: redis.Redis, stream: str, redis_url: str) -> None:
+    produce(rclient, stream=stream, partitions=2, count=3000, keys=30, seed=6)
+    impatient = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=0.3)
+    worker = LightWorker(client=impatient, stream=stream, ownership=StaticOwnership([0, 1]),
+                         max_rate=1000.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        time.sleep(0.5)
+        rclient.client_pause(1500, all=True)  # Redis answers nobody for 1.5 s
+        deadline = time.monotonic() + 30
+        while not verify(rclient, stream).caught_up:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert worker.stats.redis_errors >= 1
+    report = verify(rclient, stream)
+    assert report.clean and report.total("committed") == 3000
+
+
+def test_a_failed_write_leaves_no_gap_in_the_seqs(
+        rclient: redis.Redis, stream: str, redis_url: str) -> None:
+    impatient = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=0.3)
+    writer = EventWriter(impatient, stream=stream, partitions=2, seed=2)
+    writer.write(["a", "b", "a"])
+    rclient.client_pause(1000, all=True)
+    with pytest.raises(redis.RedisError):
+        writer.write(["a", "b"])  # applied later or never: the writer cannot know
+    time.sleep(1.2)
+    writer.write(["a", "b", "b"])
+    worker = LightWorker(client=rclient, stream=stream, ownership=StaticOwnership([0, 1]))
+    worker.run_once()
+    report = verify(rclient, stream)
+    assert report.caught_up and report.clean and report.keys_lost == 0, report
+    assert report.total("committed") in (6, 8)

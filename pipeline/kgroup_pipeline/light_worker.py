@@ -14,12 +14,17 @@ Each batch then reads at most what the bucket holds, shared evenly over the part
 with something to read (each at least one entry: a planned range is always read and
 committed, so a handoff never waits for a range nobody reads).
 
+A Redis error in a batch (a timeout, ``BUSY`` while a long script runs, a lost
+connection) does not stop the worker: it waits :data:`REDIS_RETRY_SECONDS` and plans
+again from the sink's committed offset (``Stats.redis_errors`` counts them).
+
     python -m kgroup_pipeline.light_worker --redis URL --stream NAME --sidecar http://127.0.0.1:8470
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 import time
@@ -80,11 +85,19 @@ def share(wants: Sequence[int], budget: int) -> list[int]:
     return [max(o, 1 if w > 0 else 0) for o, w in zip(out, wants, strict=True)]
 
 
+log = logging.getLogger(__name__)
+REDIS_RETRY_SECONDS = 1.0
+"""After a Redis error (a timeout, ``BUSY``, a lost connection) the loop waits this long and
+plans again: whatever the failed batch did or did not commit, the next plan starts from
+the sink's committed offset, so nothing is lost or read twice."""
+
+
 @dataclass
 class Stats:
     batches: int = 0
     rows: int = 0
     refused: int = 0
+    redis_errors: int = 0  # batches a Redis error ended (tried again: the sink is fenced)
 
 
 class LightWorker:
@@ -160,11 +173,19 @@ class LightWorker:
         """Until `stop` is set; then hand every partition back at its committed offset."""
         last_log = time.monotonic()
         while not stop.is_set():
-            rows = self.run_once()
+            try:
+                rows = self.run_once()
+            except redis.RedisError as e:  # e.g. a timeout, or BUSY while a script runs
+                self.stats.redis_errors += 1
+                log.warning("batch not done, Redis answered %s: %s; again in %.1f s",
+                            type(e).__name__, e, REDIS_RETRY_SECONDS)
+                stop.wait(REDIS_RETRY_SECONDS)
+                continue
             if self.log_every and time.monotonic() - last_log >= self.log_every:
                 last_log = time.monotonic()
                 print(f"light-worker batches={self.stats.batches} rows={self.stats.rows} "
-                      f"refused={self.stats.refused}", file=sys.stderr, flush=True)
+                      f"refused={self.stats.refused} redis_errors={self.stats.redis_errors}",
+                      file=sys.stderr, flush=True)
             if rows == 0:
                 stop.wait(self.idle_wait)
         self.shutdown()

@@ -77,7 +77,9 @@ class EventWriter:
     part of :func:`produce` for a caller that paces and picks keys itself (e.g. a
     benchmark giving each partition its own rate picks keys :meth:`partition_of` routes
     there). Keys are placed by ``layout()`` or by ``crc32 % partitions``, as in
-    :func:`produce`; seqs continue from the ledger's."""
+    :func:`produce`; seqs continue from the ledger's. A write that fails (a Redis error:
+    it may or may not have been applied, the ledger with it) makes the writer read the
+    seqs from the ledger again before its next write, so seqs never get a gap."""
 
     def __init__(self, client: redis.Redis, *, stream: str, partitions: int | None = None,
                  layout: Callable[[], Lineage] | None = None, seed: int | None = None) -> None:
@@ -97,8 +99,9 @@ class EventWriter:
         self.rng = random.Random(seed)
         self.run = uuid.uuid4().hex[:8]
         self.n = 0
-        self.seqs: dict[str, int] = {str(k): int(v) for k, v in
-                                     client.hgetall(self.names.produced_seq).items()}
+        self.client = client
+        self.seqs: dict[str, int] = {}
+        self.stale = True  # the seqs are to be read from the ledger before a write
 
     def partition_of(self, key: str) -> int:
         """The partition the current layout writes ``key`` to."""
@@ -106,6 +109,10 @@ class EventWriter:
 
     def write(self, keys: Sequence[str], bad_every: int = 0) -> Produced:
         """One event per key (every ``bad_every``-th malformed), all or nothing."""
+        if self.stale:
+            self.seqs = {str(k): int(v) for k, v in
+                         self.client.hgetall(self.names.produced_seq).items()}
+            self.stale = False
         events: list[dict[str, str | int]] = []
         amounts: list[int | None] = []
         for key in keys:
@@ -123,8 +130,10 @@ class EventWriter:
                           "seq": self.seqs[key]}
                 amounts.append(amount)
             events.append(fields)
+        self.stale = True  # until the write is known to be applied
         sent = self.producer.send(list(keys), events,
                                   _ledger(self.names, list(keys), self.seqs, amounts))
+        self.stale = False
         bad = sum(a is None for a in amounts)
         return Produced(events=len(amounts) - bad, bad=bad, refused=sent.refused,
                         generations={sent.generation})
