@@ -35,11 +35,15 @@ class RealSidecars:
 
     def __init__(self, st: Stage, pods: list[str], base_port: int,
                  figures: Callable[[str, int], tuple[float, int]] | None = None, *,
-                 app: bool = True) -> None:
+                 app: bool = True, app_timeout: float | None = 0.0) -> None:
         """``figures(pod, partition)``: the (rate, lag) its app reports for a partition it
         holds (default: no rate, a made-up lag). ``app`` False: no tiny app; the caller's
-        workers are the sidecars' apps."""
+        workers are the sidecars' apps. ``app_timeout``: the sidecars'
+        ``KGROUP_APP_TIMEOUT_SECONDS``; 0 (the default) turns the app's part off (the
+        benchmark's apps are measured, not waited for); None leaves the sidecar's default
+        (real apps: a pod joins when its app first asks, as in a cluster)."""
         self.st = st
+        self.app_timeout = app_timeout
         self.figures = figures
         self.exe = str(Path(sys.executable).with_name("kgroup-sidecar"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -64,9 +68,9 @@ class RealSidecars:
             env = {**os.environ, "KUBECONFIG": str(self.st.cluster.kubeconfig),
                    "KGROUP_GROUP": self.st.group, "KGROUP_NAMESPACE": self.st.ns,
                    "KGROUP_POD_NAME": pod, "KGROUP_LISTEN": f"127.0.0.1:{port}",
-                   "KGROUP_LOG_LEVEL": "WARNING", "NO_PROXY": "127.0.0.1,localhost",
-                   # the benchmark's apps (if any) are measured, not waited for
-                   "KGROUP_APP_TIMEOUT_SECONDS": "0"}
+                   "KGROUP_LOG_LEVEL": "WARNING", "NO_PROXY": "127.0.0.1,localhost"}
+            if self.app_timeout is not None:
+                env["KGROUP_APP_TIMEOUT_SECONDS"] = f"{self.app_timeout:g}"
             with (self.st.workdir / f"sidecar-{pod}.log").open("ab") as out:
                 self.procs[pod] = subprocess.Popen([self.exe], env=env, stdout=out,
                                                    stderr=subprocess.STDOUT,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from kgroup.producer import FileLayout, LayoutProducer, Lineage, SideWrite, initial
+from kgroup.producer import FileLayout, LayoutProducer, Lineage, SideWrite, initial, route
 from kgroup_pipeline.keys import StreamKeys
 
 
@@ -72,6 +72,73 @@ def _ledger(names: StreamKeys, keys: list[str], seqs: dict[str, int],
     return side
 
 
+class EventWriter:
+    """Writes one event per given key, with its ledger, in one fenced script call: the
+    part of :func:`produce` for a caller that paces and picks keys itself (e.g. a
+    benchmark giving each partition its own rate picks keys :meth:`partition_of` routes
+    there). Keys are placed by ``layout()`` or by ``crc32 % partitions``, as in
+    :func:`produce`; seqs continue from the ledger's. A write that fails (a Redis error:
+    it may or may not have been applied, the ledger with it) makes the writer read the
+    seqs from the ledger again before its next write, so seqs never get a gap."""
+
+    def __init__(self, client: redis.Redis, *, stream: str, partitions: int | None = None,
+                 layout: Callable[[], Lineage] | None = None, seed: int | None = None) -> None:
+        self.names = StreamKeys(stream)
+        if layout is None:
+            if partitions is None:
+                raise ValueError("give partitions or layout")
+            stored = client.hget(self.names.meta, "partitions")
+            if stored is not None and int(stored) != partitions:
+                raise ValueError(f"stream {stream} has {int(stored)} partitions, "
+                                 f"not {partitions}")
+            client.hset(self.names.meta, "partitions", partitions)
+            fixed = initial(partitions)
+            layout = lambda: fixed  # noqa: E731
+        self.layout: Callable[[], Lineage] = layout
+        self.producer = LayoutProducer(client, stream, layout)
+        self.rng = random.Random(seed)
+        self.run = uuid.uuid4().hex[:8]
+        self.n = 0
+        self.client = client
+        self.seqs: dict[str, int] = {}
+        self.stale = True  # the seqs are to be read from the ledger before a write
+
+    def partition_of(self, key: str) -> int:
+        """The partition the current layout writes ``key`` to."""
+        return route(self.layout(), key)
+
+    def write(self, keys: Sequence[str], bad_every: int = 0) -> Produced:
+        """One event per key (every ``bad_every``-th malformed), all or nothing."""
+        if self.stale:
+            self.seqs = {str(k): int(v) for k, v in
+                         self.client.hgetall(self.names.produced_seq).items()}
+            self.stale = False
+        events: list[dict[str, str | int]] = []
+        amounts: list[int | None] = []
+        for key in keys:
+            self.n += 1
+            fields: dict[str, str | int]
+            if bad_every and self.n % bad_every == 0:
+                fields = {"key": key, "event": f"{self.run}-{self.n}"}
+                if (self.n // bad_every) % 2:
+                    fields["amount"] = "12x"
+                amounts.append(None)
+            else:
+                self.seqs[key] = self.seqs.get(key, 0) + 1
+                amount = self.rng.randint(1, 10_000)
+                fields = {"key": key, "amount": amount, "event": f"{self.run}-{self.n}",
+                          "seq": self.seqs[key]}
+                amounts.append(amount)
+            events.append(fields)
+        self.stale = True  # until the write is known to be applied
+        sent = self.producer.send(list(keys), events,
+                                  _ledger(self.names, list(keys), self.seqs, amounts))
+        self.stale = False
+        bad = sum(a is None for a in amounts)
+        return Produced(events=len(amounts) - bad, bad=bad, refused=sent.refused,
+                        generations={sent.generation})
+
+
 def produce(
     client: redis.Redis,
     *,
@@ -93,21 +160,10 @@ def produce(
     replaced and is fenced by the seals), or by ``crc32 % partitions`` (one generation)."""
     if count is None and duration is None:
         raise ValueError("give count or duration")
-    names = StreamKeys(stream)
-    if layout is None:
-        if partitions is None:
-            raise ValueError("give partitions or layout")
-        stored = client.hget(names.meta, "partitions")
-        if stored is not None and int(stored) != partitions:
-            raise ValueError(f"stream {stream} has {int(stored)} partitions, not {partitions}")
-        client.hset(names.meta, "partitions", partitions)
-        fixed = initial(partitions)
-        layout = lambda: fixed  # noqa: E731
-    producer = LayoutProducer(client, stream, layout)
-    rng = random.Random(seed)
-    run = uuid.uuid4().hex[:8]
+    writer = EventWriter(client, stream=stream, partitions=partitions, layout=layout,
+                         seed=seed)
+    rng = writer.rng
     key_names = [f"c{i:05d}" for i in range(keys)]
-    seqs: dict[str, int] = {str(k): int(v) for k, v in client.hgetall(names.produced_seq).items()}
     out = Produced()
     start = time.monotonic()
     n = 0
@@ -121,30 +177,12 @@ def produce(
             ahead = (n + size) / rate - elapsed
             if ahead > 0:
                 time.sleep(ahead)
-        batch_keys: list[str] = []
-        events: list[dict[str, str | int]] = []
-        amounts: list[int | None] = []
-        for _ in range(size):
-            n += 1
-            key = key_names[rng.randrange(keys)]
-            fields: dict[str, str | int]
-            if bad_every and n % bad_every == 0:
-                fields = {"key": key, "event": f"{run}-{n}"}
-                if (n // bad_every) % 2:
-                    fields["amount"] = "12x"
-                amounts.append(None)
-            else:
-                seqs[key] = seqs.get(key, 0) + 1
-                amount = rng.randint(1, 10_000)
-                fields = {"key": key, "amount": amount, "event": f"{run}-{n}", "seq": seqs[key]}
-                amounts.append(amount)
-            batch_keys.append(key)
-            events.append(fields)
-        sent = producer.send(batch_keys, events, _ledger(names, batch_keys, seqs, amounts))
-        out.bad += sum(a is None for a in amounts)
-        out.events += len(amounts) - sum(a is None for a in amounts)
+        n += size
+        sent = writer.write([key_names[rng.randrange(keys)] for _ in range(size)], bad_every)
+        out.bad += sent.bad
+        out.events += sent.events
         out.refused += sent.refused
-        out.generations.add(sent.generation)
+        out.generations |= sent.generations
     out.seconds = time.monotonic() - start
     return out
 
