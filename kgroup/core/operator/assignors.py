@@ -98,12 +98,12 @@ def _prior_owners(
     partitions outside ``0..partitions-1`` are ignored.
     """
     owner: list[str | None] = [None] * partitions
-    for mid in sorted(current, reverse=True):  # smallest id written last, so it wins
-        if mid not in member_ids:
+    for member in sorted(current, reverse=True):  # smallest id written last, so it wins
+        if member not in member_ids:
             continue
-        for p in current[mid]:
+        for p in current[member]:
             if 0 <= p < partitions:
-                owner[p] = mid
+                owner[p] = member
     for p, holder in holders.items():
         if 0 <= p < partitions and owner[p] is None and holder in member_ids:
             owner[p] = holder
@@ -113,9 +113,9 @@ def _prior_owners(
 def _holdings(ordered: Sequence[Assignee], owner: Sequence[str | None]) -> dict[str, list[int]]:
     """Member id -> the partitions it holds now, ascending."""
     held: dict[str, list[int]] = {m.id: [] for m in ordered}
-    for p, mid in enumerate(owner):
-        if mid is not None:
-            held[mid].append(p)
+    for p, member in enumerate(owner):
+        if member is not None:
+            held[member].append(p)
     return held
 
 
@@ -167,11 +167,11 @@ def lower_bound_moves(
         return 0
     owner = _prior_owners(partitions, {m.id for m in ordered}, current, holders)
     counts = {m.id: 0 for m in ordered}
-    for mid in owner:
-        if mid is not None:
-            counts[mid] += 1
+    for member in owner:
+        if member is not None:
+            counts[member] += 1
     quota = _quotas(partitions, ordered, counts)
-    kept = sum(min(counts[mid], quota[mid]) for mid in counts)
+    kept = sum(min(counts[member], quota[member]) for member in counts)
     return partitions - kept
 
 
@@ -192,11 +192,11 @@ class StickyAssignor:
             return {}
         owner = _prior_owners(partitions, {m.id for m in ordered}, current, holders)
         held = _holdings(ordered, owner)
-        quota = _quotas(partitions, ordered, {mid: len(ps) for mid, ps in held.items()})
+        quota = _quotas(partitions, ordered, {member: len(ps) for member, ps in held.items()})
 
         # 1. Everyone keeps its lowest-numbered partitions up to its quota; the
         #    highest-numbered ones above quota are given up first.
-        free: list[int] = [p for p, mid in enumerate(owner) if mid is None]
+        free: list[int] = [p for p, member in enumerate(owner) if member is None]
         result: dict[str, list[int]] = {}
         for m in ordered:
             mine = held[m.id]
@@ -268,15 +268,15 @@ def moved_partitions(
     that loses its owner; a partition listed under no member in either counts not at all.
     """
     old: dict[int, str] = {}
-    for mid, ps in before.items():
+    for member, ps in before.items():
         for p in ps:
-            old[p] = mid
+            old[p] = member
     moved = 0
     seen: set[int] = set()
-    for mid, ps in after.items():
+    for member, ps in after.items():
         for p in ps:
             seen.add(p)
-            if old.get(p) != mid:
+            if old.get(p) != member:
                 moved += 1
     moved += sum(1 for p in old if p not in seen)
     return moved

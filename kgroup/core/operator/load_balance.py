@@ -179,7 +179,7 @@ def busiest_ratio(
     mean = total / sum(weight.values())
     if mean <= 0:  # a total so small that the mean underflows: nothing to balance
         return 1.0
-    busiest = max(sum(loads[p] for p in target.get(mid, ())) / w for mid, w in weight.items())
+    busiest = max(sum(loads[p] for p in target.get(member, ())) / w for member, w in weight.items())
     return busiest / mean
 
 
@@ -363,7 +363,7 @@ def _refine_load(
     weight = {m.id: m.weight for m in ordered}
     mean = total / sum(weight.values())
     held = _holdings(ordered, owner)
-    member_load = {mid: sum(load[p] for p in ps) for mid, ps in held.items()}
+    member_load = {member: sum(load[p] for p in ps) for member, ps in held.items()}
 
     def busiest() -> float:
         return max(member_load[m.id] / m.weight for m in ordered)
