@@ -23,9 +23,9 @@ from kgroup.core.operator.lock_requests import (
     MarkAssigned,
     NoAnswer,
     Ok,
-    ReadLease,
     Superseded,
     Then,
+    reread,
 )
 
 __all__ = ["mark_chains"]
@@ -68,12 +68,7 @@ def _mark(group: str, mark: Mark, leases: GroupLeases, memory: Memory,
         memory.mark_failed(mark)
         if isinstance(answer, NoAnswer):
             return Then(retry=True)
-        fresh = yield ReadLease(name, expiry=False)  # refused: the lock changed
-        if not isinstance(fresh, Ok):
-            return Then(retry=True)
-        if fresh.obj is not None:
-            leases.put(fresh.obj, clock())
-        return Then(decide=True)
+        return (yield from reread(name, leases, clock, expiry=False))  # refused: it changed
     finally:
         if not settled:  # the chain was closed before its answer
             memory.mark_failed(mark)
