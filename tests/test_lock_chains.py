@@ -96,3 +96,52 @@ def test_without_the_reread_the_rule_decides_on_the_cache_alone() -> None:
                              clock=lambda: op.now)
     then = step(chain, None)
     assert isinstance(then, Then) and len(then.chains) == 1
+
+
+def marked() -> tuple[Op, list[Chain]]:
+    """a's first target: the marks of its locks, as chains."""
+    from kgroup.core.operator.assignment_marks import mark_chains
+    from tests.test_operator_logic import partition_lease
+
+    op = Op("a")
+    for p in range(4):
+        op.leases.put(partition_lease(p, str(40 + p)), op.now)
+    plan = op.decide()
+    op.write(plan, "11")
+    assert [m.partition for m in plan.marks] == [0, 1, 2, 3]
+    chains = mark_chains(plan.marks, group="g", leases=op.leases, memory=op.memory,
+                         clock=lambda: op.now)
+    assert sorted(op.memory.marks_sent) == [0, 1, 2, 3]
+    return op, chains
+
+
+def test_a_mark_refused_re_reads_the_lock_and_decides_again() -> None:
+    from kgroup.core.operator.lock_requests import MarkAssigned
+
+    op, chains = marked()
+    request = step(chains[0], None)
+    assert isinstance(request, MarkAssigned) and request.name == "g-partition-0"
+    assert request.wanted()
+    assert step(chains[0], Refused(409)) == ReadLease("g-partition-0", expiry=False)
+    assert 0 not in op.memory.marks_sent
+    assert step(chains[0], Ok(held_lease(0, "45", "a", "s-a"))) == Then(decide=True)
+    assert op.leases.partitions[0].resource_version == "45"
+
+
+def test_a_mark_superseded_before_its_turn_is_dropped_unsent() -> None:
+    from kgroup.core.operator.lock_requests import MarkAssigned, Superseded
+
+    op, chains = marked()
+    request = step(chains[1], None)
+    assert isinstance(request, MarkAssigned)
+    op.leases.put(held_lease(1, "50", "b", "s-b"), op.now)  # the lock moved on
+    assert not request.wanted()
+    assert step(chains[1], Superseded()) == Then(decide=True)
+    assert 1 not in op.memory.marks_sent
+    request = step(chains[2], None)
+    op.memory.marks_sent[2] = ("b", None, "42")  # a later pass's mark replaced it
+    assert step(chains[2], Superseded()) == Then()
+    assert op.memory.marks_sent[2] == ("b", None, "42")
+    step(chains[3], None)
+    assert step(chains[3], NoAnswer("timeout")) == Then(retry=True)
+    assert 3 not in op.memory.marks_sent

@@ -285,7 +285,11 @@ def test_a_release_on_a_cache_older_than_our_acquisition_re_reads_it() -> None:
     old runtime (the list replaced the newer cached lock, and the release then gave the
     lock up unwritten: still held by the live session, forgotten by the member) the group
     never converges; the cache now never goes back in time."""
-    for seed in (32, 84):  # re-picked when retries began to back off with spread
+    # Re-picked when the simulated operator began performing the operator's assignment-mark
+    # chains (assignment_marks.mark_chains: a mark no longer wanted is dropped, a refused
+    # one re-reads the lock instead of retrying): the old seeds' timing changed and the race
+    # became rare (of seeds 0-400, only these two show the old runtime's liveness failure).
+    for seed in (256, 338):
         assert run_seed(seed, FAST_RELIST).ok, seed
         old = run_seed(seed, SimConfig(**{**FAST_RELIST.__dict__,
                                            "regressions": frozenset({"stale-relist"})}))

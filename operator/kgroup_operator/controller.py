@@ -7,17 +7,19 @@ post Events, write the status with the read ``resourceVersion``), reports the ou
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
 Assignment marks are sent after the status write succeeded (or at once when the pass
-writes none), after the expiry marks (the core's request chains,
-``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
-dispatcher ``_drive``/``_perform``: each holder's member Lease re-read first; a mark
-refused because the lock changed re-reads the lock and decides again); each stored Lease
-goes into the cache at once. A pass awaits its creates (the slice) and its status write,
-not its marks: those run behind it (``writes``) in the lock gate's order (a crash's
-expiry marks first, then assignment marks, then the next slice's creates), and a mark a
-later pass superseded is dropped when its turn comes. The retired partitions' Leases the
-plan names are deleted behind them, last (``kgroup.core.operator.retention``: each delete
-conditional on the Lease's resourceVersion as read). The memory knows what is in flight
-(``marks_sent``, ``expiries_sent``), so no pass sends it twice.
+writes none), after the expiry marks. Both are the core's request chains
+(``kgroup.core.operator.failure_detector.expiry_chains``: each holder's member Lease
+re-read first; ``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer
+wanted at its turn is dropped), performed by this module's dispatcher
+``_drive``/``_perform``: a mark refused because the lock changed re-reads the lock and
+decides again; each stored Lease goes into the cache at once. A pass awaits its creates
+(the slice) and its status write, not its marks: those run behind it (``writes``) in the
+lock gate's order (a crash's expiry marks first, then assignment marks, then the next
+slice's creates), and a mark a later pass superseded is dropped when its turn comes. The
+retired partitions' Leases the plan names are deleted behind them, last
+(``kgroup.core.operator.retention``: each delete conditional on the Lease's
+resourceVersion as read). The memory knows what is in flight (``marks_sent``,
+``expiries_sent``), so no pass sends it twice.
 With ``spec.autoscaling``, the target's Scale is read at most every
 :data:`SCALE_READ_SECONDS` (and after each change), and a change the plan asks for is
 written through the scale subresource before the pass's other writes, followed by an
@@ -41,8 +43,9 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from kgroup.constants import partition_lease_name
 from kgroup.core.lease_codec import not_older
+from kgroup.core.operator import lock_requests
+from kgroup.core.operator.assignment_marks import mark_chains
 from kgroup.core.operator.autoscale import ScaleChange
 from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
@@ -50,7 +53,6 @@ from kgroup.core.operator.decide import (
     IDLE_RECHECK,
     Event,
     ExpiryRule,
-    Mark,
     Memory,
     Observation,
     Plan,
@@ -64,6 +66,7 @@ from kgroup.core.operator.lock_requests import (
     Chain,
     DeleteLease,
     LockRequest,
+    MarkAssigned,
     MarkExpired,
     NoAnswer,
     Ok,
@@ -372,9 +375,9 @@ class GroupController:
                 plan.expiries, group=self.key[1], leases=self.cache.group(self.key),
                 rule=self.rule, ledger=self.memory, clock=self.clock)))
         if plan.marks:
-            for mark in plan.marks:
-                self.memory.mark_sent(mark)
-            self._behind("marks", self._mark(plan.marks))
+            self._behind("marks", self._drive_all(mark_chains(
+                plan.marks, group=self.key[1], leases=self.cache.group(self.key),
+                memory=self.memory, clock=self.clock)))
         if plan.deletions:
             self._behind("deletions", self._drive_all(deletion_chains(
                 plan.deletions, ledger=self.memory, gone=self._gone)))
@@ -401,49 +404,6 @@ class GroupController:
 
         results = await asyncio.gather(*(one(p) for p in plan.create_partitions),
                                        return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    async def _mark(self, marks: list[Mark]) -> None:
-        """The marks' patches, concurrently (a join moves many partitions at once and its
-        new owner waits for each mark), each conditional on the lock as decided on: one
-        refused because the lock changed (409) re-reads the lock and decides again; the
-        first failure is raised once all are done."""
-        namespace, name = self.key
-
-        async def one(mark: Mark) -> None:
-            sent = (mark.member, mark.uid, mark.seen_rv)
-
-            def wanted() -> bool:  # asked as its turn comes: superseded, or the lock moved on
-                lock = self.cache.group(self.key).partitions.get(mark.partition)
-                return (self.memory.marks_sent.get(mark.partition) == sent
-                        and lock is not None and lock.resource_version == mark.seen_rv)
-
-            try:
-                stored = await self.kube.mark_partition_lease(
-                    namespace=namespace, group=name, partition=mark.partition,
-                    member=mark.member, uid=mark.uid, seen_rv=mark.seen_rv, wanted=wanted)
-            except Superseded:
-                if self.memory.marks_sent.get(mark.partition) == sent:  # the lock moved on
-                    self.memory.mark_failed(mark)
-                    self.poke()  # decide again on the lock as cached
-                return
-            except BaseException:
-                self.memory.mark_failed(mark)
-                raise
-            if stored is None:  # the lock changed since it was read (or is gone)
-                self.memory.mark_failed(mark)
-                lock = await self.kube.get_lease(namespace,
-                                                 partition_lease_name(name, mark.partition),
-                                                 Urgency.MARK)
-                if lock is not None:
-                    self.cache.put_lease(namespace, lock, self.clock())
-                self.poke()  # decide again on the lock as it is now
-            else:
-                self.cache.put_lease(namespace, stored, self.clock())
-
-        results = await asyncio.gather(*(one(m) for m in marks), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -505,8 +465,15 @@ class GroupController:
                                 request.name, str(exc.body or exc.reason)[:500])
                     return Refused(403)
                 return Ok() if deleted else Refused(409)
+            elif isinstance(request, MarkAssigned):
+                stored = await self.kube.mark_partition_lease(
+                    namespace=namespace, group=name, partition=request.partition,
+                    member=request.member, uid=request.uid, seen_rv=request.seen_rv,
+                    wanted=request.wanted)
             else:
                 raise TypeError(f"unknown request {request!r}")
+        except Superseded:
+            return lock_requests.Superseded()
         except (ApiException, HTTPError, OSError) as exc:
             return NoAnswer(type(exc).__name__)
         return Ok(stored) if stored is not None else Refused(409)  # 409 or 404: changed

@@ -5,10 +5,11 @@ Rule of this module: decide nothing. Like ``kgroup_operator.controller`` it keep
 caches (a :class:`~kgroup.core.operator.lease_cache.GroupLeases`, pods, the group), runs one pass
 when poked or at the plan's deadline, and performs the plan: partition Leases created,
 the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
-assignment marks written after it (one atomic read-modify-write at the store, as the API
-server applies a merge patch), the expiry marks (the core's request chains,
-``kgroup.core.operator.failure_detector.expiry_chains``, performed by this module's
-dispatcher ``_drive``/``_perform`` as the controller's performs them), Events
+expiry and assignment marks written after it (the core's request chains,
+``kgroup.core.operator.failure_detector.expiry_chains`` and
+``kgroup.core.operator.assignment_marks.mark_chains``, performed by this module's
+dispatcher ``_drive``/``_perform`` as the controller's performs them; a conditional merge
+patch is one atomic read-modify-write at the store, as the API server applies it), Events
 counted, outcomes reported back to the memory. One pass at a time, as the controller
 awaits its status write; its marks run behind the pass, as the controller's do. The
 operator's memory lives in one incarnation: an operator restart builds a new one that
@@ -22,9 +23,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from kgroup.constants import partition_lease_name
 from kgroup.core import lease_codec as codec
 from kgroup.core.objects import Obj
+from kgroup.core.operator.assignment_marks import mark_chains
 from kgroup.core.operator.decide import (
     API_RETRY_SECONDS,
     IDLE_RECHECK,
@@ -42,11 +43,13 @@ from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
     LockRequest,
+    MarkAssigned,
     MarkExpired,
     NoAnswer,
     Ok,
     ReadLease,
     Refused,
+    Superseded,
     Then,
 )
 from kgroup.core.operator.planner import PodObservation
@@ -217,30 +220,10 @@ class SimOperator:
             store.create, lease_key(obj["metadata"]["name"]), obj), created)
 
     def _mark(self, body: Obj, marks: list[Mark]) -> None:
-        store = self.world.store
-        for mark in marks:
-            self.memory.mark_sent(mark)
-            self.world.count("mark")
-            key = lease_key(partition_lease_name(codec.meta(body)["name"], mark.partition))
-
-            def patch(key: str = key, mark: Mark = mark) -> Obj | None:
-                # a merge patch conditional on the lock as decided on (409 when it changed)
-                current = store.get(key)
-                if current is None:
-                    raise WriteError(404, f"{key} not found")
-                if codec.meta(current).get("resourceVersion") != mark.seen_rv:
-                    raise WriteError(409, f"{key} changed since {mark.seen_rv}")
-                return store.update(key, codec.marked_partition_lease(current, mark.member,
-                                                                      mark.uid))
-
-            def done(result: Any, mark: Mark = mark) -> None:
-                if isinstance(result, dict):
-                    self.leases.put(result, self.proc.clock())
-                else:
-                    self.memory.mark_failed(mark)
-                    self._after(API_RETRY_SECONDS, failed=True)
-
-            self.world.request(self.proc, patch, done)
+        """The plan's assignment marks: the core's chains (one per mark), driven."""
+        for chain in mark_chains(marks, group=codec.meta(body)["name"], leases=self.leases,
+                                 memory=self.memory, clock=self.proc.clock):
+            self._drive(chain, None)
 
     def _expire(self, body: Obj, expiries: list[Expiry]) -> None:
         """The plan's expiry marks: the core's chains (one per holder session), driven."""
@@ -263,7 +246,10 @@ class SimOperator:
             if then.decide:
                 self.poke()
             elif then.retry:
-                self._after(API_RETRY_SECONDS)
+                self._after(API_RETRY_SECONDS, failed=True)
+            return
+        if isinstance(request, MarkAssigned) and not request.wanted():
+            self._drive(chain, Superseded())  # its turn is now: no queue to wait in
             return
         self.world.request(self.proc, self._perform(request),
                            lambda result: self._drive(chain, _answer(result)))
@@ -279,6 +265,10 @@ class SimOperator:
             self.world.count("expiry-mark")
             change: Callable[[Obj], Obj] = functools.partial(
                 codec.expiry_marked_partition_lease, session=request.session)
+        elif isinstance(request, MarkAssigned):
+            self.world.count("mark")
+            change = functools.partial(codec.marked_partition_lease, member=request.member,
+                                       uid=request.uid)
         else:
             raise TypeError(f"unknown request {request!r}")
 

@@ -31,6 +31,7 @@ from kgroup.core.operator.lock_requests import (
     Ok,
     ReadLease,
     Then,
+    reread,
 )
 
 __all__ = ["Expiry", "ExpiryLedger", "ExpiryRule", "expiries_to_mark", "expiry_chains"]
@@ -189,12 +190,7 @@ def _mark_expired(group: str, e: Expiry, leases: GroupLeases, ledger: ExpiryLedg
             return Then(retry=True)
         ledger.expiry_failed(e)
         settled = True
-        fresh = yield ReadLease(lock)
-        if not isinstance(fresh, Ok):
-            return Then(retry=True)
-        if fresh.obj is not None:
-            leases.put(fresh.obj, clock())
-        return Then(decide=True)
+        return (yield from reread(lock, leases, clock))
     finally:
         if not settled:
             ledger.expiry_failed(e)

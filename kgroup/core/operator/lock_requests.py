@@ -12,7 +12,8 @@ whether to decide again now or after the API server's retry pause. A driver maps
 request onto a call of its API server (the real one: ``kgroup_operator.controller``; the
 simulated one: ``kgroup_sim.control``) and each outcome onto an answer, and nothing more:
 the sequencing, and with it the quorum re-read before an expiry mark, lives here once.
-Plain data.
+Plain data, and the step both mark chains end with when a mark is refused
+(:func:`reread`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from kgroup.core.objects import Obj
+from kgroup.core.operator.lease_cache import GroupLeases
 
 __all__ = [
     "Answer",
@@ -35,6 +37,7 @@ __all__ = [
     "Refused",
     "Superseded",
     "Then",
+    "reread",
 ]
 
 
@@ -133,3 +136,16 @@ class Then:
 
 
 Chain = Generator[LockRequest, Answer, Then]
+
+
+def reread(name: str, leases: GroupLeases, clock: Callable[[], float], *,
+           expiry: bool = True) -> Chain:
+    """A mark refused because lock ``name`` changed (or is gone): the lock re-read into
+    ``leases`` and the group decided again on it; the read not answered, decided again
+    after the retry pause. A chain's tail: ``return (yield from reread(...))``."""
+    fresh = yield ReadLease(name, expiry=expiry)
+    if not isinstance(fresh, Ok):
+        return Then(retry=True)
+    if fresh.obj is not None:
+        leases.put(fresh.obj, clock())
+    return Then(decide=True)
