@@ -13,6 +13,7 @@ from test_operator_logic import Op, body, held_lease, member_lease
 from kgroup.core.load import encode_load
 from kgroup.core.operator.decide import Memory, Observation, Plan, decide
 from kgroup.core.operator.load_status import LOAD_REFRESH_SECONDS
+from kgroup.core.operator.load_window import LOAD_WINDOW_REPORTS
 from kgroup.core.operator.sizing import member_capacity
 from kgroup.crd_models import LoadStatus
 
@@ -139,8 +140,9 @@ def test_the_capacity_is_remembered_so_a_group_whose_input_fell_is_sized_down() 
     first = passes(op, replicas=2, seconds=LOAD_REFRESH_SECONDS + 1)
     assert first.status is not None and first.status["load"]["capacity"] == 100.0
     slow = {"a": {p: 5.0 for p in range(4)}, "b": {p: 5.0 for p in range(4, 8)}}
-    for i, m in enumerate(("a", "b")):
-        op.leases.put(loaded(m, str(900 + i), slow[m], {}), op.now)
+    for j in range(LOAD_WINDOW_REPORTS):  # the operator averages the latest reports
+        for i, m in enumerate(("a", "b")):
+            op.leases.put(loaded(m, str(10_000 + 2 * j + i), slow[m], {}), op.now)
     later = passes(op, replicas=4, seconds=1)
     assert later.status is not None
     assert later.status["load"]["capacity"] == 100.0
@@ -163,7 +165,7 @@ def run_down(restart_at: float | None, *, restore: bool = True) -> list[tuple[fl
         if restart_at is not None and at == restart_at:
             op.memory = Memory(started_at=op.now)
             op.memory.load.refresh(op.now, lambda _h: (LoadStatus(capacity=100.0), {}, {},
-                                                       {}, {}))
+                                                       {}, {}, 0.0))
             if not restore:
                 st = dict(op.body["status"])
                 st["autoscaling"] = {k: v for k, v in st["autoscaling"].items()
@@ -171,7 +173,7 @@ def run_down(restart_at: float | None, *, restore: bool = True) -> list[tuple[fl
                 op.body = {**op.body, "status": st}
         elif step == 0:
             op.memory.load.refresh(op.now, lambda _h: (LoadStatus(capacity=100.0), {}, {},
-                                                       {}, {}))
+                                                       {}, {}, 0.0))
         renew(op, rates, lags, 1000 + 100 * step)
         plan = decide(Observation(op.body, op.leases, op.pods, True, replicas=replicas),
                       op.memory, op.now, wall=WALL + timedelta(seconds=at),
