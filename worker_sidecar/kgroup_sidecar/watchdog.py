@@ -8,10 +8,11 @@ renders no liveness probe: this watchdog is the liveness check, in every mode (w
 probes the kubelet's ``/livez`` probe judges too).
 
 How: the sidecar's heartbeat task on the loop (``kgroup_sidecar.app``, the one that
-touches the probe files) calls :meth:`LoopWatchdog.beat` every 5 s; a daemon thread wakes every :data:`CHECK_SECONDS` and, when the
-last beat is older than ``limit`` (:data:`DEFAULT_LIMIT_SECONDS`, ``KGROUP_WATCHDOG_SECONDS``),
-writes every thread's stack to stderr (where the loop is stuck) and exits the process
-with :data:`EXIT_STATUS` at once (``os._exit``: a stuck loop runs no cleanup). A loop that
+touches the probe files) calls :meth:`LoopWatchdog.beat` every 5 s; a daemon thread
+wakes every :data:`CHECK_SECONDS` and, when the last beat is older than ``limit``
+(:data:`DEFAULT_LIMIT_SECONDS`, ``KGROUP_WATCHDOG_SECONDS``), writes every thread's stack
+to stderr (where the loop is stuck) and exits the process with :data:`EXIT_STATUS` at
+once (``os._exit``: a stuck loop runs no cleanup). A loop that
 blocks in a call, deadlocks or spins in Python code is seen: the thread still gets the
 interpreter every few milliseconds. Not seen while it lasts: a process stopped as a whole
 (SIGSTOP, a cgroup freeze) stops this thread too; its readiness fails (the ``ready``
