@@ -261,7 +261,7 @@ def sidecar_container(d: SidecarDefaults, group: str) -> Obj:
                               "failureThreshold": 3}
     timing = dict(d.readiness or {})
     if not timing.get("periodSeconds"):
-        timing["periodSeconds"] = 10 if exec_ else 2
+        timing["periodSeconds"] = 15 if exec_ else 2
     c["readinessProbe"] = {**_probe(d, "/readyz", "ready", "+0.25"), **timing}
     c["securityContext"] = {
         "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
