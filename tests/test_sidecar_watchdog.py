@@ -12,7 +12,7 @@ BASE = {"KGROUP_GROUP": "g", "KGROUP_POD_NAME": "p", "KGROUP_NAMESPACE": "ns"}
 
 
 def test_it_exits_only_once_no_beat_came_for_longer_than_the_limit() -> None:
-    now, exits = [0.0], []
+    now, exits = [0.0], list[int]()
     w = LoopWatchdog(60.0, clock=lambda: now[0], exit=exits.append)
     now[0] = 59.0
     assert not w.check()
