@@ -79,7 +79,7 @@ def test_exec_probes_test_the_sidecars_files_with_find_not_python(tmp_path: Path
     assert side["readinessProbe"]["exec"]["command"] == ready
     assert all(no_interpreter(side[k]["exec"]["command"])
                for k in ("startupProbe", "readinessProbe"))
-    # an exec costs the container 17-28 ms of CPU (runc): fewer of them than http probes,
+    # an exec costs the container 17-30 ms of CPU (runc): fewer of them than http probes,
     # and no liveness probe at all (the sidecar's watchdog exits a stuck sidecar)
     assert side["readinessProbe"]["periodSeconds"] == 15
     assert "livenessProbe" not in side

@@ -62,7 +62,7 @@ def exec_probes(sidecar: Obj, probe_dir: str = PROBE_DIR) -> None:
         probe = sidecar[key]
         probe.pop("httpGet", None)
         probe["exec"] = {"command": probe_command(probe_dir, name)}
-    # each exec costs the container 17-28 ms of CPU (runc): fewer of them than http probes,
+    # each exec costs the container 17-30 ms of CPU (runc): fewer of them than http probes,
     # and no liveness probe (the sidecar's watchdog exits it when its loop is stuck)
     sidecar.pop("livenessProbe", None)
     sidecar["readinessProbe"]["periodSeconds"] = READINESS_PERIOD_SECONDS

@@ -12,7 +12,7 @@ files in the pod's emptyDir:
   loop. The startup probe is ``find <dir>/alive -mmin +0.5 -exec false {} +``: it
   fails when the file is missing or older than 30 s, i.e. when the loop has been stuck
   (SIGSTOP, a blocking call, a deadlock) that long. The chart renders no liveness probe
-  in this mode (each exec costs the container 17-28 ms of CPU): the sidecar's watchdog
+  in this mode (each exec costs the container 17-30 ms of CPU): the sidecar's watchdog
   (:mod:`kgroup_sidecar.watchdog`) exits a sidecar whose loop is stuck; the command
   stays for a human (``kubectl exec``) or a chart that wants the probe.
 - ``ready``: present while the sidecar is Ready (``kgroup.core.member.readiness``: holds its
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
 # The kubelet's readiness period for these probes (the chart's exec mode): each exec costs
-# the container 17-28 ms of CPU (``runc exec``): 1.1-1.9 mCPU at 15 s, 9-14 at 2 s.
+# the container 17-30 ms of CPU (``runc exec``): 1.1-2.0 mCPU at 15 s, 9-15 at 2 s.
 READINESS_PERIOD_SECONDS = 15
 ALIVE, READY = "alive", "ready"
 LIVENESS_MINUTES = "+0.5"

@@ -2,7 +2,7 @@
 stops turning, so the kubelet restarts the container (its restartPolicy) with no probe.
 
 Why: where the chart's probes are exec probes (``sidecar.probes.mode: exec``, hostNetwork
-pods), each probe is a ``runc exec`` that costs the container 17-28 ms of CPU whatever it
+pods), each probe is a ``runc exec`` that costs the container 17-30 ms of CPU whatever it
 runs; a liveness probe every 30 s was a quarter of those execs. In that mode the chart
 renders no liveness probe: this watchdog is the liveness check, in every mode (with http
 probes the kubelet's ``/livez`` probe judges too).

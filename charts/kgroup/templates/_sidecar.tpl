@@ -36,7 +36,7 @@ Probes (sidecar.probes.mode), none of which starts an interpreter:
   present while Ready; the kubelet runs `find <file> -mmin +N -exec false {} +`, which
   fails when the file is missing or older than N minutes (alive: 30 s, ready: 15 s), as
   the startup and readiness probes. No liveness probe: each exec costs the container
-  17-28 ms of CPU in runc, and the sidecar's own watchdog (kgroup_sidecar.watchdog)
+  17-30 ms of CPU in runc, and the sidecar's own watchdog (kgroup_sidecar.watchdog)
   exits it when its event loop has not turned for 60 s, so the kubelet restarts it.
 Liveness fails when the sidecar's event loop is stuck (no answer, or the watchdog's exit).
 Readiness means ownership: 200 once the pod holds its whole target and has acknowledged
@@ -243,14 +243,14 @@ as the worker.
     timeoutSeconds: 5
     failureThreshold: 3
   {{- end }}
-  {{- /* exec: no liveness probe (each runc exec costs the container 17-28 ms of CPU): the
+  {{- /* exec: no liveness probe (each runc exec costs the container 17-30 ms of CPU): the
   sidecar's watchdog exits it when its event loop has not turned for 60 s, and the kubelet
   restarts it (kgroup_sidecar.watchdog) */}}
   readinessProbe:
     {{- include "kgroup.sidecarProbe" $ready | nindent 4 }}
     {{- $timing := deepCopy $v.sidecar.readinessProbe }}
     {{- if not $timing.periodSeconds }}
-    {{- /* http: 2 s (a request answered from memory); exec: 15 s (17-28 ms of CPU each) */}}
+    {{- /* http: 2 s (a request answered from memory); exec: 15 s (17-30 ms of CPU each) */}}
     {{- $_ := set $timing "periodSeconds" (ternary 15 2 (eq $mode "exec")) }}
     {{- end }}
     {{- toYaml $timing | nindent 4 }}
