@@ -13,9 +13,11 @@ member holds its target, ``--window`` seconds of steady state: per process the C
 (e2e/values-real-node.yaml: exec probes), the example ConsumerGroup and 4 light workers
 of examples/worker-deployment.yaml with events flowing (bench_real_node's set-up);
 ``--probes http`` keeps the example's httpGet probes instead, on a free port, with one
-worker (a hostNetwork pod's port is the node's). Per
-sidecar *container* what the kubelet accounts in its cgroup (/stats/summary: CPU, RSS,
-working set; probes included), and per sidecar *process* the same /proc figures.
+worker (a hostNetwork pod's port is the node's). Per sidecar *container* what the kubelet
+accounts in its cgroup (/stats/summary: CPU, RSS, working set; probes included), per
+sidecar *process* the same /proc figures, and the probes the kubelet ran on it in the
+window (its /metrics/probes): what the container used beyond its process, per probe, is
+what one ``runc exec`` probe costs it.
 
     .venv/bin/python bench/bench_sidecar_cost.py [--members 4] [--partitions 16]
         [--window 60] [--code /tmp/old] [--real-node [--app light|pyspark]] [--out file.json]
@@ -109,6 +111,32 @@ def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
     return found
 
 
+def probe_runs(cluster: Any, namespace: str) -> dict[str, float]:
+    """pod name -> the probes the kubelet has run on its kgroup-sidecar container so far
+    (``prober_probe_total`` of the kubelet's /metrics/probes, every type and result)."""
+    import ssl
+    import urllib.request
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the kubelet's own cert
+    pki = cluster.pki
+    ctx.load_cert_chain(str(pki.client_cert("apiserver-kubelet-client")),
+                        str(pki.client_key("apiserver-kubelet-client")))
+    url = f"https://127.0.0.1:{cluster.ports['kubelet']}/metrics/probes"
+    with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
+        text = resp.read().decode()
+    runs: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("prober_probe_total{"):
+            continue
+        labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:
+                                                       line.index("}")].split(","))
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("namespace") == namespace and labels.get("container") == "kgroup-sidecar":
+            pod = labels["pod"]
+            runs[pod] = runs.get(pod, 0.0) + float(line.rsplit(" ", 1)[1])
+    return runs
+
+
 def real_node(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_real_node import APPS, group_on_node, kubelet_stats
@@ -133,26 +161,36 @@ def real_node(args: argparse.Namespace) -> dict[str, Any]:
                     for c in p.get("containers", []) if c["name"] == "kgroup-sidecar"}
 
         load0 = os.getloadavg()
-        a = containers()
+        a, probes0 = containers(), probe_runs(cluster, g.namespace)
         pids = sidecar_pids(set(a))
         t0, c0 = time.monotonic(), {u: cpu_seconds(p) for u, p in pids.items()}
         time.sleep(args.window)
         t1, b = time.monotonic(), containers()
-        c1 = {u: cpu_seconds(p) for u, p in pids.items()}
+        c1, probes1 = {u: cpu_seconds(p) for u, p in pids.items()}, probe_runs(cluster,
+                                                                               g.namespace)
+        names = {p["podRef"]["uid"]: p["podRef"]["name"] for p in kubelet_stats(cluster)}
         rows = []
         for uid, c in b.items():
             if uid not in a:
                 continue
             used = c["cpu"]["usageCoreNanoSeconds"] - a[uid]["cpu"]["usageCoreNanoSeconds"]
-            row = {"container_mcpu": used / 1e6 / (t1 - t0),
+            pod = names.get(uid, "")
+            # the probes the kubelet ran in the window (exec probes: a runc exec each)
+            row = {"probe_runs": probes1.get(pod, 0.0) - probes0.get(pod, 0.0),
+                   "container_mcpu": used / 1e6 / (t1 - t0),
                    "container_rss_mb": (c.get("memory", {}).get("rssBytes") or 0) / 1e6,
                    "container_working_set_mb":
                        (c.get("memory", {}).get("workingSetBytes") or 0) / 1e6}
             if uid in pids:
                 row["process_mcpu"] = 1000 * (c1[uid] - c0[uid]) / (t1 - t0)
                 row["process_rss_mb"] = rss_mb(pids[uid])
+                if row["probe_runs"]:  # what the container used beyond its process, per probe
+                    row["beyond_process_ms_per_probe"] = (
+                        (row["container_mcpu"] - row["process_mcpu"]) * (t1 - t0)
+                        / row["probe_runs"])
             rows.append(row)
         return {"where": "real node", "app": args.app, "probes": args.probes,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 "members": len(rows),
                 "partitions": args.partitions, "uptime": uptime(),
                 "window_s": args.window, "load_avg_start": load0,

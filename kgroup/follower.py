@@ -25,8 +25,10 @@ from kgroup.client import (
     SidecarError,
     follow_wait,
 )
+from kgroup.rebalance import handoff_wait
 
-__all__ = ["FOLLOW_MAX_WAIT", "FOLLOW_MIN_WAIT", "AssignmentFollower", "follow_wait"]
+__all__ = ["FOLLOW_MAX_WAIT", "FOLLOW_MIN_WAIT", "AssignmentFollower", "follow_wait",
+           "handoff_wait"]
 
 FOLLOW_RETRY_SECONDS = 0.5
 
@@ -40,14 +42,21 @@ class AssignmentFollower:
     answer is counted from its send time as always, so ``latest().partitions`` is empty
     once its promise ran out, whether or not the thread still reaches the sidecar.
     Answers are kept in send order: one sent before :meth:`forget` (e.g. before a release
-    the app just made) never replaces what is asked after it."""
+    the app just made) never replaces what is asked after it.
+
+    ``handoff``: the follower of a loop that only releases revoking partitions (it
+    processes none): it waits as :func:`kgroup.rebalance.handoff_wait` says, so with
+    nothing revoking it asks once per ``max_wait`` (or at a change), not every 2-3 s;
+    ``latest()`` may then hold an answer whose promise ran out (``.partitions`` empty),
+    which such a loop must not read as "nothing held" (:meth:`forget` first to ask)."""
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 5.0,
                  max_wait: float = FOLLOW_MAX_WAIT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, handoff: bool = False) -> None:
         self.client = SidecarClient(url, timeout=timeout, clock=clock)
         self.clock = clock
         self.max_wait = max_wait
+        self.wait_rule = handoff_wait if handoff else follow_wait
         self._latest: Assignment | None = None
         self._sent = float("-inf")  # send time of _latest, or of the last forget()
         self._lock = threading.Lock()
@@ -99,7 +108,7 @@ class AssignmentFollower:
                     answer = self.client.assignment()
                 else:
                     answer = self.client.wait_for_change(
-                        current.version, follow_wait(current, sent, max_wait=self.max_wait))
+                        current.version, self.wait_rule(current, sent, max_wait=self.max_wait))
             except SidecarError:
                 self._stop.wait(FOLLOW_RETRY_SECONDS)
                 continue

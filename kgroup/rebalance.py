@@ -30,6 +30,7 @@ __all__ = [
     "ReleaseOutcome",
     "after_release_error",
     "follow_wait",
+    "handoff_wait",
 ]
 
 
@@ -233,6 +234,20 @@ def follow_wait(current: Assignment | None, now: float, *, max_wait: float = FOL
     if current is None or current.fenced or not current.all_partitions:
         return max_wait
     return min(max_wait, max(min_wait, (current.valid_until - now) / 2))
+
+
+def handoff_wait(current: Assignment | None, now: float, *,
+                 max_wait: float = FOLLOW_MAX_WAIT, min_wait: float = FOLLOW_MIN_WAIT) -> float:
+    """:func:`follow_wait` for a follower that acts on *revoking* partitions only: a
+    worker's hand-off loop, which releases what it is told is revoking and processes
+    nothing (the PySpark driver's; its planner follows as usual). With nothing revoking
+    it needs no promise: it waits for a change (a partition turning revoking bumps the
+    view's version, which answers at once) as long as allowed, where :func:`follow_wait`
+    would ask again every 2-3 s to keep the promise of partitions it does not process.
+    While one is revoking, its promise is kept as :func:`follow_wait` keeps it."""
+    if current is None or not any(p.state == "revoking" for p in current.all_partitions):
+        return max_wait
+    return follow_wait(current, now, max_wait=max_wait, min_wait=min_wait)
 
 
 class _Listening:

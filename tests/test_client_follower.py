@@ -16,7 +16,7 @@ from collections.abc import Callable
 from test_client import Scripted, scripted, wait
 
 from kgroup.client import Assignment, SidecarClient
-from kgroup.follower import FOLLOW_MIN_WAIT, AssignmentFollower, follow_wait
+from kgroup.follower import FOLLOW_MIN_WAIT, AssignmentFollower, follow_wait, handoff_wait
 from kgroup_pipeline.ownership import SidecarOwnership
 from kgroup_sidecar.http_api import serve
 
@@ -109,6 +109,69 @@ def test_nothing_held_or_fenced_waits_as_long_as_allowed() -> None:
     assert follow_wait(fenced, 0.0, max_wait=12) == 12
     assert follow_wait(answer(6.0, 0.0), 1.0) == 2.5
     assert follow_wait(answer(6.0, 0.0), 9.0) == FOLLOW_MIN_WAIT == 1.0  # spent: again in 1 s
+
+
+def test_a_handoff_follower_keeps_a_promise_only_while_a_partition_is_revoking() -> None:
+    revoking = Assignment.from_json({"partitions": [
+        {"partition": 0, "token": 1, "state": "active"},
+        {"partition": 1, "token": 2, "state": "revoking"}], "fenced": False,
+        "validForSeconds": 6.0}, sent_at=0.0)
+    # nothing revoking: no promise to keep, wait for a change (it answers at once)
+    assert handoff_wait(answer(6.0, 0.0), 1.0) == 30.0
+    assert handoff_wait(answer(6.0, 0.0), 9.0, max_wait=12) == 12  # spent: no matter
+    assert handoff_wait(None, 0.0) == 30.0
+    # a revoking partition: kept like follow_wait keeps it, without a lapse
+    assert handoff_wait(revoking, 1.0) == follow_wait(revoking, 1.0) == 2.5
+    assert lapses(lambda a, now: handoff_wait(revoking if a is None else Assignment(
+        revoking.view, a.valid_until), now)) == []
+
+
+def test_a_handoff_follower_asks_rarely_but_sees_a_revocation_at_once(
+        scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    c = SidecarClient(scripted.url)
+    wait("acked", lambda: c.assignment().acked_epoch == 1)
+    plain = AssignmentFollower(scripted.url).start()
+    quiet = AssignmentFollower(scripted.url, handoff=True).start()
+    try:
+        wait("first answers", lambda: plain.latest() is not None
+             and quiet.latest() is not None)
+        polls, quiet_polls = plain.polls, quiet.polls
+        # 3 s lease, 1 s renew: the plain follower asks about every second to keep its
+        # promise; the hand-off one waits for a change
+        wait("the plain follower asked 3 more times", lambda: plain.polls - polls >= 3,
+             timeout=10)
+        assert quiet.polls == quiet_polls
+        scripted.set(target=[0], epoch=2)
+        # the change answers the open long-poll (it would otherwise wait 30 s)
+        wait("revoking seen", lambda: (a := quiet.latest()) is not None
+             and [p.partition for p in a.revoking] == [1], timeout=3)
+        # while it is revoking, its promise is kept: never spent for long
+        for _ in range(3):
+            polls = quiet.polls
+            wait("asked again", lambda: quiet.polls > polls, timeout=5)  # noqa: B023
+            a = quiet.latest()
+            assert a is not None and [p.partition for p in a.revoking] == [1]
+    finally:
+        plain.stop()
+        quiet.stop()
+
+
+def test_at_shutdown_a_handoff_ownership_asks_when_its_answer_is_spent(
+        scripted: Scripted) -> None:
+    scripted.set(target=[0, 1], epoch=1)
+    own = SidecarOwnership(scripted.url, follow=True, handoff=True)
+    try:
+        wait("acked", lambda: own.client.assignment().acked_epoch == 1)
+        wait("followed", lambda: (a := own.assignment()) is not None and len(a.active) == 2)
+        wait("its promise spent (3 s lease), not asked again",
+             lambda: own.assignment().partitions == (), timeout=10)
+        own.refresh()
+        assert [p.partition for p in own.assignment().partitions] == [0, 1]
+    finally:
+        assert own.follower is not None
+        own.follower.stop()
+        scripted.set(target=[0], epoch=2)  # a change ends the 30 s long-poll in flight
 
 
 def test_the_follower_and_the_listeners_share_one_wait_rule() -> None:

@@ -56,5 +56,6 @@ def test_on_the_real_node_the_sidecar_is_the_charts_with_exec_probes(tmp_path: P
         e for e in side["env"] if not e["name"].startswith("KUBERNETES_SERVICE_")])
     assert side == rendered
     assert "ports" not in side
-    for key in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for key in ("startupProbe", "readinessProbe"):
         assert no_interpreter(side[key]["exec"]["command"])
+    assert "livenessProbe" not in side  # the sidecar's watchdog (no runc exec)

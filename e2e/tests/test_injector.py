@@ -181,7 +181,8 @@ def test_overrides_by_annotation_apply_and_bad_ones_are_refused(injector: Inject
     env = env_of(side)
     assert env["KGROUP_LOG_LEVEL"] == "DEBUG"
     assert env["KGROUP_PROBE_DIR"] == "/var/run/kgroup/probe" and not side.ports
-    assert side.liveness_probe._exec.command[0] == "find"
+    assert side.startup_probe._exec.command[0] == "find"
+    assert side.liveness_probe is None  # exec probes: the sidecar's watchdog instead
     # no requests of its own: the API server takes the limits (the chart's are not merged in)
     assert side.resources.limits == side.resources.requests == {"memory": "100Mi"}
     with pytest.raises(ApiException) as refused:

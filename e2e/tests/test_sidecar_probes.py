@@ -1,12 +1,16 @@
 """The sidecar's probes as the kubelet runs them, against a real sidecar process on the real
 API server: the exec probes' exact commands (the chart's ``sidecar.probes.mode: exec``,
 ``find`` on the probe files) and the httpGet probes' port. A frozen sidecar (SIGSTOP) fails
-both liveness and readiness; it passes again once it runs."""
+both liveness and readiness; it passes again once it runs. A sidecar whose event loop is
+stuck in a call while its process runs is ended by its own watchdog (status 3, so the
+kubelet restarts it: the liveness check where the chart renders no liveness probe), and
+without the watchdog the same stuck sidecar stays up."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -112,3 +116,62 @@ def test_a_ready_file_left_by_an_earlier_run_is_removed_at_start(
     finally:
         sc.stop()
     assert not (probe_dir / ALIVE).exists()  # removed at a graceful exit
+
+
+# The sidecar as it ships, plus one thing only a test needs: SIGUSR1 makes the event loop's
+# thread (the main thread, where Python runs signal handlers) block in a call, as a loop
+# stuck in a blocking call or a deadlock would; the process and its other threads run on.
+STUCK_ON_SIGUSR1 = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: time.sleep(3600))\n"
+    "from kgroup_sidecar.main import main\n"
+    "sys.exit(main())\n")
+WATCHDOG_SECONDS = 6
+
+
+def stuck_sidecar(cluster: object, namespace: str, tmp_path: Path, pod: str,
+                  watchdog: str) -> SidecarProcess:
+    """A started sidecar (KGROUP_WATCHDOG_SECONDS=``watchdog``) whose loop is then made
+    stuck; returns once its API, answered by the loop, stopped answering."""
+    from kgroup_devcluster.cluster import Cluster
+    assert isinstance(cluster, Cluster)
+    sc = SidecarProcess(pod=pod, group=GROUP, namespace=namespace,
+                        kubeconfig=str(cluster.kubeconfig), workdir=tmp_path,
+                        env={"KGROUP_WATCHDOG_SECONDS": watchdog},
+                        command=[sys.executable, "-c", STUCK_ON_SIGUSR1]).start()
+    wait_until("answering", lambda: http_status(sc.port, "/livez") == 200, timeout=30)
+    sc.signal(signal.SIGUSR1)
+    wait_until("the loop stuck", lambda: http_status(sc.port, "/livez") is None, timeout=10)
+    return sc
+
+
+def test_the_watchdog_exits_a_sidecar_whose_loop_is_stuck(
+        cluster: object, target: ScriptedTarget, namespace: str, tmp_path: Path) -> None:
+    sc = stuck_sidecar(cluster, namespace, tmp_path, "pod-stuck", str(WATCHDOG_SECONDS))
+    stuck = time.monotonic()
+    try:
+        assert sc.proc is not None
+        status = sc.proc.wait(WATCHDOG_SECONDS + 15)
+        after = time.monotonic() - stuck
+    finally:
+        sc.stop()
+    assert status == 3, sc.log_text()[-3000:]
+    # the limit, plus at most one check period (5 s) and the beat's own period (5 s)
+    assert WATCHDOG_SECONDS - 1 <= after <= WATCHDOG_SECONDS + 11, after
+    text = sc.log_text()
+    assert "the event loop has not turned for" in text
+    assert "time.sleep" in text or "<lambda>" in text  # where it was stuck: the stack
+
+
+def test_without_the_watchdog_a_stuck_sidecar_stays_up(
+        cluster: object, target: ScriptedTarget, namespace: str, tmp_path: Path) -> None:
+    """The variant with the watchdog off: what ends the process above is the watchdog,
+    not the way the test makes the loop stuck."""
+    sc = stuck_sidecar(cluster, namespace, tmp_path, "pod-stuck-on", "0")
+    try:
+        assert sc.proc is not None
+        with pytest.raises(subprocess.TimeoutExpired):
+            sc.proc.wait(WATCHDOG_SECONDS + 15)
+        assert http_status(sc.port, "/livez") is None  # still stuck, still running
+    finally:
+        sc.stop()

@@ -102,13 +102,20 @@ class SidecarOwnership:
     :class:`kgroup.follower.AssignmentFollower` keeps a long-poll open and the answer
     it holds is read (a plain request only before its first answer and right after a
     release, so a partition just released is never reported again).
+
+    With ``handoff`` too (the driver's hand-off loop, which only releases revoking
+    partitions), the follower asks as :func:`kgroup.rebalance.handoff_wait` says: with
+    nothing revoking, once per 30 s or at a change instead of every 2-3 s, so
+    :meth:`assignment` may hold a spent promise then; :meth:`refresh` before a step that
+    must see every partition held (the release of everything at shutdown).
     """
 
-    def __init__(self, url: str, *, timeout: float = 5.0, follow: bool = False) -> None:
+    def __init__(self, url: str, *, timeout: float = 5.0, follow: bool = False,
+                 handoff: bool = False) -> None:
         self.url = url.rstrip("/")
         self.client = SidecarClient(self.url, timeout=timeout)
-        self.follower = AssignmentFollower(self.url, timeout=timeout).start() if follow \
-            else None
+        self.follower = AssignmentFollower(self.url, timeout=timeout, handoff=handoff
+                                           ).start() if follow else None
 
     def assignment(self) -> Assignment:
         """Raises :class:`kgroup.client.SidecarError` when the sidecar cannot answer."""
@@ -117,6 +124,13 @@ class SidecarOwnership:
             a = self.follower.fetch(self.client) if self.follower is not None \
                 else self.client.assignment()
         return a
+
+    def refresh(self) -> None:
+        """Make the next :meth:`assignment` ask the sidecar when the followed answer's
+        promise ran out (one request per promise, not per call)."""
+        latest = self.follower.latest() if self.follower is not None else None
+        if latest is not None and latest.expired:
+            self.follower.forget()  # type: ignore[union-attr]
 
     def release(self, partition: int, token: int, position: str | None, *,
                 completed: bool = False) -> bool:
@@ -149,13 +163,13 @@ class SidecarOwnership:
             self.follower.stop()
 
 
-def ownership_from_spec(spec: str, *, follow: bool = False
+def ownership_from_spec(spec: str, *, follow: bool = False, handoff: bool = False
                         ) -> StaticOwnership | SidecarOwnership:
-    """``sidecar:<url>`` or ``static:<ranges>[@token]``; ``follow``: see
+    """``sidecar:<url>`` or ``static:<ranges>[@token]``; ``follow``, ``handoff``: see
     :class:`SidecarOwnership`."""
     kind, _, rest = spec.partition(":")
     if kind == "sidecar":
-        return SidecarOwnership(rest, follow=follow)
+        return SidecarOwnership(rest, follow=follow, handoff=handoff)
     if kind == "static":
         ranges, _, token = rest.partition("@")
         return StaticOwnership(parse_ranges(ranges), token=int(token or 1))

@@ -226,6 +226,11 @@ def wait_unless_stopped(thread: threading.Thread, stop: threading.Event,
 
 
 def held(handoff: HandoffController) -> bool:
+    """Whether anything is still held, asked anew when the hand-off follower's answer is
+    spent (it keeps no promise while nothing is revoking): the shutdown's release of
+    everything must see every partition, not an empty spent answer."""
+    if isinstance(handoff.ownership, SidecarOwnership):
+        handoff.ownership.refresh()
     try:
         return bool(handoff.ownership.assignment().partitions)
     except (OSError, SidecarError):
@@ -278,8 +283,10 @@ def run(*, redis_url: str, stream: str, ownership: str, master: str, checkpoint:
                 print(f"worker: warm {time.monotonic() - started:.1f}s after launch",
                       flush=True)
             # The hand-off loop steps every 0.2 s: it follows the sidecar (one long-poll
-            # kept open) rather than asking at each step.
-            owned = ownership_from_spec(ownership, follow=True)
+            # kept open) rather than asking at each step, and only for revoking
+            # partitions (the planner keeps the promise of what is processed): with none
+            # revoking its long-poll waits for a change, not for the promise to run low.
+            owned = ownership_from_spec(ownership, follow=True, handoff=True)
         handoff = HandoffController(owned, sink.store, drain_timeout) if owned else None
         while handoff is not None and not stop.wait(0.2):
             if query.exception() is not None:

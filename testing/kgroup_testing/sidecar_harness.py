@@ -70,6 +70,7 @@ class SidecarProcess:
     proc: subprocess.Popen[bytes] | None = None
     killed_at: float | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment, applied last
+    command: list[str] | None = None  # the program (default: sidecar_command())
 
     @property
     def listen(self) -> str:
@@ -107,7 +108,8 @@ class SidecarProcess:
             **self.env,
         }
         log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child process
-        self.proc = subprocess.Popen(sidecar_command(), env=env, stdout=log, stderr=log,
+        self.proc = subprocess.Popen(self.command or sidecar_command(), env=env, stdout=log,
+                                     stderr=log,
                                      stdin=subprocess.DEVNULL)
         log.close()
         self.killed_at = None

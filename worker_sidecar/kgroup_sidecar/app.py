@@ -17,9 +17,10 @@ from kgroup_sidecar.apiclient import ConfigError
 from kgroup_sidecar.events import EventPoster, Pod
 from kgroup_sidecar.http_api import serve, serve_probes
 from kgroup_sidecar.kube import KubeAdapter
-from kgroup_sidecar.probe_files import ProbeFiles
+from kgroup_sidecar.probe_files import HEARTBEAT_SECONDS, ProbeFiles
 from kgroup_sidecar.runtime import Sidecar
 from kgroup_sidecar.settings import Settings
+from kgroup_sidecar.watchdog import LoopWatchdog
 
 log = logging.getLogger("kgroup_sidecar")
 
@@ -41,13 +42,20 @@ async def _run(settings: Settings) -> int:
             stack.push_async_callback(probe_runner.cleanup)
             log.info("probes on http://%s:%d/{livez,readyz}", settings.probe_host,
                      settings.probe_port)
+        files: ProbeFiles | None = None
         if settings.probe_dir is not None:
             files = ProbeFiles(settings.probe_dir)
             files.start()
             stack.callback(files.stop)
             sidecar.probe_files = files
-            beating = loop.create_task(files.heartbeat(lambda: sidecar.readiness().ready))
-            stack.callback(beating.cancel)
+        # one task beats the watchdog and the probe files: a stuck loop stops both
+        watchdog = LoopWatchdog(settings.watchdog_seconds) if settings.watchdog_seconds \
+            else None
+        beating = loop.create_task(_heartbeat(watchdog, files, sidecar))
+        stack.callback(beating.cancel)
+        if watchdog is not None:
+            watchdog.start()
+            stack.callback(watchdog.stop)
         log.info("listening on %s; group %s/%s as member %s (kgroup %s)", settings.listen,
                  settings.namespace, settings.group, settings.pod_name, __version__)
         if settings.pod_uid is None:
@@ -65,6 +73,18 @@ async def _run(settings: Settings) -> int:
         await sidecar.run(kube)
     log.info("stopped")
     return 0
+
+
+async def _heartbeat(watchdog: LoopWatchdog | None, files: ProbeFiles | None,
+                     sidecar: Sidecar) -> None:
+    """Every :data:`kgroup_sidecar.probe_files.HEARTBEAT_SECONDS` on the loop: the
+    watchdog's beat, the probe files' heartbeat (with the readiness verdict)."""
+    while True:
+        if watchdog is not None:
+            watchdog.beat()
+        if files is not None:
+            files.tick(sidecar.readiness().ready)
+        await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
 def run(settings: Settings) -> int:

@@ -9,9 +9,12 @@ can instead run a small binary every image has (GNU ``find``, Essential in Debia
 files in the pod's emptyDir:
 
 - ``alive``: touched every :data:`HEARTBEAT_SECONDS` by a task of the sidecar's event
-  loop. Liveness (and startup) is ``find <dir>/alive -mmin +0.5 -exec false {} +``: it
+  loop. The startup probe is ``find <dir>/alive -mmin +0.5 -exec false {} +``: it
   fails when the file is missing or older than 30 s, i.e. when the loop has been stuck
-  (SIGSTOP, a blocking call, a deadlock) that long.
+  (SIGSTOP, a blocking call, a deadlock) that long. The chart renders no liveness probe
+  in this mode (each exec costs the container 17-30 ms of CPU): the sidecar's watchdog
+  (:mod:`kgroup_sidecar.watchdog`) exits a sidecar whose loop is stuck; the command
+  stays for a human (``kubectl exec``) or a chart that wants the probe.
 - ``ready``: present while the sidecar is Ready (``kgroup.core.member.readiness``: holds its
   whole target, epoch acknowledged), created or removed as the verdict changes (created
   atomically: written aside, then renamed) and touched with ``alive``. Readiness is
@@ -27,20 +30,17 @@ emptyDir outlives it); at exit it removes both files.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
-# The kubelet's periods for these probes (the chart's exec mode): each exec costs the
-# container about 18 ms of CPU (``runc exec``), so 2 s would be 9 mCPU for readiness alone.
-READINESS_PERIOD_SECONDS = 10
-LIVENESS_PERIOD_SECONDS = 30
+# The kubelet's readiness period for these probes (the chart's exec mode): each exec costs
+# the container 17-30 ms of CPU (``runc exec``): 1.1-2.0 mCPU at 15 s, 9-15 at 2 s.
+READINESS_PERIOD_SECONDS = 15
 ALIVE, READY = "alive", "ready"
 LIVENESS_MINUTES = "+0.5"
 READINESS_MINUTES = "+0.25"
@@ -101,13 +101,11 @@ class ProbeFiles:
             aside.write_bytes(b"")
             os.replace(aside, path)  # appears whole: a probe never sees it half made
 
-    async def heartbeat(self, ready: Callable[[], bool],
-                        every: float = HEARTBEAT_SECONDS) -> None:
-        """Beat every ``every`` seconds until cancelled (runs on the sidecar's loop: a
-        stuck loop stops it, which is the point)."""
-        while True:
-            try:
-                self.beat(ready())
-            except OSError as exc:  # a full or vanished emptyDir: the probes will say so
-                log.warning("probe files in %s: %s", self.dir, exc)
-            await asyncio.sleep(every)
+    def tick(self, ready: bool) -> None:
+        """:meth:`beat`, a failure logged (a full or vanished emptyDir: the probes will
+        say so). The sidecar's heartbeat task calls it every :data:`HEARTBEAT_SECONDS`
+        on the event loop: a stuck loop stops it, which is the point."""
+        try:
+            self.beat(ready)
+        except OSError as exc:
+            log.warning("probe files in %s: %s", self.dir, exc)

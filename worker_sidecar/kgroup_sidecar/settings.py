@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kgroup.core.health import DEFAULT_STALL_AFTER_SECONDS
 from kgroup.core.member.app_presence import DEFAULT_APP_TIMEOUT_SECONDS
+from kgroup_sidecar.watchdog import DEFAULT_LIMIT_SECONDS
 
 UNIX_SCHEME = "unix://"
 IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -117,6 +118,9 @@ class Settings:
     # sidecar joins at its app's first ask and leaves when it is silent this long; 0: no
     # app gate (joins at start, never leaves for silence: a sidecar with no app)
     app_timeout_seconds: float = field(default=DEFAULT_APP_TIMEOUT_SECONDS)
+    # KGROUP_WATCHDOG_SECONDS: exit (status 3, so the kubelet restarts the container) when
+    # the event loop has not turned this long (kgroup_sidecar.watchdog); 0: no watchdog
+    watchdog_seconds: float = field(default=DEFAULT_LIMIT_SECONDS)
 
     def __post_init__(self) -> None:
         for name in ("group", "namespace", "pod_name"):
@@ -145,6 +149,8 @@ class Settings:
                                             self.stall_after_seconds),
             "app_timeout_seconds": _seconds("KGROUP_APP_TIMEOUT_SECONDS",
                                             self.app_timeout_seconds, zero=True),
+            "watchdog_seconds": _seconds("KGROUP_WATCHDOG_SECONDS", self.watchdog_seconds,
+                                         zero=True),
         }
         for name, value in fixed.items():
             object.__setattr__(self, name, value)
@@ -204,6 +210,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raw["stall_after_seconds"] = env["KGROUP_STALL_AFTER_SECONDS"]
     if env.get("KGROUP_APP_TIMEOUT_SECONDS"):
         raw["app_timeout_seconds"] = env["KGROUP_APP_TIMEOUT_SECONDS"]
+    if env.get("KGROUP_WATCHDOG_SECONDS"):
+        raw["watchdog_seconds"] = env["KGROUP_WATCHDOG_SECONDS"]
     if env.get("KGROUP_TERMINATION_GRACE_SECONDS"):
         raw["termination_grace_seconds"] = env["KGROUP_TERMINATION_GRACE_SECONDS"]
     try:

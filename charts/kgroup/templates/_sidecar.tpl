@@ -34,8 +34,11 @@ Probes (sidecar.probes.mode), none of which starts an interpreter:
   own one port). The sidecar keeps two files in its socket's emptyDir (KGROUP_PROBE_DIR,
   kgroup_sidecar.probe_files): `alive`, touched every 5 s by its event loop, and `ready`,
   present while Ready; the kubelet runs `find <file> -mmin +N -exec false {} +`, which
-  fails when the file is missing or older than N minutes (alive: 30 s, ready: 15 s).
-Liveness fails when the sidecar's event loop is stuck (no answer, or a stale file).
+  fails when the file is missing or older than N minutes (alive: 30 s, ready: 15 s), as
+  the startup and readiness probes. No liveness probe: each exec costs the container
+  17-30 ms of CPU in runc, and the sidecar's own watchdog (kgroup_sidecar.watchdog)
+  exits it when its event loop has not turned for 60 s, so the kubelet restarts it.
+Liveness fails when the sidecar's event loop is stuck (no answer, or the watchdog's exit).
 Readiness means ownership: 200 once the pod holds its whole target and has acknowledged
 the group's epoch (docs/protocol.md), so a rollout is paced by it.
 
@@ -233,26 +236,22 @@ as the worker.
     periodSeconds: 1
     timeoutSeconds: 3
     failureThreshold: 60
+  {{- if eq $mode "http" }}
   livenessProbe:
     {{- include "kgroup.sidecarProbe" $alive | nindent 4 }}
-    {{- if eq $mode "exec" }}
-    # each exec costs the container about 18 ms of CPU (runc exec): every 30 s. The file is
-    # stale only after 30 s without a heartbeat; a restarted sidecar fences its session
-    # (every partition moves), so one slow exec on a starved node must not kill it
-    periodSeconds: 30
-    timeoutSeconds: 10
-    failureThreshold: 2
-    {{- else }}
     periodSeconds: 10
     timeoutSeconds: 5
     failureThreshold: 3
-    {{- end }}
+  {{- end }}
+  {{- /* exec: no liveness probe (each runc exec costs the container 17-30 ms of CPU): the
+  sidecar's watchdog exits it when its event loop has not turned for 60 s, and the kubelet
+  restarts it (kgroup_sidecar.watchdog) */}}
   readinessProbe:
     {{- include "kgroup.sidecarProbe" $ready | nindent 4 }}
     {{- $timing := deepCopy $v.sidecar.readinessProbe }}
     {{- if not $timing.periodSeconds }}
-    {{- /* http: 2 s (a request answered from memory); exec: 10 s (18 ms of CPU each) */}}
-    {{- $_ := set $timing "periodSeconds" (ternary 10 2 (eq $mode "exec")) }}
+    {{- /* http: 2 s (a request answered from memory); exec: 15 s (17-30 ms of CPU each) */}}
+    {{- $_ := set $timing "periodSeconds" (ternary 15 2 (eq $mode "exec")) }}
     {{- end }}
     {{- toYaml $timing | nindent 4 }}
   securityContext:

@@ -256,12 +256,12 @@ def sidecar_container(d: SidecarDefaults, group: str) -> Obj:
     alive = _probe(d, "/livez", "alive", "+0.5")
     c["startupProbe"] = {**alive, "periodSeconds": 1, "timeoutSeconds": 3,
                          "failureThreshold": 60}
-    c["livenessProbe"] = {**alive, "periodSeconds": 30 if exec_ else 10,
-                          "timeoutSeconds": 10 if exec_ else 5,
-                          "failureThreshold": 2 if exec_ else 3}
+    if not exec_:  # exec: the sidecar's own watchdog (kgroup_sidecar.watchdog), no runc exec
+        c["livenessProbe"] = {**alive, "periodSeconds": 10, "timeoutSeconds": 5,
+                              "failureThreshold": 3}
     timing = dict(d.readiness or {})
     if not timing.get("periodSeconds"):
-        timing["periodSeconds"] = 10 if exec_ else 2
+        timing["periodSeconds"] = 15 if exec_ else 2
     c["readinessProbe"] = {**_probe(d, "/readyz", "ready", "+0.25"), **timing}
     c["securityContext"] = {
         "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
