@@ -122,18 +122,23 @@ class Producer:
 # ---- the kubelet's accounting --------------------------------------------------------------
 
 
-def kubelet_stats(cluster: Cluster) -> list[Obj]:
-    """The kubelet's /stats/summary, asked of the kubelet itself on 127.0.0.1 with the API
-    server's kubelet-client certificate (the API server's node proxy refuses loopback
-    addresses)."""
+def kubelet_get(cluster: Cluster, path: str) -> bytes:
+    """``path`` asked of the kubelet itself on 127.0.0.1 with the API server's
+    kubelet-client certificate (the API server's node proxy refuses loopback addresses)."""
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the kubelet's own cert
     pki = cluster.pki
     ctx.load_cert_chain(str(pki.client_cert("apiserver-kubelet-client")),
                         str(pki.client_key("apiserver-kubelet-client")))
-    url = f"https://127.0.0.1:{cluster.ports['kubelet']}/stats/summary"
+    url = f"https://127.0.0.1:{cluster.ports['kubelet']}{path}"
     with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
-        pods: list[Obj] = json.loads(resp.read()).get("pods", [])
+        body: bytes = resp.read()
+    return body
+
+
+def kubelet_stats(cluster: Cluster) -> list[Obj]:
+    """The kubelet's /stats/summary (:func:`kubelet_get`)."""
+    pods: list[Obj] = json.loads(kubelet_get(cluster, "/stats/summary")).get("pods", [])
     return pods
 
 

@@ -114,16 +114,8 @@ def sidecar_pids(pod_uids: set[str]) -> dict[str, int]:
 def probe_runs(cluster: Any, namespace: str) -> dict[str, float]:
     """pod name -> the probes the kubelet has run on its kgroup-sidecar container so far
     (``prober_probe_total`` of the kubelet's /metrics/probes, every type and result)."""
-    import ssl
-    import urllib.request
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the kubelet's own cert
-    pki = cluster.pki
-    ctx.load_cert_chain(str(pki.client_cert("apiserver-kubelet-client")),
-                        str(pki.client_key("apiserver-kubelet-client")))
-    url = f"https://127.0.0.1:{cluster.ports['kubelet']}/metrics/probes"
-    with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
-        text = resp.read().decode()
+    from bench_real_node import kubelet_get
+    text = kubelet_get(cluster, "/metrics/probes").decode()
     runs: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("prober_probe_total{"):
