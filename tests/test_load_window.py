@@ -104,6 +104,20 @@ def test_rates_are_the_window_mean_and_the_lag_the_latest() -> None:
     assert alone is not None and alone.partition_rates[0] == pytest.approx(20.0, rel=3e-3)
 
 
+def test_a_partition_taken_over_lately_counts_at_its_own_mean_in_the_total() -> None:
+    # partition 1 joined the member half-way through its window: the earlier reports
+    # do not carry it, so the mean of the reports' totals (150) would count it at 0 in
+    # them, where the member now does 200/s
+    seen = observation([({0: 100.0}, 16), ({0: 100.0, 1: 100.0}, 16)])
+    load = group_load({"a": seen}, {0: "a", 1: "a"}, partitions=2)
+    assert load is not None
+    assert load.partition_rates == pytest.approx({0: 100.0, 1: 100.0}, rel=3e-3)
+    assert load.member_rates["a"] == pytest.approx(200.0, rel=3e-3)
+    # a partition given away is out of every report's total alike
+    gave = group_load({"a": seen}, {0: "a"}, partitions=2)
+    assert gave is not None and gave.member_rates["a"] == pytest.approx(100.0, rel=3e-3)
+
+
 def test_agreeing_reports_have_no_noise_and_scattered_ones_have_their_standard_error(
 ) -> None:
     steady = observation([({0: 10.0}, 15)])

@@ -32,6 +32,7 @@ from kgroup.core.load import MemberLoad, parse_load
 from kgroup.core.operator.load_balance import effective_loads
 from kgroup.core.operator.sizing import (
     MIN_GROWTH_SECONDS,
+    START_SECONDS,
     Reading,
     arrival_rates,
     busiest_share,
@@ -157,7 +158,8 @@ def _mean_rates(samples: Sequence[tuple[MemberLoad, int]], mine: Sequence[int]
                 ) -> tuple[dict[int, float], float | None, float]:
     """Each held partition's rate and the member's total, averaged over the reports
     weighted by how many renewals carried each (a partition over the reports that
-    carry it); and the standard error of that total: the partitions' sample variances
+    carry it; the total, when some report lacks a partition, their sum); and the
+    standard error of that total: the partitions' sample variances
     over their counts, summed (0 while a partition has fewer than two reports or they
     agree)."""
     sums: dict[int, float] = {}
@@ -175,6 +177,11 @@ def _mean_rates(samples: Sequence[tuple[MemberLoad, int]], mine: Sequence[int]
             total += n * rate
             total_weight += n
     own_mean = {p: sums[p] / weights[p] for p in sums}
+    reports = sum(n for _, n in samples)
+    if any(w != reports for w in weights.values()):
+        # a partition taken over lately is in the later reports only: the mean of the
+        # reports' totals would count it at 0 in the earlier ones
+        total, total_weight = sum(own_mean.values()), 1
     variance = 0.0
     for p, n in weights.items():
         if n > 1:
@@ -246,8 +253,11 @@ rate, the noise allowance of the balance's band (:meth:`GroupLoad.noise`)."""
 
 def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
               catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
-              known_capacity: float | None = None, history: History | None = None) -> Taken:
-    """The figures of one take (:func:`load_status`'s, and what the next take needs)."""
+              known_capacity: float | None = None, history: History | None = None,
+              start_seconds: float | None = None) -> Taken:
+    """The figures of one take (:func:`load_status`'s, and what the next take needs);
+    ``start_seconds``: how long new members take to start, as last seen (None:
+    :data:`~kgroup.core.operator.sizing.START_SECONDS`)."""
     rate = sum(load.member_rates.values())
     arrivals = member_arrivals(load, history)
     known = arrival_loads(load, arrivals or {})
@@ -269,7 +279,8 @@ def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
     arrival = None if arrivals is None else sum(arrivals.values())
     recommended = None if arrival is None else recommend_members(
         rate=arrival, lag=load.lag or 0, capacity=capacity, loads=loads,
-        catch_up_seconds=catch_up_seconds, count_balanced=count_balanced)
+        catch_up_seconds=catch_up_seconds, count_balanced=count_balanced, processed=rate,
+        start_seconds=START_SECONDS if start_seconds is None else start_seconds)
     status = LoadStatus(rate=_figure(rate), arrival=None if arrival is None else _figure(arrival),
                         lag=load.lag, busiest_over_mean=busiest,
                         bound=bound, recommended_members=recommended,
@@ -300,7 +311,8 @@ Measure = Callable[[History | None], Taken | None]
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
                  wall: datetime, known_capacity: float | None = None,
-                 history: History | None = None) -> Taken | None:
+                 history: History | None = None, start_seconds: float | None = None
+                 ) -> Taken | None:
     """The load figures from one pass's observations; None: no reports."""
     load = group_load(member_leases, holders, spec.partitions)
     if load is None:
@@ -308,7 +320,7 @@ def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
     return take_load(
         load, sorted(members), spec.partitions, catch_up_seconds=spec.sizing.catch_up_seconds,
         wall=wall, count_balanced=spec.balance.mode == "count",
-        known_capacity=known_capacity, history=history)
+        known_capacity=known_capacity, history=history, start_seconds=start_seconds)
 
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
