@@ -146,3 +146,37 @@ def test_noise_widens_the_dead_zone_and_the_gain_a_rebalance_must_make() -> None
     assert moved.moved != ()
     with pytest.raises(ValueError, match="noise"):
         LoadBalance(noise=-0.1)
+
+
+def test_a_take_parses_only_the_annotations_the_last_take_did_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kgroup.core.operator.load_status as load_status_module
+    calls: list[str | None] = []
+    real = load_status_module.parse_load
+
+    def counting(raw: str | None, *, partitions: int) -> Any:
+        calls.append(raw)
+        return real(raw, partitions=partitions)
+
+    monkeypatch.setattr(load_status_module, "parse_load", counting)
+    parsed = load_status_module.ParsedLoads()
+    first = observation([({0: float(v)}, 1) for v in range(10, 14)])  # four reports
+    parsed.rotate(1)
+    load = group_load({"a": first}, {0: "a"}, partitions=1, parse=parsed)
+    assert load is not None and len(calls) == 4
+    later = observation([({0: float(v)}, 1) for v in range(12, 16)])  # two of them again
+    calls.clear()
+    parsed.rotate(1)
+    again = group_load({"a": later}, {0: "a"}, partitions=1, parse=parsed)
+    assert again is not None and len(calls) == 2  # the two new ones
+    assert again.member_rates["a"] == pytest.approx(13.5, rel=3e-3)
+    # the reports no window holds any more are forgotten at the next take
+    calls.clear()
+    parsed.rotate(1)
+    group_load({"a": first}, {0: "a"}, partitions=1, parse=parsed)
+    assert len(calls) == 2  # 10 and 11 were dropped with the take that did not see them
+    # another partition count reads every annotation anew
+    calls.clear()
+    parsed.rotate(2)
+    group_load({"a": first}, {0: "a"}, partitions=2, parse=parsed)
+    assert len(calls) == 4

@@ -613,7 +613,7 @@ def _plan_target(obs: Observation, memory: Memory, spec: ConsumerGroupSpec, read
     member_leases = obs.leases.member_observations()
     memory.load.refresh(now, lambda history: measure_load(
         member_leases, seen.holders, spec, seen.members, wall, memory.load.capacity(), history,
-        memory.autoscaler.start_seconds),
+        memory.autoscaler.start_seconds, memory.load.parsed),
         load_settings(spec, member_leases))
     if read.correction is not None:
         return read.correction

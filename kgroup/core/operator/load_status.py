@@ -48,6 +48,7 @@ __all__ = [
     "GroupLoad",
     "History",
     "LoadTracker",
+    "ParsedLoads",
     "group_load",
     "load_settings",
     "load_status",
@@ -95,17 +96,53 @@ class GroupLoad:
                 for m in sorted(set(self.member_rates) | set(self.member_lags))}
 
 
+class ParsedLoads:
+    """Each distinct ``kgroup.dev/load`` annotation parsed once while it stays in some
+    member's window, not once per take: the parses of one take are kept for the next
+    (:meth:`rotate`; a report stays in its window about 64 s, so two or three takes).
+    Parsing was three quarters of a take's CPU: 0.9 s at 200 members of 50 partitions
+    each with full windows, 2.1 s at 1,000 of 10 (``bench/bench_decide.py --load``).
+    Memory: the annotations of two takes' windows at most."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, MemberLoad | None] = {}
+        self._now: dict[str, MemberLoad | None] = {}
+        self._partitions: int | None = None
+
+    def rotate(self, partitions: int) -> None:
+        """A new take over ``partitions`` (another count reads annotations anew)."""
+        self._before = self._now if partitions == self._partitions else {}
+        self._now, self._partitions = {}, partitions
+
+    def __call__(self, raw: str | None, partitions: int) -> MemberLoad | None:
+        if raw is None or partitions != self._partitions:
+            return parse_load(raw, partitions=partitions)
+        if raw in self._now:
+            return self._now[raw]
+        ml = self._before[raw] if raw in self._before else parse_load(raw,
+                                                                       partitions=partitions)
+        self._now[raw] = ml
+        return ml
+
+
+def _parse(raw: str | None, partitions: int) -> MemberLoad | None:
+    return parse_load(raw, partitions=partitions)
+
+
 def group_load(member_leases: Mapping[str, MemberLeaseObservation],
-               holders: Mapping[int, str], partitions: int) -> GroupLoad | None:
+               holders: Mapping[int, str], partitions: int,
+               parse: Callable[[str | None, int], MemberLoad | None] = _parse
+               ) -> GroupLoad | None:
     """The members' reports read back; None when no member reports a rate or a lag.
     Rates are the mean over the reports of the member Lease's window
     (:mod:`kgroup.core.operator.load_window`; without a window, its current annotation
-    alone); the lag is the latest report's."""
+    alone); the lag is the latest report's. ``parse``: how an annotation is read (a
+    :class:`ParsedLoads` keeps the parses between takes)."""
     parsed: dict[str, list[tuple[MemberLoad, int]]] = {}
     for name, lease in member_leases.items():
-        ml = parse_load(lease.load_annotation, partitions=partitions)
+        ml = parse(lease.load_annotation, partitions)
         if ml is not None and (ml.rate is not None or ml.lag is not None):
-            parsed[name] = _window(lease, ml, partitions)
+            parsed[name] = _window(lease, ml, partitions, parse)
     if not parsed:
         return None
     held: dict[str, list[int]] = {}
@@ -130,7 +167,8 @@ def group_load(member_leases: Mapping[str, MemberLeaseObservation],
                      {m: frozenset(held.get(m, ())) for m in parsed}, errors)
 
 
-def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int
+def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int,
+            parse: Callable[[str | None, int], MemberLoad | None]
             ) -> list[tuple[MemberLoad, int]]:
     """The window's reports read back with their counts, oldest first, ending with the
     current one (``latest``); reports that do not read are left out."""
@@ -138,7 +176,7 @@ def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int
     if not samples or samples[-1][0] != lease.load_annotation:
         return [(latest, 1)]
     out = [(ml, n) for raw, n in samples[:-1]
-           if (ml := parse_load(raw, partitions=partitions)) is not None]
+           if (ml := parse(raw, partitions)) is not None]
     return [*out, (latest, samples[-1][1])]
 
 
@@ -311,10 +349,13 @@ Measure = Callable[[History | None], Taken | None]
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
                  wall: datetime, known_capacity: float | None = None,
-                 history: History | None = None, start_seconds: float | None = None
-                 ) -> Taken | None:
-    """The load figures from one pass's observations; None: no reports."""
-    load = group_load(member_leases, holders, spec.partitions)
+                 history: History | None = None, start_seconds: float | None = None,
+                 parsed: ParsedLoads | None = None) -> Taken | None:
+    """The load figures from one pass's observations; None: no reports. ``parsed``: the
+    annotations the last take parsed (:attr:`LoadTracker.parsed`), read again."""
+    if parsed is not None:
+        parsed.rotate(spec.partitions)
+    load = group_load(member_leases, holders, spec.partitions, parsed or _parse)
     if load is None:
         return None
     return take_load(
@@ -325,10 +366,13 @@ def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
                   ) -> object:
-    """What, when it changes, makes the figures due at once: the sizing settings and which
-    members report load (a member that starts reporting is counted without waiting for
-    the next refresh)."""
-    return spec.sizing, frozenset(m for m, o in member_leases.items() if o.load_annotation)
+    """What, when it changes, makes the figures due at once: the sizing settings and
+    whether any member reports load (the first report shows at once; a member that
+    starts reporting later is counted at the next take). It was which members report:
+    while a group of 200 members started, each pass then took the figures anew (a
+    second of CPU each with full windows) and the operator created locks at a fifth of
+    its pace (``bench/bench_cost.py``: not Stable in 400 s, 65 s without load reports)."""
+    return spec.sizing, any(o.load_annotation for o in member_leases.values())
 
 
 @dataclass
@@ -353,6 +397,8 @@ class LoadTracker:
     # how much the balance's band widens for the reports' noise, as last measured
     # (GroupLoad.noise; 0: the reports agree, or none)
     noise: float = 0.0
+    # the annotations parsed at the last take, read again at the next
+    parsed: ParsedLoads = field(default_factory=ParsedLoads, repr=False)
 
     def capacity(self) -> float | None:
         """The capacity per member the last figures used (remembered while the members
