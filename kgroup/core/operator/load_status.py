@@ -45,6 +45,7 @@ from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LoadStatus
 
 __all__ = [
     "LOAD_REFRESH_SECONDS",
+    "SETTINGS_TAKE_GAP",
     "GroupLoad",
     "History",
     "LoadTracker",
@@ -58,7 +59,16 @@ __all__ = [
 ]
 
 LOAD_REFRESH_SECONDS = 30.0
-"""The status's load figures are taken at most this often."""
+"""The status's load figures are taken at most this often, but for a change of what they
+are computed with (:func:`load_settings`)."""
+
+SETTINGS_TAKE_GAP = 5.0
+"""A change of what the figures are computed with (a member that starts reporting, the
+sizing settings) takes them anew, but not within this many seconds of the last take.
+Without the gap, while a group of 200 members started, each new reporter made the next
+pass take the figures (many passes a second, each reading every member's window: up to a
+second of CPU at 200 members) and the operator created locks at a fifth of its pace
+(``bench/bench_cost.py``: 2,263 of 10,000 at 61 s, against 6,778 with it)."""
 
 NOISE_SIGMAS = 2.0
 """How many standard errors of a member's measured rate widen the balance's band
@@ -366,13 +376,10 @@ def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
                   ) -> object:
-    """What, when it changes, makes the figures due at once: the sizing settings and
-    whether any member reports load (the first report shows at once; a member that
-    starts reporting later is counted at the next take). It was which members report:
-    while a group of 200 members started, each pass then took the figures anew (a
-    second of CPU each with full windows) and the operator created locks at a fifth of
-    its pace (``bench/bench_cost.py``: not Stable in 400 s, 65 s without load reports)."""
-    return spec.sizing, any(o.load_annotation for o in member_leases.values())
+    """What, when it changes, makes the figures due before the next refresh (at most
+    every :data:`SETTINGS_TAKE_GAP`): the sizing settings and which members report load
+    (a member that starts reporting is counted within seconds)."""
+    return spec.sizing, frozenset(m for m, o in member_leases.items() if o.load_annotation)
 
 
 @dataclass
@@ -399,6 +406,8 @@ class LoadTracker:
     noise: float = 0.0
     # the annotations parsed at the last take, read again at the next
     parsed: ParsedLoads = field(default_factory=ParsedLoads, repr=False)
+    # when a take held back by SETTINGS_TAKE_GAP is due (None: none is)
+    pending_at: float | None = None
 
     def capacity(self) -> float | None:
         """The capacity per member the last figures used (remembered while the members
@@ -407,13 +416,19 @@ class LoadTracker:
 
     def refresh(self, now: float, measure: Measure, settings: object = None) -> None:
         """Take the figures again (``measure``) when they are due, or when ``settings``
-        (what the figures are computed with, e.g. the spec's catch-up time) changed; while
-        the group reports no load, at every pass (load reports that start wake the loop:
-        the first figures come at once). The lags' growth is measured from the readings
-        of the last take at least :data:`MIN_GROWTH_SECONDS` old (a take sooner keeps
-        them)."""
-        if self.status is not None and now < self.next_at and settings == self.settings:
-            return
+        (what the figures are computed with, e.g. the spec's catch-up time) changed, but
+        not within :data:`SETTINGS_TAKE_GAP` of the last take (:meth:`deadline` says when
+        then); while the group reports no load, at every pass (load reports that start
+        wake the loop: the first figures come at once). The lags' growth is measured from
+        the readings of the last take at least :data:`MIN_GROWTH_SECONDS` old (a take
+        sooner keeps them)."""
+        if self.status is not None and now < self.next_at:
+            if settings == self.settings:
+                return
+            if self.taken_at is not None and now < self.taken_at + SETTINGS_TAKE_GAP:
+                self.pending_at = self.taken_at + SETTINGS_TAKE_GAP
+                return
+        self.pending_at = None
         self.next_at = now + self.interval
         self.taken_at = now
         self.settings = settings
@@ -436,7 +451,9 @@ class LoadTracker:
 
     def deadline(self) -> float | None:
         """When to look again for the next figures (None: the group reports no load)."""
-        return self.next_at if self.status is not None else None
+        if self.status is None:
+            return None
+        return self.next_at if self.pending_at is None else min(self.next_at, self.pending_at)
 
     def apply(self, status: ConsumerGroupStatus) -> ConsumerGroupStatus:
         """``status`` with the figures last taken."""
