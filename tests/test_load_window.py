@@ -151,8 +151,8 @@ def test_noise_widens_the_dead_zone_and_the_gain_a_rebalance_must_make() -> None
 def test_a_take_parses_only_the_annotations_the_last_take_did_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import kgroup.core.operator.load_status as load_status_module
+    from kgroup.core.load import parse_load as real
     calls: list[str | None] = []
-    real = load_status_module.parse_load
 
     def counting(raw: str | None, *, partitions: int) -> Any:
         calls.append(raw)
