@@ -7,7 +7,14 @@ Two passes are timed: a quiet pass (nothing to do) and a pass after one lock cha
 (what each lock event of a rebalance costs). Prints mean milliseconds per pass and the
 top of a cProfile with ``--profile``; asserts nothing.
 
+With ``--load``, what one take of the load figures costs instead
+(``load_status.measure_load``): every member's window full (32 distinct reports of a
+rate and a lag per partition it holds, through the Lease cache), timed with nothing kept
+from before (every annotation parsed) and 30 s later, after 15 new reports per member,
+with the last take's parses kept (``ParsedLoads``), as the operator takes them.
+
     .venv/bin/python bench/bench_decide.py [--members 10] [--partitions 10000] [--passes 20]
+    .venv/bin/python bench/bench_decide.py --load --members 200 --partitions 10000
 """
 
 from __future__ import annotations
@@ -15,13 +22,19 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import random
 import time
 from datetime import UTC, datetime
 
+from kgroup.constants import ANNOTATION_LOAD
+from kgroup.core.load import encode_load
 from kgroup.core.objects import Obj
 from kgroup.core.operator.decide import Memory, Observation, decide, written
 from kgroup.core.operator.lease_cache import GroupLeases
+from kgroup.core.operator.load_status import ParsedLoads, measure_load
+from kgroup.core.operator.load_window import LOAD_WINDOW_REPORTS
 from kgroup.core.operator.planner import PodObservation
+from kgroup.crd_models import ConsumerGroupSpec
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -75,13 +88,60 @@ def setup(members: int, partitions: int) -> tuple[Observation, Memory, float]:
     return Observation(body, leases, pods, True), memory, now
 
 
+def report(leases: GroupLeases, members: list[str], held: dict[str, list[int]], rv: int,
+           now: float, rng: random.Random) -> int:
+    """One renewal of every member Lease, each carrying a new load annotation."""
+    for m in members:
+        rv += 1
+        body = member_lease(m, rv)
+        text = encode_load({p: rng.uniform(10, 50) for p in held[m]},
+                           {p: rng.randint(0, 50) for p in held[m]})
+        assert text is not None
+        body["metadata"]["annotations"][ANNOTATION_LOAD] = text
+        leases.put(body, now)
+    return rv
+
+
+def bench_load(members: int, partitions: int) -> None:
+    names = [f"w-{i}" for i in range(members)]
+    held = {m: list(range(i, partitions, members)) for i, m in enumerate(names)}
+    holders = {p: m for m, ps in held.items() for p in ps}
+    leases, rng, rv, now = GroupLeases(), random.Random(1), 0, 0.0
+    for _ in range(LOAD_WINDOW_REPORTS):
+        now += 2.0
+        rv = report(leases, names, held, rv, now, rng)
+    spec = ConsumerGroupSpec.model_validate(
+        {"partitions": partitions, "selector": {"matchLabels": {"app": "x"}}})
+    parsed = ParsedLoads()
+    t0 = time.perf_counter()
+    measure_load(leases.member_observations(), holders, spec, names, WALL, parsed=parsed)
+    cold = time.perf_counter() - t0
+    for _ in range(15):
+        now += 2.0
+        rv = report(leases, names, held, rv, now, rng)
+    t0 = time.perf_counter()
+    measure_load(leases.member_observations(), holders, spec, names, WALL, parsed=parsed)
+    kept = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    measure_load(leases.member_observations(), holders, spec, names, WALL)
+    anew = time.perf_counter() - t0
+    print(f"{members} members x {partitions} partitions, windows of {LOAD_WINDOW_REPORTS} "
+          f"reports: a take parsing every annotation {cold * 1000:.0f} ms; 30 s later "
+          f"(15 new reports each) {kept * 1000:.0f} ms with the last take's parses kept, "
+          f"{anew * 1000:.0f} ms without")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--members", type=int, default=10)
     ap.add_argument("--partitions", type=int, default=10000)
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--load", action="store_true", help="time a take of the load figures")
     args = ap.parse_args()
+    if args.load:
+        bench_load(args.members, args.partitions)
+        return
     obs, memory, now = setup(args.members, args.partitions)
     settle = decide(obs, memory, now, wall=WALL, status_min_interval=1.0)
     if settle.status is not None and obs.body is not None:  # the second status, stored

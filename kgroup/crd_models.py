@@ -191,6 +191,9 @@ class AutoscalingStatus(_Model):
     scale_down_since: str | None = None
     scale_down_to: int | None = None
     scale_down_from: int | None = None
+    scale_up_seen: str | None = None
+    scale_up_to: int | None = None
+    scale_up_from: int | None = None
 
 
 class SidecarMissingStatus(_Model):

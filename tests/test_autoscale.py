@@ -1,9 +1,10 @@
 """The autoscaler's rule (kgroup.core.operator.autoscale), driven on a fake clock.
 
 A small world stands in for the group: the recommendation is taken every 30 s (as the
-operator takes status.load), the workload's pods join 60 s after a change and the group
-rebalances for 20 s after each join. Each scenario checks the changes made; the broken
-variants at the end (no scale-down delay, no tolerance) fail the same checks.
+operator takes status.load), the workload's pods join 60 s after a change (or
+``join_seconds``) and the group rebalances for 20 s after each join. Each scenario checks
+the changes made; the broken variants at the end (no scale-down delay, no tolerance, up
+at the first look) fail the same checks.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class World:
 def run(recommend: Callable[[float], int], *, replicas: int, minutes: float,
         settings: ScaleSettings | None = None, scaler: Autoscaler | None = None,
         restarts: Sequence[float] = (), restore: bool = True,
-        ) -> list[tuple[float, ScaleChange]]:
+        join_seconds: float = JOIN_SECONDS) -> list[tuple[float, ScaleChange]]:
     """Every change the autoscaler makes over ``minutes`` (time, change); at each of
     ``restarts`` the operator restarts: a new autoscaler, restored from what the old one
-    saved (``restore``) or not."""
+    saved (``restore``) or not; the restarted one is fed the last take again, as a
+    restarted operator's first figures would be."""
     settings = settings or ScaleSettings(min_members=1, max_members=64,
                                          scale_down_delay_seconds=300)
     scaler = scaler or Autoscaler()
@@ -57,12 +59,12 @@ def run(recommend: Callable[[float], int], *, replicas: int, minutes: float,
     while now <= minutes * 60:
         if now in restarts:
             saved = scaler.saved(world.replicas, settings)
-            scaler = Autoscaler()
+            scaler = Autoscaler(up_takes=scaler.up_takes)
             if restore:
                 scaler.restore(saved, replicas=world.replicas, settings=settings)
         taken = math.floor(now / SAMPLE_SECONDS) * SAMPLE_SECONDS
         scaler.observe(taken, recommend(taken), settings)
-        if world.members != world.replicas and now >= world.changed_at + JOIN_SECONDS:
+        if world.members != world.replicas and now >= world.changed_at + join_seconds:
             world.members, world.members_at = world.replicas, now
         rebalancing = now < world.members_at + REBALANCE_SECONDS and world.members_at > 0
         change, _ = scaler.decide(now, replicas=world.replicas, settings=settings,
@@ -108,14 +110,22 @@ def noisy(level: float, seed: int, spread: float = 0.2) -> Callable[[float], int
     return recommend
 
 
+DEFAULTS = ScaleSettings(min_members=1, max_members=64, scale_down_delay_seconds=300)
+
+
 # -- the checks (the broken variants below fail them) --------------------------------------
 
 
 def check_step(settings: ScaleSettings) -> None:
-    changes = run(step_x3_and_back, replicas=8, minutes=70, settings=settings)
+    check_step_with(Autoscaler(), settings)
+
+
+def check_step_with(scaler: Autoscaler, settings: ScaleSettings = DEFAULTS) -> None:
+    changes = run(step_x3_and_back, replicas=8, minutes=70, settings=settings,
+                  scaler=scaler)
     assert sizes(changes) == [24, 8], changes
     up, down = changes[0][0], changes[1][0]
-    assert up == 600  # at once
+    assert up == 630  # on the second look: the take after the step's first
     assert down >= 1800 + settings.scale_down_delay_seconds  # only after the delay
 
 
@@ -137,7 +147,6 @@ def check_noise(settings: ScaleSettings, seed: int) -> None:
     assert len(changes) <= 2
 
 
-DEFAULTS = ScaleSettings(min_members=1, max_members=64, scale_down_delay_seconds=300)
 
 
 def test_a_step_x3_and_back_takes_one_change_each_way_then_stays() -> None:
@@ -146,9 +155,10 @@ def test_a_step_x3_and_back_takes_one_change_each_way_then_stays() -> None:
 
 def test_a_step_seen_through_the_backlog_reaches_its_size_in_two_changes_then_stays() -> None:
     changes = run(ramp_x3_and_back, replicas=8, minutes=70, settings=DEFAULTS)
-    # up twice (16, then 30 once the 16 members joined), never down to 24 (30 / 1.5 = 20
-    # < 24: within the tolerance), down to 8 only after the delay, then nothing
-    assert [(t, c.replicas) for t, c in changes] == [(600, 16), (680, 30), (2100, 8)]
+    # up twice (16 on the second look, then 30 once the 16 members joined at 690 and
+    # rebalanced), never down to 24 (30 / 1.5 = 20 < 24: within the tolerance), down to 8
+    # only after the delay, then nothing
+    assert [(t, c.replicas) for t, c in changes] == [(630, 16), (710, 30), (2100, 8)]
 
 
 def test_a_dip_shorter_than_the_delay_changes_nothing() -> None:
@@ -219,12 +229,13 @@ def test_bounds_clamp_the_recommendation_and_the_replicas() -> None:
     # lowered bounds apply at once, even while the last change's pods are still joining
     scaler = Autoscaler()
     scaler.observe(0.0, 40, bounded)
-    change, _ = scaler.decide(0.0, replicas=4, settings=bounded, rebalancing=False,
+    scaler.observe(30.0, 40, bounded)
+    change, _ = scaler.decide(30.0, replicas=4, settings=bounded, rebalancing=False,
                               members=4)
     assert change is not None and change.replicas == 10
-    scaler.scaled(0.0, change)
+    scaler.scaled(30.0, change)
     lower = ScaleSettings(min_members=3, max_members=6)
-    change, _ = scaler.decide(5.0, replicas=10, settings=lower, rebalancing=False,
+    change, _ = scaler.decide(35.0, replicas=10, settings=lower, rebalancing=False,
                               members=4)
     assert change == ScaleChange(6, 10, "above maxMembers 6")
     # never more members than partitions
@@ -237,25 +248,63 @@ def test_bounds_clamp_the_recommendation_and_the_replicas() -> None:
 def test_no_change_while_the_group_rebalances_or_before_it_has_its_members() -> None:
     scaler = Autoscaler()
     scaler.observe(0.0, 20, DEFAULTS)
-    change, _ = scaler.decide(0.0, replicas=8, settings=DEFAULTS, rebalancing=True,
+    scaler.observe(30.0, 20, DEFAULTS)
+    change, _ = scaler.decide(30.0, replicas=8, settings=DEFAULTS, rebalancing=True,
                               members=8)
     assert change is None and "rebalancing" in scaler.waiting
-    change, _ = scaler.decide(1.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+    change, _ = scaler.decide(31.0, replicas=8, settings=DEFAULTS, rebalancing=False,
                               members=8)
-    assert change == ScaleChange(20, 8, "recommended 20 members, 8 replicas: up at once")
-    scaler.scaled(1.0, change)
-    scaler.observe(30.0, 30, DEFAULTS)
-    change, wait = scaler.decide(31.0, replicas=20, settings=DEFAULTS, rebalancing=False,
+    assert change == ScaleChange(20, 8, "recommended 20 members, 8 replicas: up")
+    scaler.scaled(31.0, change)
+    scaler.observe(60.0, 30, DEFAULTS)
+    scaler.observe(90.0, 30, DEFAULTS)
+    change, wait = scaler.decide(91.0, replicas=20, settings=DEFAULTS, rebalancing=False,
                                  members=9)
-    assert change is None and wait == pytest.approx(1.0 + SETTLE_SECONDS - 31.0)
+    assert change is None and wait == pytest.approx(31.0 + SETTLE_SECONDS - 91.0)
     # pods that never start do not freeze it
-    change, _ = scaler.decide(1.0 + SETTLE_SECONDS, replicas=20, settings=DEFAULTS,
+    change, _ = scaler.decide(31.0 + SETTLE_SECONDS, replicas=20, settings=DEFAULTS,
                               rebalancing=False, members=9)
     assert change is not None and change.replicas == 30
 
 
+def test_a_scale_up_waits_for_the_second_look_and_a_single_spike_changes_nothing() -> None:
+    scaler = Autoscaler()
+    scaler.observe(0.0, 20, DEFAULTS)
+    change, _ = scaler.decide(1.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                              members=8)
+    assert change is None and "next figures" in scaler.waiting
+    scaler.observe(30.0, 8, DEFAULTS)  # the spike is gone
+    assert scaler.decide(31.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                         members=8) == (None, None)
+    spike = lambda t: 40 if t == 600 else 8  # noqa: E731
+    assert run(spike, replicas=8, minutes=30, settings=DEFAULTS) == []
+    # the second look goes to the latest figure, not the first
+    scaler.observe(60.0, 12, DEFAULTS)
+    scaler.observe(90.0, 16, DEFAULTS)
+    change, _ = scaler.decide(91.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                              members=8)
+    assert change == ScaleChange(16, 8, "recommended 16 members, 8 replicas: up")
+
+
+def test_the_time_a_scale_up_took_to_join_is_kept() -> None:
+    changes = run(step_x3_and_back, replicas=8, minutes=20, settings=DEFAULTS)
+    assert [t for t, _ in changes] == [630]
+    scaler = Autoscaler()
+    scaler.observe(0.0, 20, DEFAULTS)
+    scaler.observe(30.0, 20, DEFAULTS)
+    change, _ = scaler.decide(30.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                              members=8)
+    assert change is not None
+    scaler.scaled(30.0, change)
+    scaler.decide(80.0, replicas=20, settings=DEFAULTS, rebalancing=False, members=12)
+    assert scaler.start_seconds is None  # not all joined yet
+    scaler.decide(125.0, replicas=20, settings=DEFAULTS, rebalancing=False, members=20)
+    assert scaler.start_seconds == pytest.approx(95.0)
+
+
 def test_a_recommendation_taken_before_the_last_change_is_ignored() -> None:
     scaler = Autoscaler()
+    scaler.observe(-30.0, 20, DEFAULTS)
     scaler.observe(0.0, 20, DEFAULTS)
     change, _ = scaler.decide(5.0, replicas=8, settings=DEFAULTS, rebalancing=False,
                               members=8)
@@ -297,16 +346,44 @@ def test_a_restart_in_the_scale_down_window_changes_no_decision(restart: float) 
 
 
 def sooner_30(t: float) -> int:
-    """16 members' worth from 600 s, 30 from 630 s (before the 16's pods join at 660)."""
-    return 8 if t < 600 else 16 if t < 630 else 30
+    """16 members' worth from 600 s, 30 from 660 s (before the 16's pods, slow to start,
+    join at 750)."""
+    return 8 if t < 600 else 16 if t < 660 else 30
+
+
+SLOW_PODS = 120.0  # seconds pods take to join, in the sooner_30 scenario
 
 
 def test_a_restart_while_the_last_change_settles_still_waits_for_its_members() -> None:
-    alone = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS)
-    # up at once, then 30 only once the 16 joined (660) and rebalanced (20 s)
-    assert [(t, c.replicas) for t, c in alone] == [(600, 16), (680, 30)]
-    assert run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS,
-               restarts=[610.0]) == alone
+    alone = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS,
+                join_seconds=SLOW_PODS)
+    # up on the second look (630), then 30 only once the 16 joined (750) and rebalanced
+    # (20 s)
+    assert [(t, c.replicas) for t, c in alone] == [(630, 16), (770, 30)]
+    assert run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS, restarts=[640.0],
+               join_seconds=SLOW_PODS) == alone
+
+
+def test_a_restart_between_the_two_looks_still_scales_up_on_the_second() -> None:
+    """The take a scale-up waits to see confirmed is kept (status.autoscaling.scaleUp*):
+    a restarted operator that is not fed it again still scales up on the next take."""
+    scaler = Autoscaler()
+    scaler.observe(0.0, 20, DEFAULTS)
+    scaler.decide(1.0, replicas=8, settings=DEFAULTS, rebalancing=False, members=8)
+    saved = scaler.saved(8, DEFAULTS)
+    assert (saved.above_at, saved.above_value, saved.above_replicas) == (0.0, 20, 8)
+    for restore, expected in ((True, 20), (False, None)):
+        again = Autoscaler()
+        if restore:
+            again.restore(saved, replicas=8, settings=DEFAULTS)
+        again.observe(30.0, 20, DEFAULTS)
+        change, _ = again.decide(31.0, replicas=8, settings=DEFAULTS, rebalancing=False,
+                                 members=8)
+        assert (change.replicas if change else None) == expected
+    # kept only while the replicas are those it was above
+    moved = Autoscaler()
+    moved.restore(saved, replicas=24, settings=DEFAULTS)
+    assert not moved.samples
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -349,10 +426,10 @@ def test_a_saved_window_for_other_replicas_or_a_peak_within_the_tolerance_is_dro
 
 def test_forgetting_the_last_change_on_a_restart_changes_again_before_the_members_join(
         ) -> None:
-    forgot = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS, restarts=[610.0],
-                 restore=False)
-    # 30 asked for at 630 while the 16 members' pods were still starting
-    assert [(t, c.replicas) for t, c in forgot] == [(600, 16), (630, 30)]
+    forgot = run(sooner_30, replicas=8, minutes=30, settings=DEFAULTS, restarts=[640.0],
+                 restore=False, join_seconds=SLOW_PODS)
+    # 30 asked for at 690 while the 16 members' pods were still starting
+    assert [(t, c.replicas) for t, c in forgot] == [(630, 16), (690, 30)]
 
 
 def test_forgetting_the_window_on_a_restart_delays_a_due_scale_down() -> None:
@@ -386,3 +463,13 @@ def test_without_a_tolerance_noise_keeps_changing_the_size() -> None:
     assert failed >= 10
     flaps = run(noisy(10, 0), replicas=10, minutes=24 * 60, settings=broken)
     assert len(flaps) > 20  # down and up again all day
+
+
+def test_up_at_the_first_look_follows_a_spike() -> None:
+    """The broken variant of the second look: one take above the replicas scales up."""
+    spike = lambda t: 40 if t == 600 else 8  # noqa: E731
+    first_look = Autoscaler(up_takes=1)
+    assert sizes(run(spike, replicas=8, minutes=30, settings=DEFAULTS,
+                     scaler=first_look)) == [40, 8]
+    with pytest.raises(AssertionError):
+        check_step_with(Autoscaler(up_takes=1))

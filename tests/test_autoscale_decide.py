@@ -94,18 +94,26 @@ def test_a_group_behind_asks_for_more_replicas_and_the_status_says_so() -> None:
     for i in range(3):  # renewals with the same figures until the next take
         op.now += LOAD_REFRESH_SECONDS / 3
         renew(op, rates, {"a": {0: 30_000}, "b": {4: 30_000}}, 100 * (i + 1))
+    # the recommendation: a scale-up waits for the next take to say so too, and the
+    # status keeps the take it waits on (a restarted operator resumes from it)
+    seen = passes(op, replicas=2, seconds=1)
+    assert seen.scale is None and seen.status is not None
+    assert seen.status["load"]["recommendedMembers"] == 4
+    assert seen.status["autoscaling"] == {
+        "desiredMembers": 4, "replicas": 2, "reason": "",
+        "scaleUpSeen": "2026-01-01T00:00:00.000000Z", "scaleUpTo": 4, "scaleUpFrom": 2}
+    for i in range(3):
+        op.now += LOAD_REFRESH_SECONDS / 3
+        renew(op, rates, {"a": {0: 30_000}, "b": {4: 30_000}}, 1000 + 100 * i)
     plan = passes(op, replicas=2, seconds=1)
     assert plan.scale is not None and (plan.scale.previous, plan.scale.replicas) == (2, 4)
-    assert plan.status is not None
-    assert plan.status["load"]["recommendedMembers"] == 4
-    assert plan.status["autoscaling"] == {"desiredMembers": 4, "replicas": 2, "reason": ""}
     op.memory.scaled(plan.scale, op.now, WALL)
     after = passes(op, replicas=4, seconds=1)
     assert after.scale is None
     assert after.status is not None and after.status["autoscaling"] == {
         "desiredMembers": 4, "replicas": 4, "lastScaleTime": "2026-01-01T00:00:00Z",
         "lastScaleReplicas": 4,
-        "reason": "2 -> 4: recommended 4 members, 2 replicas: up at once"}
+        "reason": "2 -> 4: recommended 4 members, 2 replicas: up"}
 
 
 def test_without_autoscaling_nothing_is_scaled_and_no_status_is_shown() -> None:

@@ -13,6 +13,7 @@ from test_operator_logic import Op, held_lease, member_lease
 from kgroup.core.load import encode_load
 from kgroup.core.operator.load_status import (
     LOAD_REFRESH_SECONDS,
+    SETTINGS_TAKE_GAP,
     History,
     LoadTracker,
     Taken,
@@ -134,7 +135,7 @@ def test_the_operator_takes_the_figures_at_most_every_refresh_and_writes_them() 
     assert later.status is not None and later.status["load"]["rate"] == 35.0
 
 
-def test_a_changed_setting_takes_the_figures_again_at_once() -> None:
+def test_a_changed_setting_takes_the_figures_again_but_not_within_the_gap() -> None:
     tracker = LoadTracker()
     taken: list[float] = []
 
@@ -147,9 +148,18 @@ def test_a_changed_setting_takes_the_figures_again_at_once() -> None:
     assert len(taken) == 1 and tracker.deadline() == LOAD_REFRESH_SECONDS
     tracker.refresh(11.0, measure, "catch-up 30")
     assert len(taken) == 2 and tracker.deadline() == 11.0 + LOAD_REFRESH_SECONDS
+    tracker.refresh(13.0, measure, "catch-up 60")  # within the gap: later
+    assert len(taken) == 2 and tracker.deadline() == 11.0 + SETTINGS_TAKE_GAP
+    tracker.refresh(11.0 + SETTINGS_TAKE_GAP, measure, "catch-up 60")
+    assert len(taken) == 3
+    assert tracker.deadline() == 11.0 + SETTINGS_TAKE_GAP + LOAD_REFRESH_SECONDS
 
 
-def test_a_member_that_starts_reporting_is_counted_at_once() -> None:
+def test_a_member_that_starts_reporting_is_counted_within_the_gap_not_at_every_pass(
+) -> None:
+    """A member that starts reporting makes the figures due, but not within
+    SETTINGS_TAKE_GAP of the last take: members starting one by one (a group of 200
+    starting) made every pass take them, each reading every member's window."""
     op = Op("a", "b")
     op.write(op.decide(), "11")
     for p, m in enumerate(["a", "a", "b", "b"]):
@@ -159,7 +169,17 @@ def test_a_member_that_starts_reporting_is_counted_at_once() -> None:
     first = op.decide()
     assert first.status is not None and first.status["load"]["rate"] == 20.0
     op.write(first, "12")
+    taken_at = op.memory.load.taken_at
+    assert taken_at is not None
     assert op.leases.put(member_with_load("b", "51", {2: 5.0, 3: 5.0}), op.now)  # material
     op.now += 1
     second = op.decide()
-    assert second.status is not None and second.status["load"]["rate"] == 30.0
+    assert op.memory.load.taken_at == taken_at  # within the gap: not taken again yet
+    assert second.status is None or second.status["load"]["rate"] == 20.0
+    # ... but the loop is told to look again when the gap is over
+    assert op.memory.load.deadline() == pytest.approx(taken_at + SETTINGS_TAKE_GAP)
+    op.now = taken_at + SETTINGS_TAKE_GAP
+    third = op.decide()
+    assert op.memory.load.taken_at == op.now
+    assert third.status is not None and third.status["load"]["rate"] == 30.0
+    assert op.memory.load.deadline() == pytest.approx(op.now + LOAD_REFRESH_SECONDS)

@@ -104,6 +104,20 @@ def test_rates_are_the_window_mean_and_the_lag_the_latest() -> None:
     assert alone is not None and alone.partition_rates[0] == pytest.approx(20.0, rel=3e-3)
 
 
+def test_a_partition_taken_over_lately_counts_at_its_own_mean_in_the_total() -> None:
+    # partition 1 joined the member half-way through its window: the earlier reports
+    # do not carry it, so the mean of the reports' totals (150) would count it at 0 in
+    # them, where the member now does 200/s
+    seen = observation([({0: 100.0}, 16), ({0: 100.0, 1: 100.0}, 16)])
+    load = group_load({"a": seen}, {0: "a", 1: "a"}, partitions=2)
+    assert load is not None
+    assert load.partition_rates == pytest.approx({0: 100.0, 1: 100.0}, rel=3e-3)
+    assert load.member_rates["a"] == pytest.approx(200.0, rel=3e-3)
+    # a partition given away is out of every report's total alike
+    gave = group_load({"a": seen}, {0: "a"}, partitions=2)
+    assert gave is not None and gave.member_rates["a"] == pytest.approx(100.0, rel=3e-3)
+
+
 def test_agreeing_reports_have_no_noise_and_scattered_ones_have_their_standard_error(
 ) -> None:
     steady = observation([({0: 10.0}, 15)])
@@ -132,3 +146,37 @@ def test_noise_widens_the_dead_zone_and_the_gain_a_rebalance_must_make() -> None
     assert moved.moved != ()
     with pytest.raises(ValueError, match="noise"):
         LoadBalance(noise=-0.1)
+
+
+def test_a_take_parses_only_the_annotations_the_last_take_did_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kgroup.core.operator.load_status as load_status_module
+    from kgroup.core.load import parse_load as real
+    calls: list[str | None] = []
+
+    def counting(raw: str | None, *, partitions: int) -> Any:
+        calls.append(raw)
+        return real(raw, partitions=partitions)
+
+    monkeypatch.setattr(load_status_module, "parse_load", counting)
+    parsed = load_status_module.ParsedLoads()
+    first = observation([({0: float(v)}, 1) for v in range(10, 14)])  # four reports
+    parsed.rotate(1)
+    load = group_load({"a": first}, {0: "a"}, partitions=1, parse=parsed)
+    assert load is not None and len(calls) == 4
+    later = observation([({0: float(v)}, 1) for v in range(12, 16)])  # two of them again
+    calls.clear()
+    parsed.rotate(1)
+    again = group_load({"a": later}, {0: "a"}, partitions=1, parse=parsed)
+    assert again is not None and len(calls) == 2  # the two new ones
+    assert again.member_rates["a"] == pytest.approx(13.5, rel=3e-3)
+    # the reports no window holds any more are forgotten at the next take
+    calls.clear()
+    parsed.rotate(1)
+    group_load({"a": first}, {0: "a"}, partitions=1, parse=parsed)
+    assert len(calls) == 2  # 10 and 11 were dropped with the take that did not see them
+    # another partition count reads every annotation anew
+    calls.clear()
+    parsed.rotate(2)
+    group_load({"a": first}, {0: "a"}, partitions=2, parse=parsed)
+    assert len(calls) == 4

@@ -38,6 +38,25 @@ def test_the_backlog_is_worked_off_within_the_catch_up_time() -> None:
                              catch_up_seconds=600) == 7
 
 
+def test_the_backlog_is_counted_as_it_will_be_once_new_members_have_started() -> None:
+    loads = [1.0] * 64
+    # 960/s arrive, the group processes 400/s: 60 s more until new pods work add 33,600
+    # behind, 112/s more within 300 s: 1,072/s, 13 members (11 and 12 would leave the
+    # busiest above 100/s); the backlog as it is asks for 11
+    assert recommend_members(rate=960, lag=0, capacity=100, loads=loads,
+                             catch_up_seconds=300, processed=400, start_seconds=60) == 13
+    assert recommend_members(rate=960, lag=0, capacity=100, loads=loads,
+                             catch_up_seconds=300, processed=400, start_seconds=0) == 11
+    assert recommend_members(rate=960, lag=0, capacity=100, loads=loads,
+                             catch_up_seconds=300) == 11
+    # a group keeping up (or draining: processing more than arrives) falls no further
+    # behind while pods start
+    for processed in (960.0, 1_500.0):
+        assert recommend_members(rate=960, lag=0, capacity=100, loads=loads,
+                                 catch_up_seconds=300, processed=processed,
+                                 start_seconds=60) == 11
+
+
 def test_never_more_than_the_partitions() -> None:
     assert recommend_members(rate=10_000, lag=10**9, capacity=1, loads=[1.0] * 12,
                              catch_up_seconds=60) == 12

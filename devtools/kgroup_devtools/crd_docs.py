@@ -272,6 +272,17 @@ DESCRIPTIONS: dict[str, dict[str, Any]] = {
                        "would set."},
     "status.autoscaling.scaleDownFrom": {
         "description": "The replicas those recommendations were below."},
+    "status.autoscaling.scaleUpSeen": {
+        "description": f"When the latest recommendation, above scaleUpFrom, was taken: a "
+                       f"scale-up waits for the next one to be above too ({_TIMESTAMP}, "
+                       f"to the microsecond); absent: no scale-up is pending. Kept so that "
+                       f"an operator that restarts does not wait for two more.",
+        "format": "date-time"},
+    "status.autoscaling.scaleUpTo": {
+        "description": "That recommendation: the replicas a scale-up would set, if the "
+                       "next one is as high."},
+    "status.autoscaling.scaleUpFrom": {
+        "description": "The replicas that recommendation was above."},
     "status.load.measuredAt": {"description": f"When these figures were taken "
                                               f"({_TIMESTAMP}).", "format": "date-time"},
     "status.lastRebalance": {"description": "The last change of the target assignment."},

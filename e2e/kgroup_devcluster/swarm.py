@@ -286,7 +286,10 @@ class Swarm:
         """Every member's app reports the health of what it holds every ``interval`` s,
         as ``POST /v1/health`` would (``SidecarHealth.report``): positions advance, lags
         move, processed rates vary, nothing stalls. Each renewal then carries a fresh
-        health summary and load annotation (``kgroup.dev/load``), as with real apps."""
+        health summary and load annotation (``kgroup.dev/load``), as with real apps;
+        ``KGROUP_SWARM_RATES=0`` in the environment leaves the rates out (apps that report
+        no load: the cost benchmark's before and after)."""
+        rates = os.environ.get("KGROUP_SWARM_RATES", "1") != "0"
         tick = 0
         while True:
             await asyncio.sleep(interval)
@@ -297,7 +300,8 @@ class Swarm:
                     continue
                 run.sidecar.health.report({"partitions": [
                     {"partition": p, "token": t, "position": f"{1000 * tick + p}-0",
-                     "lag": (tick * 7 + p) % 50, "rate": float(10 + (tick * 3 + p) % 40)}
+                     "lag": (tick * 7 + p) % 50}
+                    | ({"rate": float(10 + (tick * 3 + p) % 40)} if rates else {})
                     for p, t in held.items()]})
                 self.health_reports += 1
 

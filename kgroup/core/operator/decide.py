@@ -612,7 +612,8 @@ def _plan_target(obs: Observation, memory: Memory, spec: ConsumerGroupSpec, read
     layout, generation = read.layout, codec.meta(obs.body or {}).get("generation")
     member_leases = obs.leases.member_observations()
     memory.load.refresh(now, lambda history: measure_load(
-        member_leases, seen.holders, spec, seen.members, wall, memory.load.capacity(), history),
+        member_leases, seen.holders, spec, seen.members, wall, memory.load.capacity(), history,
+        memory.autoscaler.start_seconds, memory.load.parsed),
         load_settings(spec, member_leases))
     if read.correction is not None:
         return read.correction
@@ -730,7 +731,10 @@ def _autoscale(obs: Observation, memory: Memory, spec: ConsumerGroupSpec,
         else f"{last.previous} -> {last.replicas}: {last.reason}",
         scale_down_since=None if saved.below_since is None else _precise(
             wall - timedelta(seconds=now - saved.below_since)),
-        scale_down_to=saved.below_peak, scale_down_from=saved.below_replicas)
+        scale_down_to=saved.below_peak, scale_down_from=saved.below_replicas,
+        scale_up_seen=None if saved.above_at is None else _precise(
+            wall - timedelta(seconds=now - saved.above_at)),
+        scale_up_to=saved.above_value, scale_up_from=saved.above_replicas)
     return change, wait, status.model_copy(update={"autoscaling": shown})
 
 
@@ -751,7 +755,9 @@ def _saved(shown: AutoscalingStatus, now: float, wall: datetime) -> Saved:
     return Saved(below_since=clock(shown.scale_down_since), below_peak=shown.scale_down_to,
                  below_replicas=shown.scale_down_from,
                  last_change_at=clock(shown.last_scale_time, 1.0),
-                 last_change_replicas=shown.last_scale_replicas)
+                 last_change_replicas=shown.last_scale_replicas,
+                 above_at=clock(shown.scale_up_seen), above_value=shown.scale_up_to,
+                 above_replicas=shown.scale_up_from)
 
 
 def written(memory: Memory, plan: Plan, stored: Obj, now: float) -> list[Event]:

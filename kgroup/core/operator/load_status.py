@@ -32,6 +32,7 @@ from kgroup.core.load import MemberLoad, parse_load
 from kgroup.core.operator.load_balance import effective_loads
 from kgroup.core.operator.sizing import (
     MIN_GROWTH_SECONDS,
+    START_SECONDS,
     Reading,
     arrival_rates,
     busiest_share,
@@ -44,9 +45,11 @@ from kgroup.crd_models import ConsumerGroupSpec, ConsumerGroupStatus, LoadStatus
 
 __all__ = [
     "LOAD_REFRESH_SECONDS",
+    "SETTINGS_TAKE_GAP",
     "GroupLoad",
     "History",
     "LoadTracker",
+    "ParsedLoads",
     "group_load",
     "load_settings",
     "load_status",
@@ -56,7 +59,16 @@ __all__ = [
 ]
 
 LOAD_REFRESH_SECONDS = 30.0
-"""The status's load figures are taken at most this often."""
+"""The status's load figures are taken at most this often, but for a change of what they
+are computed with (:func:`load_settings`)."""
+
+SETTINGS_TAKE_GAP = 5.0
+"""A change of what the figures are computed with (a member that starts reporting, the
+sizing settings) takes them anew, but not within this many seconds of the last take.
+Without the gap, while a group of 200 members started, each new reporter made the next
+pass take the figures (many passes a second, each reading every member's window: up to a
+second of CPU at 200 members) and the operator created locks at a fifth of its pace
+(``bench/bench_cost.py``: 2,263 of 10,000 at 61 s, against 6,778 with it)."""
 
 NOISE_SIGMAS = 2.0
 """How many standard errors of a member's measured rate widen the balance's band
@@ -94,17 +106,53 @@ class GroupLoad:
                 for m in sorted(set(self.member_rates) | set(self.member_lags))}
 
 
+class ParsedLoads:
+    """Each distinct ``kgroup.dev/load`` annotation parsed once while it stays in some
+    member's window, not once per take: the parses of one take are kept for the next
+    (:meth:`rotate`; a report stays in its window about 64 s, so two or three takes).
+    Parsing was three quarters of a take's CPU: 0.9 s at 200 members of 50 partitions
+    each with full windows, 2.1 s at 1,000 of 10 (``bench/bench_decide.py --load``).
+    Memory: the annotations of two takes' windows at most."""
+
+    def __init__(self) -> None:
+        self._before: dict[str, MemberLoad | None] = {}
+        self._now: dict[str, MemberLoad | None] = {}
+        self._partitions: int | None = None
+
+    def rotate(self, partitions: int) -> None:
+        """A new take over ``partitions`` (another count reads annotations anew)."""
+        self._before = self._now if partitions == self._partitions else {}
+        self._now, self._partitions = {}, partitions
+
+    def __call__(self, raw: str | None, partitions: int) -> MemberLoad | None:
+        if raw is None or partitions != self._partitions:
+            return parse_load(raw, partitions=partitions)
+        if raw in self._now:
+            return self._now[raw]
+        ml = self._before[raw] if raw in self._before else parse_load(raw,
+                                                                       partitions=partitions)
+        self._now[raw] = ml
+        return ml
+
+
+def _parse(raw: str | None, partitions: int) -> MemberLoad | None:
+    return parse_load(raw, partitions=partitions)
+
+
 def group_load(member_leases: Mapping[str, MemberLeaseObservation],
-               holders: Mapping[int, str], partitions: int) -> GroupLoad | None:
+               holders: Mapping[int, str], partitions: int,
+               parse: Callable[[str | None, int], MemberLoad | None] = _parse
+               ) -> GroupLoad | None:
     """The members' reports read back; None when no member reports a rate or a lag.
     Rates are the mean over the reports of the member Lease's window
     (:mod:`kgroup.core.operator.load_window`; without a window, its current annotation
-    alone); the lag is the latest report's."""
+    alone); the lag is the latest report's. ``parse``: how an annotation is read (a
+    :class:`ParsedLoads` keeps the parses between takes)."""
     parsed: dict[str, list[tuple[MemberLoad, int]]] = {}
     for name, lease in member_leases.items():
-        ml = parse_load(lease.load_annotation, partitions=partitions)
+        ml = parse(lease.load_annotation, partitions)
         if ml is not None and (ml.rate is not None or ml.lag is not None):
-            parsed[name] = _window(lease, ml, partitions)
+            parsed[name] = _window(lease, ml, partitions, parse)
     if not parsed:
         return None
     held: dict[str, list[int]] = {}
@@ -129,7 +177,8 @@ def group_load(member_leases: Mapping[str, MemberLeaseObservation],
                      {m: frozenset(held.get(m, ())) for m in parsed}, errors)
 
 
-def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int
+def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int,
+            parse: Callable[[str | None, int], MemberLoad | None]
             ) -> list[tuple[MemberLoad, int]]:
     """The window's reports read back with their counts, oldest first, ending with the
     current one (``latest``); reports that do not read are left out."""
@@ -137,7 +186,7 @@ def _window(lease: MemberLeaseObservation, latest: MemberLoad, partitions: int
     if not samples or samples[-1][0] != lease.load_annotation:
         return [(latest, 1)]
     out = [(ml, n) for raw, n in samples[:-1]
-           if (ml := parse_load(raw, partitions=partitions)) is not None]
+           if (ml := parse(raw, partitions)) is not None]
     return [*out, (latest, samples[-1][1])]
 
 
@@ -157,7 +206,8 @@ def _mean_rates(samples: Sequence[tuple[MemberLoad, int]], mine: Sequence[int]
                 ) -> tuple[dict[int, float], float | None, float]:
     """Each held partition's rate and the member's total, averaged over the reports
     weighted by how many renewals carried each (a partition over the reports that
-    carry it); and the standard error of that total: the partitions' sample variances
+    carry it; the total, when some report lacks a partition, their sum); and the
+    standard error of that total: the partitions' sample variances
     over their counts, summed (0 while a partition has fewer than two reports or they
     agree)."""
     sums: dict[int, float] = {}
@@ -175,6 +225,11 @@ def _mean_rates(samples: Sequence[tuple[MemberLoad, int]], mine: Sequence[int]
             total += n * rate
             total_weight += n
     own_mean = {p: sums[p] / weights[p] for p in sums}
+    reports = sum(n for _, n in samples)
+    if any(w != reports for w in weights.values()):
+        # a partition taken over lately is in the later reports only: the mean of the
+        # reports' totals would count it at 0 in the earlier ones
+        total, total_weight = sum(own_mean.values()), 1
     variance = 0.0
     for p, n in weights.items():
         if n > 1:
@@ -246,8 +301,11 @@ rate, the noise allowance of the balance's band (:meth:`GroupLoad.noise`)."""
 
 def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
               catch_up_seconds: float, wall: datetime, count_balanced: bool = True,
-              known_capacity: float | None = None, history: History | None = None) -> Taken:
-    """The figures of one take (:func:`load_status`'s, and what the next take needs)."""
+              known_capacity: float | None = None, history: History | None = None,
+              start_seconds: float | None = None) -> Taken:
+    """The figures of one take (:func:`load_status`'s, and what the next take needs);
+    ``start_seconds``: how long new members take to start, as last seen (None:
+    :data:`~kgroup.core.operator.sizing.START_SECONDS`)."""
     rate = sum(load.member_rates.values())
     arrivals = member_arrivals(load, history)
     known = arrival_loads(load, arrivals or {})
@@ -269,7 +327,8 @@ def take_load(load: GroupLoad, members: Sequence[str], partitions: int, *,
     arrival = None if arrivals is None else sum(arrivals.values())
     recommended = None if arrival is None else recommend_members(
         rate=arrival, lag=load.lag or 0, capacity=capacity, loads=loads,
-        catch_up_seconds=catch_up_seconds, count_balanced=count_balanced)
+        catch_up_seconds=catch_up_seconds, count_balanced=count_balanced, processed=rate,
+        start_seconds=START_SECONDS if start_seconds is None else start_seconds)
     status = LoadStatus(rate=_figure(rate), arrival=None if arrival is None else _figure(arrival),
                         lag=load.lag, busiest_over_mean=busiest,
                         bound=bound, recommended_members=recommended,
@@ -300,22 +359,26 @@ Measure = Callable[[History | None], Taken | None]
 def measure_load(member_leases: Mapping[str, MemberLeaseObservation],
                  holders: Mapping[int, str], spec: ConsumerGroupSpec, members: Iterable[str],
                  wall: datetime, known_capacity: float | None = None,
-                 history: History | None = None) -> Taken | None:
-    """The load figures from one pass's observations; None: no reports."""
-    load = group_load(member_leases, holders, spec.partitions)
+                 history: History | None = None, start_seconds: float | None = None,
+                 parsed: ParsedLoads | None = None) -> Taken | None:
+    """The load figures from one pass's observations; None: no reports. ``parsed``: the
+    annotations the last take parsed (:attr:`LoadTracker.parsed`), read again."""
+    if parsed is not None:
+        parsed.rotate(spec.partitions)
+    load = group_load(member_leases, holders, spec.partitions, parsed or _parse)
     if load is None:
         return None
     return take_load(
         load, sorted(members), spec.partitions, catch_up_seconds=spec.sizing.catch_up_seconds,
         wall=wall, count_balanced=spec.balance.mode == "count",
-        known_capacity=known_capacity, history=history)
+        known_capacity=known_capacity, history=history, start_seconds=start_seconds)
 
 
 def load_settings(spec: ConsumerGroupSpec, member_leases: Mapping[str, MemberLeaseObservation]
                   ) -> object:
-    """What, when it changes, makes the figures due at once: the sizing settings and which
-    members report load (a member that starts reporting is counted without waiting for
-    the next refresh)."""
+    """What, when it changes, makes the figures due before the next refresh (at most
+    every :data:`SETTINGS_TAKE_GAP`): the sizing settings and which members report load
+    (a member that starts reporting is counted within seconds)."""
     return spec.sizing, frozenset(m for m, o in member_leases.items() if o.load_annotation)
 
 
@@ -341,6 +404,10 @@ class LoadTracker:
     # how much the balance's band widens for the reports' noise, as last measured
     # (GroupLoad.noise; 0: the reports agree, or none)
     noise: float = 0.0
+    # the annotations parsed at the last take, read again at the next
+    parsed: ParsedLoads = field(default_factory=ParsedLoads, repr=False)
+    # when a take held back by SETTINGS_TAKE_GAP is due (None: none is)
+    pending_at: float | None = None
 
     def capacity(self) -> float | None:
         """The capacity per member the last figures used (remembered while the members
@@ -349,13 +416,19 @@ class LoadTracker:
 
     def refresh(self, now: float, measure: Measure, settings: object = None) -> None:
         """Take the figures again (``measure``) when they are due, or when ``settings``
-        (what the figures are computed with, e.g. the spec's catch-up time) changed; while
-        the group reports no load, at every pass (load reports that start wake the loop:
-        the first figures come at once). The lags' growth is measured from the readings
-        of the last take at least :data:`MIN_GROWTH_SECONDS` old (a take sooner keeps
-        them)."""
-        if self.status is not None and now < self.next_at and settings == self.settings:
-            return
+        (what the figures are computed with, e.g. the spec's catch-up time) changed, but
+        not within :data:`SETTINGS_TAKE_GAP` of the last take (:meth:`deadline` says when
+        then); while the group reports no load, at every pass (load reports that start
+        wake the loop: the first figures come at once). The lags' growth is measured from
+        the readings of the last take at least :data:`MIN_GROWTH_SECONDS` old (a take
+        sooner keeps them)."""
+        if self.status is not None and now < self.next_at:
+            if settings == self.settings:
+                return
+            if self.taken_at is not None and now < self.taken_at + SETTINGS_TAKE_GAP:
+                self.pending_at = self.taken_at + SETTINGS_TAKE_GAP
+                return
+        self.pending_at = None
         self.next_at = now + self.interval
         self.taken_at = now
         self.settings = settings
@@ -378,7 +451,9 @@ class LoadTracker:
 
     def deadline(self) -> float | None:
         """When to look again for the next figures (None: the group reports no load)."""
-        return self.next_at if self.status is not None else None
+        if self.status is None:
+            return None
+        return self.next_at if self.pending_at is None else min(self.next_at, self.pending_at)
 
     def apply(self, status: ConsumerGroupStatus) -> ConsumerGroupStatus:
         """``status`` with the figures last taken."""

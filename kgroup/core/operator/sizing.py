@@ -6,8 +6,8 @@ The rule, in the shape of the Flink Kubernetes operator's autoscaler rather than
 lag threshold (``replicas = lag / lagThreshold`` knows nothing of how fast a member
 works, so a threshold right for one app is wrong for the next):
 
-    demand   = arrival rate + backlog / catchUpSeconds          (events/s)
-    needed   = ceil(demand / capacity)                           (members)
+    demand   = arrival + (backlog + deficit * startSeconds) / catchUpSeconds   (events/s)
+    needed   = ceil(demand / capacity)                                         (members)
 
 then the smallest count ``m`` from ``needed`` up to the partitions whose busiest member
 keeps up: ``demand * ratio(m) / m <= capacity``, where ``ratio(m)`` is the busiest
@@ -23,6 +23,15 @@ count beyond which more members do not lower the busiest member's load: more wou
 pods and help nothing (the partition must be split: docs/reshape.md). It used to be the
 partitions, which an autoscaler following the recommendation took as "as many as
 allowed" whenever a catching-up partition's rate briefly exceeded the measured capacity.
+
+**The backlog is counted as it will be when the members asked for have started**: the
+``deficit`` (arrival minus what the group processes now, 0 while it keeps up) adds to
+the backlog for ``startSeconds`` more, the time new pods take to start and take their
+partitions (:data:`START_SECONDS` until the operator has seen a scale-up's pods join:
+then how long that took, :attr:`~kgroup.core.operator.autoscale.Autoscaler.start_seconds`).
+Sized on today's backlog alone, a group that grows after a step falls further behind
+while its new pods start, and the next look asks for more (4 -> 11 -> 13 on the model
+group of ``tests/test_sizing_dynamics.py``, where the second look asked for 13 at once).
 
 **Capacity** (:func:`member_capacity`), events/s one member can process, is measured from
 the members' rates: a member that is *behind* (its lag is more than
@@ -72,6 +81,7 @@ from dataclasses import dataclass
 __all__ = [
     "BEHIND_SECONDS",
     "MIN_GROWTH_SECONDS",
+    "START_SECONDS",
     "Reading",
     "arrival_rates",
     "busiest_share",
@@ -83,6 +93,12 @@ __all__ = [
 BEHIND_SECONDS = 10.0
 """A member whose lag is more than this many seconds of its own rate is behind: it is
 working at its capacity."""
+
+
+START_SECONDS = 60.0
+"""How long new members are taken to need to start and take their partitions, until a
+scale-up has been seen (a pod's start, the sidecar's session, the revoke-before-assign
+hand-off)."""
 
 
 MIN_GROWTH_SECONDS = 10.0
@@ -196,11 +212,13 @@ class _Shares:
 
 def recommend_members(*, rate: float, lag: int, capacity: float | None,
                       loads: Sequence[float], catch_up_seconds: float,
-                      count_balanced: bool = True) -> int | None:
+                      count_balanced: bool = True, processed: float | None = None,
+                      start_seconds: float = 0.0) -> int | None:
     """The members needed to keep up with ``rate`` (events/s arriving, the whole group:
-    :func:`arrival_rates`) and work
-    off ``lag`` (events) within ``catch_up_seconds``, at ``capacity`` events/s per member,
-    over ``loads`` (per partition: their count is the ceiling). None: no capacity known."""
+    :func:`arrival_rates`) and work off ``lag`` (events) within ``catch_up_seconds``, at
+    ``capacity`` events/s per member, over ``loads`` (per partition: their count is the
+    ceiling); the backlog taken as it will be after ``start_seconds`` more at the group's
+    ``processed`` rate (None: as it is now). None: no capacity known."""
     if not (math.isfinite(rate) and rate >= 0) or lag < 0:
         raise ValueError(f"rate and lag must be finite and >= 0, got {rate} and {lag}")
     if not catch_up_seconds > 0:
@@ -208,7 +226,8 @@ def recommend_members(*, rate: float, lag: int, capacity: float | None,
     partitions = len(loads)
     if capacity is None or capacity <= 0 or partitions == 0:
         return None
-    demand = rate + lag / catch_up_seconds
+    deficit = 0.0 if processed is None else max(0.0, rate - processed)
+    demand = rate + (lag + deficit * max(0.0, start_seconds)) / catch_up_seconds
     needed = max(1, math.ceil(demand / capacity - 1e-9))
     shares = _Shares(loads)
     best, best_at = math.inf, partitions
