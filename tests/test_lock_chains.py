@@ -8,6 +8,7 @@ from kgroup.core.operator.failure_detector import ExpiryRule, expiry_chains
 from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
+    Lane,
     LockRequest,
     MarkExpired,
     NoAnswer,
@@ -122,7 +123,7 @@ def test_a_mark_refused_re_reads_the_lock_and_decides_again() -> None:
     request = step(chains[0], None)
     assert isinstance(request, MarkAssigned) and request.name == "g-partition-0"
     assert request.wanted()
-    assert step(chains[0], Refused(409)) == ReadLease("g-partition-0", expiry=False)
+    assert step(chains[0], Refused(409)) == ReadLease("g-partition-0", Lane.MARK)
     assert 0 not in op.memory.marks_sent
     assert step(chains[0], Ok(held_lease(0, "45", "a", "s-a"))) == Then(decide=True)
     assert op.leases.partitions[0].resource_version == "45"

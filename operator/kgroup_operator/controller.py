@@ -65,6 +65,7 @@ from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
     DeleteLease,
+    Lane,
     LockRequest,
     MarkAssigned,
     MarkExpired,
@@ -88,6 +89,9 @@ log = logging.getLogger(__name__)
 SCALE_READ_SECONDS = 30.0
 """``spec.autoscaling``'s target's Scale is read at most this often (the recommendation
 it is compared with changes at most every 30 s)."""
+
+_URGENCY = {Lane.EXPIRY: Urgency.EXPIRY, Lane.MARK: Urgency.MARK, Lane.CREATE: Urgency.CREATE}
+"""The lock gate's rank of a read, by the write it is for."""
 
 FAILURES_UNHEALTHY = 3
 """Passes of one group failing in a row (not for the API server) that make the operator's
@@ -447,8 +451,8 @@ class GroupController:
         namespace, name = self.key
         try:
             if isinstance(request, ReadLease):
-                urgency = Urgency.EXPIRY if request.expiry else Urgency.MARK
-                return Ok(await self.kube.get_lease(namespace, request.name, urgency))
+                return Ok(await self.kube.get_lease(namespace, request.name,
+                                                    _URGENCY[request.lane]))
             if isinstance(request, MarkExpired):
                 stored = await self.kube.mark_partition_expired(
                     namespace=namespace, group=name, partition=request.partition,

@@ -18,6 +18,7 @@ Plain data, and the step both mark chains end with when a mark is refused
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ __all__ = [
     "Answer",
     "Chain",
     "DeleteLease",
+    "Lane",
     "LockRequest",
     "MarkAssigned",
     "MarkExpired",
@@ -41,13 +43,22 @@ __all__ = [
 ]
 
 
+class Lane(enum.IntEnum):
+    """The write a read is for: a driver that ranks its requests (the controller's lock
+    gate) ranks the read with those writes."""
+
+    EXPIRY = 0  # the holder's member Lease before an expiry mark, a lock after a refused one
+    MARK = 1  # a lock after its refused assignment mark
+    CREATE = 2  # the Lease holding a lock's name after a create refused with 409
+
+
 @dataclass(frozen=True)
 class ReadLease:
-    """A quorum read of one Lease of the group (``Ok(None)``: it does not exist).
-    ``expiry``: on the expiry marks' lane (else the assignment marks')."""
+    """A quorum read of one Lease of the group (``Ok(None)``: it does not exist), ranked
+    with the writes of its ``lane``."""
 
     name: str
-    expiry: bool = True
+    lane: Lane = Lane.EXPIRY
 
 
 @dataclass(frozen=True)
@@ -139,11 +150,11 @@ Chain = Generator[LockRequest, Answer, Then]
 
 
 def reread(name: str, leases: GroupLeases, clock: Callable[[], float], *,
-           expiry: bool = True) -> Chain:
+           lane: Lane = Lane.EXPIRY) -> Chain:
     """A mark refused because lock ``name`` changed (or is gone): the lock re-read into
     ``leases`` and the group decided again on it; the read not answered, decided again
     after the retry pause. A chain's tail: ``return (yield from reread(...))``."""
-    fresh = yield ReadLease(name, expiry=expiry)
+    fresh = yield ReadLease(name, lane)
     if not isinstance(fresh, Ok):
         return Then(retry=True)
     if fresh.obj is not None:
