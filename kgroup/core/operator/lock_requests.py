@@ -1,17 +1,18 @@
 """The vocabulary between the operator's lock writes and their drivers.
 
-After a pass, the operator's writes to the group's locks are request chains built by the
-core (the expiry marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the
-assignment marks: :func:`kgroup.core.operator.assignment_marks.mark_chains`; the deletes of
-retired partitions' Leases: :func:`kgroup.core.operator.retention.deletion_chains`):
-generators that yield a request (:class:`ReadLease`, :class:`MarkExpired`,
-:class:`MarkAssigned`, :class:`DeleteLease`),
-receive its answer (:class:`Ok`, :class:`Refused`, :class:`NoAnswer`,
-:class:`Superseded`) and end with :class:`Then`: more chains to run side by side, or
-whether to decide again now or after the API server's retry pause. A driver maps each
-request onto a call of its API server (the real one: ``kgroup_operator.controller``; the
-simulated one: ``kgroup_sim.control``) and each outcome onto an answer, and nothing more:
-the sequencing, and with it the quorum re-read before an expiry mark, lives here once.
+The pass's writes to the group's locks are request chains built by the core (the creates
+of missing locks: :func:`kgroup.core.operator.lock_creation.creation_chains`; the expiry
+marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the assignment marks:
+:func:`kgroup.core.operator.assignment_marks.mark_chains`; the deletes of retired
+partitions' Leases: :func:`kgroup.core.operator.retention.deletion_chains`): generators
+that yield a request (:class:`CreateLease`, :class:`ReadLease`, :class:`MarkExpired`,
+:class:`MarkAssigned`, :class:`DeleteLease`), receive its answer (:class:`Ok`,
+:class:`Refused`, :class:`NoAnswer`, :class:`Superseded`) and end with :class:`Then`:
+more chains to run side by side, or whether to decide again now or after the API
+server's retry pause. A driver maps each request onto a call of its API server (the real
+one: ``kgroup_operator.controller``; the simulated one: ``kgroup_sim.control``) and each
+outcome onto an answer, and nothing more: the sequencing (the quorum re-read before an
+expiry mark, the read back of a lock name a create found taken) lives here once.
 Plain data, and the step both mark chains end with when a mark is refused
 (:func:`reread`).
 """
@@ -28,6 +29,7 @@ from kgroup.core.operator.lease_cache import GroupLeases
 __all__ = [
     "Answer",
     "Chain",
+    "CreateLease",
     "DeleteLease",
     "Lane",
     "LockRequest",
@@ -100,7 +102,17 @@ class DeleteLease:
     uid: str | None = None
 
 
-LockRequest = ReadLease | MarkExpired | MarkAssigned | DeleteLease
+@dataclass(frozen=True)
+class CreateLease:
+    """A create of lock ``partition`` (Lease ``name``) as ``body``
+    (``lease_codec.new_partition_lease``); ``Refused(409)`` when the name is taken."""
+
+    name: str
+    partition: int
+    body: Obj
+
+
+LockRequest = ReadLease | MarkExpired | MarkAssigned | DeleteLease | CreateLease
 
 
 @dataclass(frozen=True)
