@@ -6,27 +6,30 @@ Rules of this module: it decides nothing. It gathers the observation from the
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
-Assignment marks are sent after the status write succeeded (or at once when the pass
-writes none), after the expiry marks. Both are the core's request chains
+The lock writes are the core's request chains, performed by this module's dispatcher
+``_drive``/``_perform``: the creates first
+(``kgroup.core.operator.lock_creation.creation_chains``: a create refused with 409 reads
+the Lease holding the name back, a squatter is a problem in the status), then, after the
+status write succeeded (or at once when the pass writes none), the expiry marks
 (``kgroup.core.operator.failure_detector.expiry_chains``: each holder's member Lease
-re-read first; ``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer
-wanted at its turn is dropped), performed by this module's dispatcher
-``_drive``/``_perform``: a mark refused because the lock changed re-reads the lock and
-decides again; each stored Lease goes into the cache at once. A pass awaits its creates
-(the slice) and its status write, not its marks: those run behind it (``writes``) in the
-lock gate's order (a crash's expiry marks first, then assignment marks, then the next
-slice's creates), and a mark a later pass superseded is dropped when its turn comes. The
+re-read first) and the assignment marks
+(``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer wanted at its
+turn is dropped); a mark refused because the lock changed re-reads the lock and decides
+again; each stored mark goes into the cache at once. A pass awaits its creates (the
+slice) and its status write, not its marks: those run behind it (``writes``) in the lock
+gate's order (a crash's expiry marks first, then assignment marks, then the next slice's
+creates), and a mark a later pass superseded is dropped when its turn comes. The
 retired partitions' Leases the plan names are deleted behind them, last
 (``kgroup.core.operator.retention``: each delete conditional on the Lease's
-resourceVersion as read). The memory knows what is in flight (``marks_sent``,
-``expiries_sent``), so no pass sends it twice.
+resourceVersion as read). The memory knows what is in flight (``requested_leases``,
+``marks_sent``, ``expiries_sent``), so no pass sends it twice.
 With ``spec.autoscaling``, the target's Scale is read at most every
 :data:`SCALE_READ_SECONDS` (and after each change), and a change the plan asks for is
 written through the scale subresource before the pass's other writes, followed by an
 Event; a refused or failed scale write is a problem in the status, never a failed pass.
-The simulated operator (``kgroup_sim.control``) drives the same decisions and, like this
-loop, awaits only its status write before the next pass may run (its simulated requests
-have no pool to queue in, so it does not await its creates either).
+The simulated operator (``kgroup_sim.control``) drives the same decisions and chains and,
+like this loop, awaits only its status write before the next pass may run (its simulated
+requests have no pool to queue in, so it does not await its creates either).
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.failure_detector import expiry_chains
 from kgroup.core.operator.lease_cache import Cache, GroupKey
+from kgroup.core.operator.lock_creation import creation_chains
 from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
+    CreateLease,
     DeleteLease,
     Lane,
     LockRequest,
@@ -280,7 +285,11 @@ class GroupController:
             return plan.wait
         if plan.scale is not None and await self._scale(body, plan.scale):
             self.poke()  # the next pass shows the change in the status
-        await self._create(body, plan)
+        # the slice's creates, awaited: the next slice's pass follows once they are done
+        await self._drive_all(creation_chains(
+            plan.create_partitions, group=body, namespace=namespace,
+            duration=plan.lease_duration, owners=plan.owners, uids=plan.uids,
+            ledger=self.memory, now=plan.now))
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
@@ -394,24 +403,6 @@ class GroupController:
         if body is not None:
             leases.drop(body)
 
-    async def _create(self, body: dict[str, Any], plan: Plan) -> None:
-        """The pass's lock creates, concurrently (the Kube's lock pool bounds how many are
-        in flight); each reported to the memory; the first failure is raised once all are
-        done (the pass is retried)."""
-        namespace, name = self.key
-
-        async def one(p: int) -> None:
-            existing = await self.kube.create_partition_lease(
-                namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
-                assigned=plan.owners.get(p), assigned_uid=plan.uids.get(plan.owners.get(p, "")))
-            self.memory.lease_created(p, plan.now, existing=existing, group=name)
-
-        results = await asyncio.gather(*(one(p) for p in plan.create_partitions),
-                                       return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
     # -- the dispatcher: lock-request chains (kgroup.core.operator.lock_requests) ----------
 
     async def _drive_all(self, chains: Iterable[Chain]) -> None:
@@ -453,7 +444,10 @@ class GroupController:
             if isinstance(request, ReadLease):
                 return Ok(await self.kube.get_lease(namespace, request.name,
                                                     _URGENCY[request.lane]))
-            if isinstance(request, MarkExpired):
+            if isinstance(request, CreateLease):
+                stored = await self.kube.create_partition_lease(namespace=namespace,
+                                                                body=request.body)
+            elif isinstance(request, MarkExpired):
                 stored = await self.kube.mark_partition_expired(
                     namespace=namespace, group=name, partition=request.partition,
                     session=request.session, seen_rv=request.seen_rv)
