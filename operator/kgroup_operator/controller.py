@@ -9,8 +9,9 @@ deadline, never polling. A 409 on the status write re-reads the group and decide
 The lock writes are the core's request chains, performed by this module's dispatcher
 ``_drive``/``_perform``: the creates first
 (``kgroup.core.operator.lock_creation.creation_chains``: a create refused with 409 reads
-the Lease holding the name back, a squatter is a problem in the status), then, after the
-status write succeeded (or at once when the pass writes none), the expiry marks
+the Lease holding the name back, a squatter is a problem in the status; one refused
+otherwise or not answered ends the pass, decided again after the retry pause), then,
+after the status write succeeded (or at once when the pass writes none), the expiry marks
 (``kgroup.core.operator.failure_detector.expiry_chains``: each holder's member Lease
 re-read first) and the assignment marks
 (``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer wanted at its
@@ -134,7 +135,7 @@ class GroupController:
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
-        self.writes: set[asyncio.Task[None]] = set()  # marks and expiry marks in flight
+        self.writes: set[asyncio.Task[bool]] = set()  # marks and expiry marks in flight
         self.decide_seconds = 0.0  # how long the last decision held the loop
         # spec.autoscaling's target: (kind, name) last read, when, its Scale, the problem
         self.scale_ref: tuple[str, str] | None = None
@@ -193,21 +194,25 @@ class GroupController:
         while self.writes:
             await asyncio.gather(*list(self.writes), return_exceptions=True)
 
-    def _behind(self, name: str, work: Any) -> None:
-        """``work`` (a coroutine of lock writes) runs behind the pass; its failure is
-        logged and the group decided again :data:`API_RETRY_SECONDS` later (an exception
-        not from the API is counted as a failed pass's would be)."""
-        task: asyncio.Task[None] = asyncio.create_task(
-            work, name=f"kgroup:{self.key[0]}/{self.key[1]}:{name}")
+    def _behind(self, name: str, chains: Iterable[Chain]) -> None:
+        """``chains`` (lock writes) run behind the pass; when one asked for the retry pause,
+        or they failed, it is logged and the group decided again :data:`API_RETRY_SECONDS`
+        later (an exception not from the API is counted as a failed pass's would be)."""
+        task = asyncio.create_task(self._drive_all(chains),
+                                   name=f"kgroup:{self.key[0]}/{self.key[1]}:{name}")
         self.writes.add(task)
         task.add_done_callback(self._written)
 
-    def _written(self, task: asyncio.Task[None]) -> None:
+    def _written(self, task: asyncio.Task[bool]) -> None:
         self.writes.discard(task)
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
             return
         exc = task.exception()
-        if isinstance(exc, (ApiException, HTTPError, OSError)):
+        if exc is None:
+            if not task.result():
+                return
+            log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
+        elif isinstance(exc, (ApiException, HTTPError, OSError)):
             log.warning("lock writes of %s/%s: API unavailable (%s); deciding again",
                         *self.key, type(exc).__name__)
         else:
@@ -286,10 +291,13 @@ class GroupController:
         if plan.scale is not None and await self._scale(body, plan.scale):
             self.poke()  # the next pass shows the change in the status
         # the slice's creates, awaited: the next slice's pass follows once they are done
-        await self._drive_all(creation_chains(
-            plan.create_partitions, group=body, namespace=namespace,
-            duration=plan.lease_duration, owners=plan.owners, uids=plan.uids,
-            ledger=self.memory, now=plan.now))
+        if await self._drive_all(creation_chains(
+                plan.create_partitions, group=body, namespace=namespace,
+                duration=plan.lease_duration, owners=plan.owners, uids=plan.uids,
+                ledger=self.memory, now=plan.now)):
+            self.quiet = None  # a create refused or not answered: the pass ends there
+            log.warning("lock creates of %s/%s: refused or not answered; retrying", *self.key)
+            return API_RETRY_SECONDS
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
@@ -384,16 +392,16 @@ class GroupController:
         """The plan's expiry marks, then its assignment marks, then its deletes of retired
         partitions' Leases, behind the pass."""
         if plan.expiries:  # in flight from now: no later pass sends them again
-            self._behind("expiries", self._drive_all(expiry_chains(
+            self._behind("expiries", expiry_chains(
                 plan.expiries, group=self.key[1], leases=self.cache.group(self.key),
-                rule=self.rule, ledger=self.memory, clock=self.clock)))
+                rule=self.rule, ledger=self.memory, clock=self.clock))
         if plan.marks:
-            self._behind("marks", self._drive_all(mark_chains(
+            self._behind("marks", mark_chains(
                 plan.marks, group=self.key[1], leases=self.cache.group(self.key),
-                memory=self.memory, clock=self.clock)))
+                memory=self.memory, clock=self.clock))
         if plan.deletions:
-            self._behind("deletions", self._drive_all(deletion_chains(
-                plan.deletions, ledger=self.memory, gone=self._gone)))
+            self._behind("deletions", deletion_chains(
+                plan.deletions, ledger=self.memory, gone=self._gone))
 
     def _gone(self, deletion: Deletion) -> None:
         """A retired partition's Lease was deleted: out of the cache at once (its watch
@@ -405,18 +413,20 @@ class GroupController:
 
     # -- the dispatcher: lock-request chains (kgroup.core.operator.lock_requests) ----------
 
-    async def _drive_all(self, chains: Iterable[Chain]) -> None:
-        """``chains`` side by side; the first failure is raised once all are done (the group
-        is decided again: ``_written``)."""
+    async def _drive_all(self, chains: Iterable[Chain]) -> bool:
+        """``chains`` side by side; whether one asked for the retry pause (the caller
+        decides again after it). The first failure is raised once all are done."""
         results = await asyncio.gather(*(self._drive(c) for c in chains),
                                        return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+        return any(results)
 
-    async def _drive(self, chain: Chain) -> None:
+    async def _drive(self, chain: Chain) -> bool:
         """One chain: each request performed, each outcome its answer; then what it ended
-        with (the loop poked now or after :data:`API_RETRY_SECONDS`, more chains)."""
+        with (the loop poked now, more chains); whether it or a chain it started asked for
+        the retry pause."""
         answer: Answer | None = None
         try:
             while True:
@@ -432,10 +442,8 @@ class GroupController:
             log.info("%s/%s: %s", *self.key, then.note)
         if then.decide:
             self.poke()
-        elif then.retry:
-            log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
-            asyncio.get_running_loop().call_later(API_RETRY_SECONDS, self.poke)
-        await self._drive_all(then.chains)
+        retry = then.retry and not then.decide
+        return await self._drive_all(then.chains) or retry
 
     async def _perform(self, request: LockRequest) -> Answer:
         """One request as a call of the API server; its outcome as the answer."""
