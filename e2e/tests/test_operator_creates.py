@@ -94,8 +94,8 @@ def controller(kube: client.ApiClient, namespace: str, body: Obj, now: list[floa
 
 
 def locks(kube: client.ApiClient, namespace: str) -> dict[str, Any]:
-    items = client.CoordinationV1Api(kube).list_namespaced_lease(namespace).items
-    return {x.metadata.name: x for x in items}
+    coord: Any = client.CoordinationV1Api(kube)
+    return {x.metadata.name: x for x in coord.list_namespaced_lease(namespace).items}
 
 
 def test_a_pass_creates_each_missing_lock_as_the_codec_builds_it_and_a_squatter_is_named(
@@ -103,7 +103,8 @@ def test_a_pass_creates_each_missing_lock_as_the_codec_builds_it_and_a_squatter_
 ) -> None:
     # a Lease that is not this group's lock holds partition 2's name
     squat = f"{GROUP}-partition-2"
-    client.CoordinationV1Api(kube).create_namespaced_lease(namespace, {
+    coord: Any = client.CoordinationV1Api(kube)
+    coord.create_namespaced_lease(namespace, {
         "metadata": {"name": squat, "labels": {"app": "other"}}, "spec": {}})
     body, now = make_group(kube, namespace), [100.0]
     ctl, rec = controller(kube, namespace, body, now)
