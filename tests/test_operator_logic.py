@@ -324,7 +324,7 @@ def test_a_lock_name_taken_by_someone_else_s_lease_degrades_the_group_naming_it(
 
 
 def test_another_group_s_lease_under_the_name_is_a_squatter_too() -> None:
-    from kgroup.core.operator.decide import squatter
+    from kgroup.core.operator.lock_creation import squatter
     other = partition_lease(2, "5")
     other["metadata"]["labels"]["kgroup.dev/group"] = "h"
     assert "kgroup.dev/group='h'" in str(squatter(other, "g", 2))

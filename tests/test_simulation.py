@@ -159,7 +159,7 @@ def test_the_operator_marks_a_lock_expired_only_after_a_quorum_read_of_its_holde
     Its watch misses many renewals here, so live holders look expired on its cache. The
     shipped rule re-reads the holder's member Lease and feeds it to the tracker before it
     marks; one that marks on the cache alone hands a live holder's lock to another."""
-    for seed in (1, 4):  # re-picked when retries began to back off with spread
+    for seed in (1, 2):  # re-picked when a create refused 409 began to read the name back
         assert run_seed(seed, LOSSY).ok, seed
         broken = run_seed(seed, detector(NoRereadExpiry))
         assert "safety" in {v.kind for v in broken.violations}, seed
@@ -169,7 +169,7 @@ def test_the_operators_reread_asks_the_tracker_not_the_cached_marker() -> None:
     """The sidecar's old ``holder-marker-compare`` bug, moved with the rule to the
     operator: the re-read compares the fresh marker with the cache's *current* one (a
     watch event may have moved it during the read) instead of asking the tracker."""
-    for seed in (2, 15):  # re-picked when renewals stopped waking the operator
+    for seed in (2, 54):  # re-picked when a create refused 409 began to read the name back
         assert run_seed(seed, LOSSY).ok, seed
         broken = run_seed(seed, detector(MarkerCompareExpiry))
         assert "safety" in {v.kind for v in broken.violations}, seed

@@ -41,15 +41,12 @@ class Recording(Kube):
     calls: list[tuple[str, str]]
     completions = False
 
-    async def create_partition_lease(self, *, namespace: str, group: Obj, partition: int,
-                                     duration: int, assigned: str | None = None,
-                                     assigned_uid: str | None = None) -> Obj | None:
-        self.calls.append(("create-lease", str(partition)))
-        out = await super().create_partition_lease(namespace=namespace, group=group,
-                                                   partition=partition, duration=duration,
-                                                   assigned=assigned, assigned_uid=assigned_uid)
+    async def create_partition_lease(self, *, namespace: str, body: Obj) -> Obj | None:
+        partition = str(body["metadata"]["labels"][C.LABEL_PARTITION])
+        self.calls.append(("create-lease", partition))
+        out = await super().create_partition_lease(namespace=namespace, body=body)
         if self.completions:  # a create waits for the gate: when it was done, too
-            self.calls.append(("created", str(partition)))
+            self.calls.append(("created", partition))
         return out
 
     async def mark_partition_lease(self, *, namespace: str, group: str, partition: int,

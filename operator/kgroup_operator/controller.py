@@ -6,27 +6,31 @@ Rules of this module: it decides nothing. It gathers the observation from the
 post Events, write the status with the read ``resourceVersion``), reports the outcomes
 back to the memory, and sleeps until poked by a watch event or until the plan's next
 deadline, never polling. A 409 on the status write re-reads the group and decides again.
-Assignment marks are sent after the status write succeeded (or at once when the pass
-writes none), after the expiry marks. Both are the core's request chains
+The lock writes are the core's request chains, performed by this module's dispatcher
+``_drive``/``_perform``: the creates first
+(``kgroup.core.operator.lock_creation.creation_chains``: a create refused with 409 reads
+the Lease holding the name back, a squatter is a problem in the status; one refused
+otherwise or not answered ends the pass, decided again after the retry pause), then,
+after the status write succeeded (or at once when the pass writes none), the expiry marks
 (``kgroup.core.operator.failure_detector.expiry_chains``: each holder's member Lease
-re-read first; ``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer
-wanted at its turn is dropped), performed by this module's dispatcher
-``_drive``/``_perform``: a mark refused because the lock changed re-reads the lock and
-decides again; each stored Lease goes into the cache at once. A pass awaits its creates
-(the slice) and its status write, not its marks: those run behind it (``writes``) in the
-lock gate's order (a crash's expiry marks first, then assignment marks, then the next
-slice's creates), and a mark a later pass superseded is dropped when its turn comes. The
+re-read first) and the assignment marks
+(``kgroup.core.operator.assignment_marks.mark_chains``: a mark no longer wanted at its
+turn is dropped); a mark refused because the lock changed re-reads the lock and decides
+again; each stored mark goes into the cache at once. A pass awaits its creates (the
+slice) and its status write, not its marks: those run behind it (``writes``) in the lock
+gate's order (a crash's expiry marks first, then assignment marks, then the next slice's
+creates), and a mark a later pass superseded is dropped when its turn comes. The
 retired partitions' Leases the plan names are deleted behind them, last
 (``kgroup.core.operator.retention``: each delete conditional on the Lease's
-resourceVersion as read). The memory knows what is in flight (``marks_sent``,
-``expiries_sent``), so no pass sends it twice.
+resourceVersion as read). The memory knows what is in flight (``requested_leases``,
+``marks_sent``, ``expiries_sent``), so no pass sends it twice.
 With ``spec.autoscaling``, the target's Scale is read at most every
 :data:`SCALE_READ_SECONDS` (and after each change), and a change the plan asks for is
 written through the scale subresource before the pass's other writes, followed by an
 Event; a refused or failed scale write is a problem in the status, never a failed pass.
-The simulated operator (``kgroup_sim.control``) drives the same decisions and, like this
-loop, awaits only its status write before the next pass may run (its simulated requests
-have no pool to queue in, so it does not await its creates either).
+The simulated operator (``kgroup_sim.control``) drives the same decisions and chains and,
+like this loop, awaits only its status write before the next pass may run (its simulated
+requests have no pool to queue in, so it does not await its creates either).
 """
 
 from __future__ import annotations
@@ -61,10 +65,13 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.failure_detector import expiry_chains
 from kgroup.core.operator.lease_cache import Cache, GroupKey
+from kgroup.core.operator.lock_creation import creation_chains
 from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
+    CreateLease,
     DeleteLease,
+    Lane,
     LockRequest,
     MarkAssigned,
     MarkExpired,
@@ -88,6 +95,9 @@ log = logging.getLogger(__name__)
 SCALE_READ_SECONDS = 30.0
 """``spec.autoscaling``'s target's Scale is read at most this often (the recommendation
 it is compared with changes at most every 30 s)."""
+
+_URGENCY = {Lane.EXPIRY: Urgency.EXPIRY, Lane.MARK: Urgency.MARK, Lane.CREATE: Urgency.CREATE}
+"""The lock gate's rank of a read, by the write it is for."""
 
 FAILURES_UNHEALTHY = 3
 """Passes of one group failing in a row (not for the API server) that make the operator's
@@ -125,7 +135,7 @@ class GroupController:
         self.failures = 0  # passes in a row that failed for a reason other than the API
         self.last_error = ""
         self.quiet: Quiet | None = None  # what the last pass saw (None: plan at the timer)
-        self.writes: set[asyncio.Task[None]] = set()  # marks and expiry marks in flight
+        self.writes: set[asyncio.Task[bool]] = set()  # marks and expiry marks in flight
         self.decide_seconds = 0.0  # how long the last decision held the loop
         # spec.autoscaling's target: (kind, name) last read, when, its Scale, the problem
         self.scale_ref: tuple[str, str] | None = None
@@ -184,21 +194,25 @@ class GroupController:
         while self.writes:
             await asyncio.gather(*list(self.writes), return_exceptions=True)
 
-    def _behind(self, name: str, work: Any) -> None:
-        """``work`` (a coroutine of lock writes) runs behind the pass; its failure is
-        logged and the group decided again :data:`API_RETRY_SECONDS` later (an exception
-        not from the API is counted as a failed pass's would be)."""
-        task: asyncio.Task[None] = asyncio.create_task(
-            work, name=f"kgroup:{self.key[0]}/{self.key[1]}:{name}")
+    def _behind(self, name: str, chains: Iterable[Chain]) -> None:
+        """``chains`` (lock writes) run behind the pass; when one asked for the retry pause,
+        or they failed, it is logged and the group decided again :data:`API_RETRY_SECONDS`
+        later (an exception not from the API is counted as a failed pass's would be)."""
+        task = asyncio.create_task(self._drive_all(chains),
+                                   name=f"kgroup:{self.key[0]}/{self.key[1]}:{name}")
         self.writes.add(task)
         task.add_done_callback(self._written)
 
-    def _written(self, task: asyncio.Task[None]) -> None:
+    def _written(self, task: asyncio.Task[bool]) -> None:
         self.writes.discard(task)
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
             return
         exc = task.exception()
-        if isinstance(exc, (ApiException, HTTPError, OSError)):
+        if exc is None:
+            if not task.result():
+                return
+            log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
+        elif isinstance(exc, (ApiException, HTTPError, OSError)):
             log.warning("lock writes of %s/%s: API unavailable (%s); deciding again",
                         *self.key, type(exc).__name__)
         else:
@@ -276,7 +290,14 @@ class GroupController:
             return plan.wait
         if plan.scale is not None and await self._scale(body, plan.scale):
             self.poke()  # the next pass shows the change in the status
-        await self._create(body, plan)
+        # the slice's creates, awaited: the next slice's pass follows once they are done
+        if await self._drive_all(creation_chains(
+                plan.create_partitions, group=body, namespace=namespace,
+                duration=plan.lease_duration, owners=plan.owners, uids=plan.uids,
+                ledger=self.memory, now=plan.now)):
+            self.quiet = None  # a create refused or not answered: the pass ends there
+            log.warning("lock creates of %s/%s: refused or not answered; retrying", *self.key)
+            return API_RETRY_SECONDS
         if plan.new_status is not None:
             self.metrics.observed(self.key, unowned=plan.new_status.unowned,
                                   members=plan.members, partitions=_partitions(body),
@@ -371,16 +392,16 @@ class GroupController:
         """The plan's expiry marks, then its assignment marks, then its deletes of retired
         partitions' Leases, behind the pass."""
         if plan.expiries:  # in flight from now: no later pass sends them again
-            self._behind("expiries", self._drive_all(expiry_chains(
+            self._behind("expiries", expiry_chains(
                 plan.expiries, group=self.key[1], leases=self.cache.group(self.key),
-                rule=self.rule, ledger=self.memory, clock=self.clock)))
+                rule=self.rule, ledger=self.memory, clock=self.clock))
         if plan.marks:
-            self._behind("marks", self._drive_all(mark_chains(
+            self._behind("marks", mark_chains(
                 plan.marks, group=self.key[1], leases=self.cache.group(self.key),
-                memory=self.memory, clock=self.clock)))
+                memory=self.memory, clock=self.clock))
         if plan.deletions:
-            self._behind("deletions", self._drive_all(deletion_chains(
-                plan.deletions, ledger=self.memory, gone=self._gone)))
+            self._behind("deletions", deletion_chains(
+                plan.deletions, ledger=self.memory, gone=self._gone))
 
     def _gone(self, deletion: Deletion) -> None:
         """A retired partition's Lease was deleted: out of the cache at once (its watch
@@ -390,38 +411,22 @@ class GroupController:
         if body is not None:
             leases.drop(body)
 
-    async def _create(self, body: dict[str, Any], plan: Plan) -> None:
-        """The pass's lock creates, concurrently (the Kube's lock pool bounds how many are
-        in flight); each reported to the memory; the first failure is raised once all are
-        done (the pass is retried)."""
-        namespace, name = self.key
-
-        async def one(p: int) -> None:
-            existing = await self.kube.create_partition_lease(
-                namespace=namespace, group=body, partition=p, duration=plan.lease_duration,
-                assigned=plan.owners.get(p), assigned_uid=plan.uids.get(plan.owners.get(p, "")))
-            self.memory.lease_created(p, plan.now, existing=existing, group=name)
-
-        results = await asyncio.gather(*(one(p) for p in plan.create_partitions),
-                                       return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
     # -- the dispatcher: lock-request chains (kgroup.core.operator.lock_requests) ----------
 
-    async def _drive_all(self, chains: Iterable[Chain]) -> None:
-        """``chains`` side by side; the first failure is raised once all are done (the group
-        is decided again: ``_written``)."""
+    async def _drive_all(self, chains: Iterable[Chain]) -> bool:
+        """``chains`` side by side; whether one asked for the retry pause (the caller
+        decides again after it). The first failure is raised once all are done."""
         results = await asyncio.gather(*(self._drive(c) for c in chains),
                                        return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+        return any(results)
 
-    async def _drive(self, chain: Chain) -> None:
+    async def _drive(self, chain: Chain) -> bool:
         """One chain: each request performed, each outcome its answer; then what it ended
-        with (the loop poked now or after :data:`API_RETRY_SECONDS`, more chains)."""
+        with (the loop poked now, more chains); whether it or a chain it started asked for
+        the retry pause."""
         answer: Answer | None = None
         try:
             while True:
@@ -437,19 +442,20 @@ class GroupController:
             log.info("%s/%s: %s", *self.key, then.note)
         if then.decide:
             self.poke()
-        elif then.retry:
-            log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
-            asyncio.get_running_loop().call_later(API_RETRY_SECONDS, self.poke)
-        await self._drive_all(then.chains)
+        retry = then.retry and not then.decide
+        return await self._drive_all(then.chains) or retry
 
     async def _perform(self, request: LockRequest) -> Answer:
         """One request as a call of the API server; its outcome as the answer."""
         namespace, name = self.key
         try:
             if isinstance(request, ReadLease):
-                urgency = Urgency.EXPIRY if request.expiry else Urgency.MARK
-                return Ok(await self.kube.get_lease(namespace, request.name, urgency))
-            if isinstance(request, MarkExpired):
+                return Ok(await self.kube.get_lease(namespace, request.name,
+                                                    _URGENCY[request.lane]))
+            if isinstance(request, CreateLease):
+                stored = await self.kube.create_partition_lease(namespace=namespace,
+                                                                body=request.body)
+            elif isinstance(request, MarkExpired):
                 stored = await self.kube.mark_partition_expired(
                     namespace=namespace, group=name, partition=request.partition,
                     session=request.session, seen_rv=request.seen_rv)

@@ -140,33 +140,18 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
-    async def create_partition_lease(
-        self, *, namespace: str, group: dict[str, Any], partition: int, duration: int,
-        assigned: str | None = None, assigned_uid: str | None = None,
-    ) -> dict[str, Any] | None:
-        """Create a free lock for `partition` (no holder, leaseTransitions 0) marked for
-        `assigned` (its pod `assigned_uid`). None when created; when the name is taken
-        (409), the Lease that holds it (read back: ours, which a later pass marks, or
-        someone else's object)."""
-        body = lease_codec.new_partition_lease(namespace=namespace, group=group,
-                                               partition=partition, duration=duration,
-                                               assigned=assigned, assigned_uid=assigned_uid)
-        name = body["metadata"]["name"]
-
+    async def create_partition_lease(self, *, namespace: str,
+                                     body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the lock ``body`` (``lease_codec.new_partition_lease``: free, marked for
+        its target owner); the stored Lease, or None when the name is taken (409: the
+        caller reads the Lease that holds it)."""
         def call() -> dict[str, Any] | None:
             try:
-                _json(self.locks.create_namespaced_lease(namespace, cast(Any, body),
-                                                         _preload_content=False))
-                return None
+                return _json(self.locks.create_namespaced_lease(namespace, cast(Any, body),
+                                                                _preload_content=False))
             except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            try:
-                return _json(self.locks.read_namespaced_lease(name, namespace,
-                                                              _preload_content=False))
-            except ApiException as exc:
-                if exc.status == 404:
-                    return None  # gone again: the next pass creates it
+                if exc.status == 409:
+                    return None
                 raise
 
         return cast(dict[str, Any] | None, await self._lock_call(call, Urgency.CREATE))

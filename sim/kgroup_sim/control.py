@@ -3,15 +3,18 @@ the simulated API server.
 
 Rule of this module: decide nothing. Like ``kgroup_operator.controller`` it keeps the
 caches (a :class:`~kgroup.core.operator.lease_cache.GroupLeases`, pods, the group), runs one pass
-when poked or at the plan's deadline, and performs the plan: partition Leases created,
-the status written with the read ``resourceVersion`` (a 409 re-reads the group), the
-expiry and assignment marks written after it (the core's request chains,
-``kgroup.core.operator.failure_detector.expiry_chains`` and
-``kgroup.core.operator.assignment_marks.mark_chains``, performed by this module's
-dispatcher ``_drive``/``_perform`` as the controller's performs them; a conditional merge
-patch is one atomic read-modify-write at the store, as the API server applies it), Events
-counted, outcomes reported back to the memory. One pass at a time, as the controller
-awaits its status write; its marks run behind the pass, as the controller's do. The
+when poked or at the plan's deadline, and performs the plan: the status written with the
+read ``resourceVersion`` (a 409 re-reads the group), and the lock writes as the core's
+request chains, performed by this module's dispatcher ``_drive``/``_perform`` as the
+controller's performs them: the partition Leases created
+(``kgroup.core.operator.lock_creation.creation_chains``: a 409 reads the name's Lease
+back), the expiry and assignment marks written after the status
+(``kgroup.core.operator.failure_detector.expiry_chains`` and
+``kgroup.core.operator.assignment_marks.mark_chains``; a conditional merge patch is one
+atomic read-modify-write at the store, as the API server applies it). Events counted,
+outcomes reported back to the memory (by the chains themselves). One pass at a time, as
+the controller awaits its status write; its creates and marks run behind the pass (the
+controller awaits its creates in its lock pool; here there is no pool to queue in). The
 operator's memory lives in one incarnation: an operator restart builds a new one that
 knows only what it lists from the store.
 """
@@ -39,9 +42,11 @@ from kgroup.core.operator.decide import (
 )
 from kgroup.core.operator.failure_detector import expiry_chains
 from kgroup.core.operator.lease_cache import GroupLeases, pod_observation
+from kgroup.core.operator.lock_creation import creation_chains
 from kgroup.core.operator.lock_requests import (
     Answer,
     Chain,
+    CreateLease,
     LockRequest,
     MarkAssigned,
     MarkExpired,
@@ -190,9 +195,7 @@ class SimOperator:
         body = self.group
         if body is None:
             return plan.wait
-        for p in plan.create_partitions:
-            owner = plan.owners.get(p)
-            self._create(body, p, plan.lease_duration, owner, plan.uids.get(owner or ""))
+        self._create(body, plan)
         if plan.status is None:
             self._expire(body, plan.expiries)
             self._mark(body, plan.marks)
@@ -200,24 +203,13 @@ class SimOperator:
         self._write(body, plan)
         return None  # the write's outcome schedules the next pass
 
-    def _create(self, body: Obj, partition: int, duration: int, assigned: str | None,
-                assigned_uid: str | None) -> None:
-        obj = codec.new_partition_lease(namespace=codec.meta(body)["namespace"], group=body,
-                                        partition=partition, duration=duration,
-                                        assigned=assigned, assigned_uid=assigned_uid)
-        # in flight: not asked for again meanwhile
-        self.memory.lease_created(partition, self.proc.clock())
-
-        def created(result: Any) -> None:
-            if isinstance(result, dict) or (isinstance(result, WriteError)
-                                            and result.status == 409):
-                return
-            self.memory.requested_leases.pop(partition, None)  # not created: a later pass
-            self._after(API_RETRY_SECONDS, failed=True)
-
-        store = self.world.store
-        self.world.request(self.proc, functools.partial(
-            store.create, lease_key(obj["metadata"]["name"]), obj), created)
+    def _create(self, body: Obj, plan: Plan) -> None:
+        """The plan's lock creates: the core's chains (one per lock), driven."""
+        for chain in creation_chains(
+                plan.create_partitions, group=body, namespace=codec.meta(body)["namespace"],
+                duration=plan.lease_duration, owners=plan.owners, uids=plan.uids,
+                ledger=self.memory, now=plan.now):
+            self._drive(chain, None)
 
     def _mark(self, body: Obj, marks: list[Mark]) -> None:
         """The plan's assignment marks: the core's chains (one per mark), driven."""
@@ -261,6 +253,8 @@ class SimOperator:
         if isinstance(request, ReadLease):
             return functools.partial(store.get, lease_key(request.name))
         key = lease_key(request.name)
+        if isinstance(request, CreateLease):
+            return functools.partial(store.create, key, request.body)
         if isinstance(request, MarkExpired):
             self.world.count("expiry-mark")
             change: Callable[[Obj], Obj] = functools.partial(

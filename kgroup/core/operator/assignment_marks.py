@@ -20,6 +20,7 @@ from kgroup.core.operator.decide import Mark, Memory
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.lock_requests import (
     Chain,
+    Lane,
     MarkAssigned,
     NoAnswer,
     Ok,
@@ -68,7 +69,7 @@ def _mark(group: str, mark: Mark, leases: GroupLeases, memory: Memory,
         memory.mark_failed(mark)
         if isinstance(answer, NoAnswer):
             return Then(retry=True)
-        return (yield from reread(name, leases, clock, expiry=False))  # refused: it changed
+        return (yield from reread(name, leases, clock, lane=Lane.MARK))  # refused: it changed
     finally:
         if not settled:  # the chain was closed before its answer
             memory.mark_failed(mark)

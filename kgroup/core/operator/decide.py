@@ -11,10 +11,14 @@ Used by the kopf adapter (``kgroup_operator.controller``) and by the simulated o
   unless the target changes: a new target is already paced by the window), the Events
   to post, and when to look again (end of a window, a session's expiry, the rate limit).
 
-The driver performs the :class:`Plan` and reports back: :meth:`Memory.lease_created`
-after each create, :func:`written` after the status write succeeded (it returns the
-Events that belong after the write); a 409 is answered by re-reading the group and
-deciding again. Assignment marks (``Plan.marks``: the ``kgroup.dev/assigned`` annotation
+The driver performs the :class:`Plan` and reports back: :func:`written` after the status
+write succeeded (it returns the Events that belong after the write); a 409 is answered by
+re-reading the group and deciding again. The lock writes are the core's request chains,
+each reporting to the memory itself. Creates (``Plan.create_partitions``, before the
+status write): :func:`~kgroup.core.operator.lock_creation.creation_chains`, each in
+flight from :meth:`Memory.create_sent`, then :meth:`Memory.lease_created` (a 409 reads
+the name's Lease back: a squatter is ``LeaseNameTaken``) or :meth:`Memory.create_failed`.
+Assignment marks (``Plan.marks``: the ``kgroup.dev/assigned`` annotation
 that names the only member allowed to acquire a lock) are written after the status write
 succeeded, or at once when the pass writes no status, each reported with
 :meth:`Memory.mark_sent` / :meth:`Memory.mark_failed`; every pass compares the marks with
@@ -40,7 +44,7 @@ lists (the target is always read back from the status).
 Over 600 lines, and kept so: :class:`Memory`, the steps of :func:`decide` and the
 :class:`Changes` they return are one unit (each step reads the memory and says what it
 changes; only :func:`decide` applies it). Apart, the memory's fields would be written
-from two modules; what could leave without that (the failure detector, the marks'
+from two modules; what could leave without that (the failure detector, the lock writes'
 request chains, the load and reshape rules) already lives in its own module.
 """
 
@@ -53,13 +57,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kgroup import constants as C
 from kgroup.core import lease_codec as codec
 from kgroup.core.objects import Obj
 from kgroup.core.operator.autoscale import Autoscaler, Saved, ScaleChange, ScaleSettings
 from kgroup.core.operator.failure_detector import Expiry, ExpiryRule, expiries_to_mark
 from kgroup.core.operator.lease_cache import GroupLeases
 from kgroup.core.operator.load_status import LoadTracker, load_settings, measure_load
+from kgroup.core.operator.lock_creation import squatter
 from kgroup.core.operator.planner import (
     Decision,
     GroupPlanner,
@@ -206,12 +210,23 @@ class Memory:
             self._status_partitions = partitions
         return self._status[1]
 
+    def create_sent(self, partition: int, now: float) -> None:
+        """A partition Lease's create is on its way (handed over at ``now``): not asked
+        for again until the cache shows it, or :data:`LEASE_CREATE_RECHECK` later."""
+        self.requested_leases[partition] = now
+
+    def create_failed(self, partition: int, now: float) -> None:
+        """The create handed over at ``now`` was refused or not answered: the next pass
+        asks again."""
+        if self.requested_leases.get(partition) == now:
+            del self.requested_leases[partition]
+
     def lease_created(self, partition: int, now: float, *, existing: Obj | None = None,
                       group: str = "") -> None:
-        """A partition Lease's create was sent at ``now``: not asked for again until the
-        cache showed it, or :data:`LEASE_CREATE_RECHECK` later (:data:`SQUAT_RECHECK` when
-        its name is taken). ``existing``: the Lease that already had the name (a 409), which
-        is a problem (``LeaseNameTaken``) unless it is this group's lock of ``partition``."""
+        """A partition Lease's create sent at ``now`` was answered: not asked for again
+        until the cache showed it, or :data:`LEASE_CREATE_RECHECK` later (:data:`SQUAT_RECHECK`
+        when its name is taken). ``existing``: the Lease that already had the name (a 409),
+        a problem (``LeaseNameTaken``) unless it is this group's lock of ``partition``."""
         self.requested_leases[partition] = now
         squat = squatter(existing, group, partition) if existing is not None else None
         if squat is None:
@@ -254,22 +269,6 @@ class Memory:
         pass decides again."""
         if self.deletions_sent.get(deletion.partition) == deletion.seen_rv:
             del self.deletions_sent[deletion.partition]
-
-
-def squatter(existing: Obj, group: str, partition: int) -> str | None:
-    """Why ``existing`` (the Lease holding the name of ``group``'s lock of ``partition``)
-    is not that lock, or None when it is (labelled kgroup's partition ``partition`` of
-    ``group``)."""
-    md = codec.meta(existing)
-    labels = md.get("labels") or {}
-    mine = {C.LABEL_GROUP: group, C.LABEL_ROLE: C.ROLE_PARTITION,
-            C.LABEL_PARTITION: str(partition)}
-    wrong = {k: labels.get(k) for k, v in mine.items() if labels.get(k) != v}
-    if not wrong:
-        return None
-    said = ", ".join(f"{k}={v!r}" for k, v in sorted(wrong.items()))
-    return (f"Lease {str(md.get('name', ''))[:253]} (partition {partition}'s lock) is taken by "
-            f"an object that is not this group's lock ({said}); delete or rename it")
 
 
 @dataclass(frozen=True)

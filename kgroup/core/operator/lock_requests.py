@@ -1,23 +1,25 @@
 """The vocabulary between the operator's lock writes and their drivers.
 
-After a pass, the operator's writes to the group's locks are request chains built by the
-core (the expiry marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the
-assignment marks: :func:`kgroup.core.operator.assignment_marks.mark_chains`; the deletes of
-retired partitions' Leases: :func:`kgroup.core.operator.retention.deletion_chains`):
-generators that yield a request (:class:`ReadLease`, :class:`MarkExpired`,
-:class:`MarkAssigned`, :class:`DeleteLease`),
-receive its answer (:class:`Ok`, :class:`Refused`, :class:`NoAnswer`,
-:class:`Superseded`) and end with :class:`Then`: more chains to run side by side, or
-whether to decide again now or after the API server's retry pause. A driver maps each
-request onto a call of its API server (the real one: ``kgroup_operator.controller``; the
-simulated one: ``kgroup_sim.control``) and each outcome onto an answer, and nothing more:
-the sequencing, and with it the quorum re-read before an expiry mark, lives here once.
+The pass's writes to the group's locks are request chains built by the core (the creates
+of missing locks: :func:`kgroup.core.operator.lock_creation.creation_chains`; the expiry
+marks: :func:`kgroup.core.operator.failure_detector.expiry_chains`; the assignment marks:
+:func:`kgroup.core.operator.assignment_marks.mark_chains`; the deletes of retired
+partitions' Leases: :func:`kgroup.core.operator.retention.deletion_chains`): generators
+that yield a request (:class:`CreateLease`, :class:`ReadLease`, :class:`MarkExpired`,
+:class:`MarkAssigned`, :class:`DeleteLease`), receive its answer (:class:`Ok`,
+:class:`Refused`, :class:`NoAnswer`, :class:`Superseded`) and end with :class:`Then`:
+more chains to run side by side, or whether to decide again now or after the API
+server's retry pause. A driver maps each request onto a call of its API server (the real
+one: ``kgroup_operator.controller``; the simulated one: ``kgroup_sim.control``) and each
+outcome onto an answer, and nothing more: the sequencing (the quorum re-read before an
+expiry mark, the read back of a lock name a create found taken) lives here once.
 Plain data, and the step both mark chains end with when a mark is refused
 (:func:`reread`).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
@@ -27,7 +29,9 @@ from kgroup.core.operator.lease_cache import GroupLeases
 __all__ = [
     "Answer",
     "Chain",
+    "CreateLease",
     "DeleteLease",
+    "Lane",
     "LockRequest",
     "MarkAssigned",
     "MarkExpired",
@@ -41,13 +45,22 @@ __all__ = [
 ]
 
 
+class Lane(enum.IntEnum):
+    """The write a read is for: a driver that ranks its requests (the controller's lock
+    gate) ranks the read with those writes."""
+
+    EXPIRY = 0  # the holder's member Lease before an expiry mark, a lock after a refused one
+    MARK = 1  # a lock after its refused assignment mark
+    CREATE = 2  # the Lease holding a lock's name after a create refused with 409
+
+
 @dataclass(frozen=True)
 class ReadLease:
-    """A quorum read of one Lease of the group (``Ok(None)``: it does not exist).
-    ``expiry``: on the expiry marks' lane (else the assignment marks')."""
+    """A quorum read of one Lease of the group (``Ok(None)``: it does not exist), ranked
+    with the writes of its ``lane``."""
 
     name: str
-    expiry: bool = True
+    lane: Lane = Lane.EXPIRY
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,17 @@ class DeleteLease:
     uid: str | None = None
 
 
-LockRequest = ReadLease | MarkExpired | MarkAssigned | DeleteLease
+@dataclass(frozen=True)
+class CreateLease:
+    """A create of lock ``partition`` (Lease ``name``) as ``body``
+    (``lease_codec.new_partition_lease``); ``Refused(409)`` when the name is taken."""
+
+    name: str
+    partition: int
+    body: Obj
+
+
+LockRequest = ReadLease | MarkExpired | MarkAssigned | DeleteLease | CreateLease
 
 
 @dataclass(frozen=True)
@@ -139,11 +162,11 @@ Chain = Generator[LockRequest, Answer, Then]
 
 
 def reread(name: str, leases: GroupLeases, clock: Callable[[], float], *,
-           expiry: bool = True) -> Chain:
+           lane: Lane = Lane.EXPIRY) -> Chain:
     """A mark refused because lock ``name`` changed (or is gone): the lock re-read into
     ``leases`` and the group decided again on it; the read not answered, decided again
     after the retry pause. A chain's tail: ``return (yield from reread(...))``."""
-    fresh = yield ReadLease(name, expiry=expiry)
+    fresh = yield ReadLease(name, lane)
     if not isinstance(fresh, Ok):
         return Then(retry=True)
     if fresh.obj is not None:
