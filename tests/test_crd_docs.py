@@ -54,7 +54,7 @@ def test_timestamps_carry_format_date_time() -> None:
     assert stamps == {"status.conditions[].lastTransitionTime",
                       "status.lastRebalance.startedAt", "status.lastRebalance.completedAt",
                       "status.load.measuredAt", "status.autoscaling.lastScaleTime",
-                      "status.autoscaling.scaleDownSince"}
+                      "status.autoscaling.scaleDownSince", "status.autoscaling.scaleUpSeen"}
 
 
 def test_every_description_names_an_existing_field() -> None:

@@ -183,8 +183,10 @@ def test_a_shifting_noisy_load_under_faults_rebalances_then_moves_nothing() -> N
 def test_without_hysteresis_noise_keeps_moving_partitions_and_the_check_says_so() -> None:
     """The broken balance (tolerance 0, margin 0, dwell 0, through spec.balance) on the
     same runs: the target keeps changing under the same noise, more often than the
-    window allows: an oscillation violation."""
-    for seed in range(2):
+    window allows: an oscillation violation. (Seeds 0 and 2: on seed 1 the broken planner
+    has rested by the window since a member that starts reporting no longer makes the
+    figures due within 5 s of the last take; the slow sweep below counts the seeds.)"""
+    for seed in (0, 2):
         result = run_seed(seed, shifting("no-hysteresis"))
         assert [v.kind for v in result.violations] == ["oscillation"], (seed, result.violations)
         assert result.window_moves is not None and result.window_moves > PARTITIONS // 2
@@ -219,7 +221,7 @@ def test_the_cli_fails_the_broken_balance_and_prints_how_to_replay_it(
         capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--load", "zipf", "--load-noise", "0.2", "--load-shift", "60", "--members", "4",
             "--partitions", str(PARTITIONS), "--fault-time", "30", "--window", "120",
-            "--seed", "1"]
+            "--seed", "0"]
     assert main([*args, "--balance", "no-hysteresis"]) == 1
     out = capsys.readouterr().out
     assert "violations: 1 seeds (oscillation=1)" in out
