@@ -183,9 +183,9 @@ def test_a_shifting_noisy_load_under_faults_rebalances_then_moves_nothing() -> N
 def test_without_hysteresis_noise_keeps_moving_partitions_and_the_check_says_so() -> None:
     """The broken balance (tolerance 0, margin 0, dwell 0, through spec.balance) on the
     same runs: the target keeps changing under the same noise, more often than the
-    window allows: an oscillation violation. (Seeds 0 and 2: on seed 1 the broken planner
-    has rested by the window since a member that starts reporting no longer makes the
-    figures due within 5 s of the last take; the slow sweep below counts the seeds.)"""
+    window allows: an oscillation violation. (Seeds 0 and 2: seed 1's run changed with
+    the load figures' timing and sizing changes of this release, and its broken planner
+    now rests by the window; the slow sweep below counts the seeds caught.)"""
     for seed in (0, 2):
         result = run_seed(seed, shifting("no-hysteresis"))
         assert [v.kind for v in result.violations] == ["oscillation"], (seed, result.violations)
