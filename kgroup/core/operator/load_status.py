@@ -68,7 +68,9 @@ sizing settings) takes them anew, but not within this many seconds of the last t
 Without the gap, while a group of 200 members started, each new reporter made the next
 pass take the figures (many passes a second, each reading every member's window: up to a
 second of CPU at 200 members) and the operator created locks at a fifth of its pace
-(``bench/bench_cost.py``: 2,263 of 10,000 at 61 s, against 6,778 with it)."""
+(``bench/bench_cost.py``: 2,263 of 10,000 at 61 s; 6,778 when only a group's first
+report made them due, the rule measured before this gap; the gap itself is not yet
+measured at 200 members)."""
 
 NOISE_SIGMAS = 2.0
 """How many standard errors of a member's measured rate widen the balance's band
@@ -110,8 +112,9 @@ class ParsedLoads:
     """Each distinct ``kgroup.dev/load`` annotation parsed once while it stays in some
     member's window, not once per take: the parses of one take are kept for the next
     (:meth:`rotate`; a report stays in its window about 64 s, so two or three takes).
-    Parsing was three quarters of a take's CPU: 0.9 s at 200 members of 50 partitions
-    each with full windows, 2.1 s at 1,000 of 10 (``bench/bench_decide.py --load``).
+    Parsing was three quarters of a take's CPU under cProfile; a whole take with full
+    windows measured 1.6-3.2 s at 200 and 1,000 members at load 5-7
+    (``bench/bench_decide.py --load``).
     Memory: the annotations of two takes' windows at most."""
 
     def __init__(self) -> None:
