@@ -5,16 +5,20 @@ Two reads per refresh, as the kubeconfig's user (kubectl's flags: ``-n``, ``--co
 (``kgroup.dev/group=<group>``); :mod:`kgroup.core.operator.status_view` turns them into the view.
 ``--watch`` re-reads every ``--interval`` seconds and prints the view again when it
 changed (a poll, not a watch stream: a group's member Leases change at every renewal,
-and the view keeps only what a person reads). Needs the ``kubernetes`` package (the
-``sidecar`` or ``operator`` extra), imported only here.
+and the view keeps only what a person reads). Talks to the API server with
+:mod:`kgroup.apiclient` (aiohttp: the ``sidecar`` or ``operator`` extra), imported only
+here.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from kgroup import constants as C
@@ -25,47 +29,60 @@ class StatusError(Exception):
     """The group cannot be read (not found, forbidden, no cluster): one line, exit 1."""
 
 
-def _api(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
-    """(ApiClient, the context's namespace or ``default``)."""
+READ_TIMEOUT = 30.0
+
+
+def _config(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
+    """(the API server configuration, the context's namespace or ``default``)."""
     try:
-        from kubernetes import config
-        from kubernetes.config.config_exception import ConfigException
-    except ImportError:  # pragma: no cover - the base install has no kubernetes client
-        raise StatusError("kgroup status needs the kubernetes package "
+        from kgroup import apiclient
+    except ImportError:  # pragma: no cover - the base install has no HTTP client
+        raise StatusError("kgroup status needs aiohttp "
                           "(pip install 'kgroup[sidecar]')") from None
+    path = kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] \
+        or str(Path.home() / ".kube" / "config")
     try:
-        contexts, active = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig)
-        chosen = next((c for c in contexts if c["name"] == context), None) if context \
-            else active
-        if context and chosen is None:
-            raise StatusError(f"context {context!r} is not in the kubeconfig")
-        api = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context)
-    except (ConfigException, OSError) as exc:
-        raise StatusError(f"cannot load the kubeconfig: {exc}") from None
-    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
-    return api, namespace
+        chosen = apiclient.kubeconfig_context(path, context)
+        config = apiclient.kubeconfig_config(path, context)
+    except apiclient.ConfigError:
+        if context:
+            raise StatusError(f"context {context!r} is not in the kubeconfig") from None
+        raise StatusError(f"cannot load the kubeconfig {path}: no current context") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StatusError(f"cannot load the kubeconfig {path}: {exc}") from None
+    return config, str(chosen.get("namespace") or "default")
 
 
-def read_view(api: Any, namespace: str, name: str) -> GroupView:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+async def _read(config: Any, namespace: str, name: str) -> tuple[Any, list[Any]]:
+    from kgroup.apiclient import GROUPS, LEASES, ApiClient
+
+    api = ApiClient(config, connections=2)
+    try:
+        group = await api.get(GROUPS, namespace, name, timeout=READ_TIMEOUT)
+        if group is None:
+            return None, []
+        leases = await api.list(LEASES, namespace, timeout=READ_TIMEOUT,
+                                label_selector=f"{C.LABEL_GROUP}={name}")
+        return group, list(leases.get("items") or [])
+    finally:
+        await api.close()
+
+
+def read_view(config: Any, namespace: str, name: str) -> GroupView:
+    import aiohttp
+
+    from kgroup.apiclient import ApiError
 
     try:
-        group: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, name)
-        leases = client.CoordinationV1Api(api).list_namespaced_lease(
-            namespace, label_selector=f"{C.LABEL_GROUP}={name}")
-    except ApiException as exc:
-        if exc.status == 404:
-            raise StatusError(f'consumergroup "{name}" not found in namespace '
-                              f'"{namespace}"') from None
+        group, leases = asyncio.run(_read(config, namespace, name))
+    except ApiError as exc:
         raise StatusError(f"the API server answered {exc.status} {exc.reason}") from None
-    except OSError as exc:
-        raise StatusError(f"cannot reach the API server: {exc}") from None
-    bodies = [api.sanitize_for_serialization(lease) for lease in leases.items]
-    return build_view(group, bodies)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise StatusError(f"cannot reach the API server: {exc or type(exc).__name__}") \
+            from None
+    if group is None:
+        raise StatusError(f'consumergroup "{name}" not found in namespace "{namespace}"')
+    return build_view(group, leases)
 
 
 def render(view: GroupView, output: str) -> str:
@@ -80,11 +97,11 @@ def render(view: GroupView, output: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     try:
-        api, namespace = _api(args.kubeconfig, args.context)
+        config, namespace = _config(args.kubeconfig, args.context)
         namespace = args.namespace or namespace
         last = None
         while True:
-            text = render(read_view(api, namespace, args.group), args.output)
+            text = render(read_view(config, namespace, args.group), args.output)
             if text != last:
                 if last is not None and args.output == "table":
                     print()

@@ -115,16 +115,11 @@ def test_worker_rbac_is_namespaced_and_minimal() -> None:
                                "namespace": "orders"}]
 
 
-# The Kubernetes client's Lease calls, as RBAC verbs; a watch is a list plus a watch.
-_LEASE_CALL = re.compile(r"\.(read|list|create|replace|patch|delete)_(?:namespaced_lease|"
-                         r"lease_for_all_namespaces)\b")
-
-
-_VERB = {"read": "get", "list": "list", "create": "create", "replace": "update",
-         "patch": "patch", "delete": "delete", "get": "get"}
-# The sidecar's own client (kgroup_sidecar.apiclient): verb(LEASES, ...), and its watches
-# as data: WatchSpec("kind", LEASES, ...) is a list plus a watch.
-_SIDECAR_CALL = re.compile(r"\.(get|list|create|replace|patch|delete)\(\s*LEASES\b")
+_VERB = {"list": "list", "create": "create", "replace": "update", "patch": "patch",
+         "delete": "delete", "get": "get"}
+# Both processes' client (kgroup.apiclient): verb(LEASES, ...), as RBAC verbs; the
+# sidecar's watches as data: WatchSpec("kind", LEASES, ...) is a list plus a watch.
+_LEASE_CALL = re.compile(r"\.(get|list|create|replace|patch|delete)\(\s*LEASES\b")
 # The operator's Lease watch (lease_watch.py, aiohttp): a list, then the list+watch loop
 # both processes share (kgroup/kube_watch.py) watches.
 _SHARED_WATCH = "kube_watch.follow("
@@ -132,17 +127,14 @@ _SIDECAR_WATCH = re.compile(r"WatchSpec\(\s*\"\w+\",\s*LEASES\b")
 
 
 def lease_verbs_called(*files: str) -> set[str]:
-    """Every Lease verb the code in ``files`` calls (a Watch of a list call, or a list call
-    with ``watch=True``, adds watch)."""
+    """Every Lease verb the code in ``files`` calls (a watch adds list and watch)."""
     verbs: set[str] = set()
     for name in files:
         text = (REPO / name).read_text()
         verbs |= {_VERB[m] for m in _LEASE_CALL.findall(text)}
-        verbs |= {_VERB[m] for m in _SIDECAR_CALL.findall(text)}
         if _SIDECAR_WATCH.search(text):
             verbs |= {"list", "watch"}
-        if "watch.Watch" in text or "watch=True" in text or _SHARED_WATCH in text \
-                or "kopf.on.event(\"coordination.k8s.io\"" in text:
+        if _SHARED_WATCH in text or "kopf.on.event(\"coordination.k8s.io\"" in text:
             verbs |= {"list", "watch"}
     return verbs
 
@@ -169,17 +161,49 @@ def test_every_lease_verb_granted_is_one_the_code_calls_and_no_more() -> None:
     assert lease_verbs_granted(WORKER_RULES) == worker
 
 
-# The operator's calls of the Kubernetes client, as (apiGroup, resource, verb).
-_CLIENT_CALL = re.compile(
-    r"\.(read|get|list|create|replace|patch|delete)_(?:namespaced_|cluster_)?"
-    r"(pod|stateful_set(?:_scale)?|deployment_scale|lease|event|custom_object(?:_status)?)"
-    r"(?:_for_all_namespaces)?\b")
-_RESOURCE = {"pod": ("", "pods"), "stateful_set": ("apps", "statefulsets"),
-             "stateful_set_scale": ("apps", "statefulsets/scale"),
-             "deployment_scale": ("apps", "deployments/scale"),
-             "lease": ("coordination.k8s.io", "leases"), "event": ("", "events"),
-             "custom_object": ("kgroup.dev", "consumergroups"),
-             "custom_object_status": ("kgroup.dev", "consumergroups/status")}
+# The operator's requests through kgroup.apiclient, as (apiGroup, resource, verb): a verb
+# of the client on one of its Resource constants (or through Kube._list, or on either
+# scalable kind through _scalable), with its subresource= when it names one.
+_CLIENT_CALL = re.compile(r"\.(get|list|create|replace|patch|delete|json_patch|_list)\(\s*"
+                          r"(_scalable\(kind\)|[A-Z_]+\b)")
+_SUBRESOURCE = re.compile(r"subresource=\"(\w+)\"")
+_CLIENT_VERB = {"get": "get", "list": "list", "_list": "list", "create": "create",
+                "replace": "update", "patch": "patch", "json_patch": "patch",
+                "delete": "delete"}
+# Objects outside the operator's ClusterRole: the injector's one Secret and its webhook
+# configuration (their own Role and ClusterRole, test_chart_injector.py).
+_OUTSIDE_CLUSTER_ROLE = {"SECRETS", "MUTATING_WEBHOOKS"}
+
+
+def _call_text(text: str, start: int) -> str:
+    """The call's text from ``start`` (at its open parenthesis) to its closing one."""
+    depth = 0
+    for k in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[start:k + 1]
+    return text[start:]
+
+
+def client_calls(text: str) -> set[tuple[str, str, str]]:
+    from kgroup import apiclient
+    from kgroup_operator.kube import SCALABLE
+
+    calls: set[tuple[str, str, str]] = set()
+    for m in _CLIENT_CALL.finditer(text):
+        verb, const = m.groups()
+        if const in _OUTSIDE_CLUSTER_ROLE or (not hasattr(apiclient, const) and \
+                not const.startswith("_scalable")):
+            continue
+        resources = list(SCALABLE.values()) if const.startswith("_scalable") \
+            else [getattr(apiclient, const)]
+        sub = _SUBRESOURCE.search(_call_text(text, m.end(1)))
+        for res in resources:
+            plural = res.plural + (f"/{sub.group(1)}" if sub else "")
+            calls.add((res.group, plural, _CLIENT_VERB[verb]))
+    return calls
+
+
 # kopf's event handlers: a list and a watch of the resource
 _KOPF_EVENT = re.compile(r"@kopf\.on\.event\(([^)]*)\)")
 _KOPF_RESOURCE = {"C.API_GROUP, C.API_VERSION, C.PLURAL": ("kgroup.dev", "consumergroups"),
@@ -189,21 +213,17 @@ _KOPF_RESOURCE = {"C.API_GROUP, C.API_VERSION, C.PLURAL": ("kgroup.dev", "consum
 
 def operator_calls() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) of every call the operator's modules make (the client's
-    methods by name, kopf's event handlers, the Lease watches), the leader Lease's aside
-    (its own Role, checked above)."""
+    requests, kopf's event handlers, the Lease watches), the leader Lease's aside (its own
+    Role, checked above)."""
     calls: set[tuple[str, str, str]] = set()
     for path in sorted((REPO / "operator" / "kgroup_operator").glob("*.py")):
         if path.name == "leader.py":
             continue
         text = path.read_text()
-        for verb, resource in _CLIENT_CALL.findall(text):
-            group, res = _RESOURCE[resource]
-            calls.add((group, res, {"read": "get", "replace": "update"}.get(verb, verb)))
+        calls |= client_calls(text)
         for args in _KOPF_EVENT.findall(text):
             group, res = _KOPF_RESOURCE[args.split(", labels")[0]]
             calls |= {(group, res, "list"), (group, res, "watch")}
-        if "watch.Watch" in text or "watch=True" in text:
-            calls |= {("coordination.k8s.io", "leases", "watch")}
         if _SHARED_WATCH in text:  # lease_watch.py: a list, then a watch, with aiohttp
             calls |= {("coordination.k8s.io", "leases", v) for v in ("list", "watch")}
     return calls

@@ -9,8 +9,8 @@ import asyncio
 
 import kopf
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from kgroup.apiclient import ApiError
 from kgroup_operator import controller as controller_module
 from kgroup_operator.controller import FAILURES_UNHEALTHY, GroupController
 from kgroup_operator.groups import GroupLoops
@@ -91,7 +91,7 @@ def test_a_group_loop_failing_again_and_again_fails_liveness(
 def test_an_unreachable_api_server_does_not_fail_liveness(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A restart would not bring the API server back: those failures do not count."""
-    passes = Passes(ApiException(status=503))
+    passes = Passes(ApiError(503, "ServiceUnavailable"))
     rt = loops(monkeypatch, passes)
 
     async def scenario() -> None:
@@ -142,13 +142,12 @@ def test_a_lease_watch_that_ended_fails_liveness(monkeypatch: pytest.MonkeyPatch
 def test_the_real_lease_watch_is_not_alive_once_its_task_ended_unasked() -> None:
     """lease_watch.LeaseWatch itself: its task ends only on a bug (every API or network
     error is retried); then alive() is False. Stopped on purpose, it stays alive()."""
-    from kubernetes import client
-
+    from kgroup.apiclient import ApiConfig
     from kgroup_operator.lease_watch import Http, LeaseWatch
 
     async def scenario() -> None:
         def watch() -> LeaseWatch:
-            return LeaseWatch(Http(client.Configuration()), "ns", "g",
+            return LeaseWatch(Http(ApiConfig("https://127.0.0.1:1", False)), "ns", "g",
                               on_list=lambda items: None, on_event=lambda kind, obj: None)
 
         async def bug() -> None:

@@ -65,10 +65,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kgroup.apiclient import ApiClient, load_config
 from kgroup.core.lease_codec import parse_partition_lease
 from kgroup.core.member.journal import Event, Revoking
 from kgroup.core.objects import Obj
-from kgroup_sidecar.apiclient import ApiClient, load_config
 from kgroup_sidecar.kube import KubeAdapter, Scope
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.runtime import Sidecar

@@ -5,6 +5,7 @@ way a sidecar would. Imported by the test module (pytest puts this folder on sys
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -12,13 +13,15 @@ import socket
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
 from kgroup import constants as C
+from kgroup.apiclient import ApiClient, kubeconfig_config
 from kgroup.core.ranges import parse_ranges
 from kgroup_devcluster import Cluster
 
@@ -26,6 +29,25 @@ REPO = Path(__file__).resolve().parents[2]
 OPERATOR = Path(os.environ.get("KGROUP_OPERATOR_BIN")  # another build, for comparisons
                 or REPO / ".venv" / "bin" / "kgroup-operator")
 GROUP = "orders"
+T = TypeVar("T")
+
+
+def operator_api(cluster: Cluster) -> ApiClient:
+    """The operator's own client (kgroup.apiclient) as the cluster's admin; its session is
+    made at its first request, in the loop that makes it (see :func:`run_closing`)."""
+    return ApiClient(kubeconfig_config(cluster.kubeconfig))
+
+
+def run_closing(api: ApiClient, coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, then ``api``'s session closed in that loop: the next run
+    makes a new one in its own loop (an aiohttp session belongs to one loop)."""
+    async def run() -> T:
+        try:
+            return await coro
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
 
 
 # -- the operator process ---------------------------------------------------------------

@@ -26,17 +26,19 @@ name) or a mark without a uid (an older operator's) acquires nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
 from kubernetes import client
 
+from kgroup.apiclient import ApiClient, ApiError, kubeconfig_config
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import (
@@ -61,6 +63,8 @@ UIDS: dict[str, str] = {}  # pod name -> the uid of the token pod the fixture ma
 GROUP_UID: list[str] = []  # the uid of ConsumerGroup GROUP the fixture made (the locks' owner)
 OTHER_UID = "00000000-0000-0000-0000-00000000dead"  # a former pod-a's uid
 
+T = TypeVar("T")
+
 
 @dataclass
 class Env:
@@ -69,6 +73,22 @@ class Env:
     admin: Any
     worker: Any  # pod-a's pod-bound token
     operator: Any  # the operator's service account
+    operator_kubeconfig: Path | None = None  # the same, for the operator's own client
+
+
+def as_operator(env: Env, fn: Callable[[ApiClient], Awaitable[T]]) -> T:
+    """``fn`` with the operator's shipped client (kgroup.apiclient) under its token, in a
+    loop of its own."""
+    assert env.operator_kubeconfig is not None
+
+    async def scenario() -> T:
+        api = ApiClient(kubeconfig_config(env.operator_kubeconfig))  # type: ignore[arg-type]
+        try:
+            return await fn(api)
+        finally:
+            await api.close()
+
+    return asyncio.run(scenario())
 
 
 def _render(cluster: Cluster, ns: str, release: str, *sets: str) -> list[Lease]:
@@ -116,12 +136,13 @@ def env(cluster: Cluster, kube: client.ApiClient, crd: list[str],
         worker_api = pod_api_client(cluster, pod_a, tmp / "pod-a.kubeconfig")
         operator_sa = next(o["metadata"]["name"] for o in objs
                            if o["kind"] == "ServiceAccount" and "operator" in o["metadata"]["name"])
-        operator_api = api_client_from_kubeconfig(service_account_kubeconfig(
+        operator_kubeconfig = service_account_kubeconfig(
             cluster, namespace=ns, service_account=operator_sa, user="operator",
-            path=tmp / "operator.kubeconfig"))
+            path=tmp / "operator.kubeconfig")
+        operator_api = api_client_from_kubeconfig(operator_kubeconfig)
         clients += [worker_api, operator_api]
         e = Env(ns, client.CoordinationV1Api(kube), client.CoordinationV1Api(worker_api),
-                client.CoordinationV1Api(operator_api))
+                client.CoordinationV1Api(operator_api), Path(operator_kubeconfig))
         # the objects the rows act on, made by the admin
         e.admin.create_namespaced_lease(ns, _lease("other-app-leader", holder="other-app-0"))
         e.admin.create_namespaced_lease(ns, _lease(
@@ -631,37 +652,30 @@ def test_the_operators_delete_takes_only_a_free_completed_lock_at_the_version_re
     holder (raised: the driver logs it and does not ask again until the lock changes); a
     free lock that records its completion, at a resourceVersion it is no longer at, is not
     deleted (the precondition: False); at the version read, it is deleted."""
-    import asyncio
-
     from kgroup_operator.kube import Kube
-
-    kube_op = Kube(env.operator.api_client, identity="e2e")
 
     def delete(n: int, rv: str | None = None) -> bool:
         body = read(env, f"{P}{n}")
-        return asyncio.run(kube_op.delete_partition_lease(
+        return as_operator(env, lambda api: Kube(api, identity="e2e").delete_partition_lease(
             namespace=env.ns, name=f"{P}{n}", seen_rv=rv or body["metadata"]["resourceVersion"],
             uid=body["metadata"]["uid"]))
 
-    try:
-        with pytest.raises(client.ApiException) as refused:
-            delete(31)
-        assert refused.value.status == 403
-        message = json.loads(refused.value.body or "{}")["message"]
-        assert 'may not delete Lease ' + f"{env.ns}/{P}31" in message, message
-        assert 'it is held by "pod-b"' in message, message
-        before = read(env, f"{P}34")["metadata"]["resourceVersion"]
-        env.admin.patch_namespaced_lease(f"{P}34", env.ns, {  # changed since it was read
-            "metadata": {"annotations": {"kgroup.dev/assigned": "pod-a"}}})
-        assert delete(34, before) is False
-        assert read(env, f"{P}34")["metadata"]["name"] == f"{P}34"  # still there
-        assert delete(34) is True
-        with pytest.raises(client.ApiException) as gone:
-            read(env, f"{P}34")
-        assert gone.value.status == 404
-        assert read(env, f"{P}31")["spec"]["holderIdentity"] == "pod-b"  # untouched
-    finally:
-        kube_op.close()
+    with pytest.raises(ApiError) as refused:
+        delete(31)
+    assert refused.value.status == 403
+    message = refused.value.body["message"]
+    assert 'may not delete Lease ' + f"{env.ns}/{P}31" in message, message
+    assert 'it is held by "pod-b"' in message, message
+    before = read(env, f"{P}34")["metadata"]["resourceVersion"]
+    env.admin.patch_namespaced_lease(f"{P}34", env.ns, {  # changed since it was read
+        "metadata": {"annotations": {"kgroup.dev/assigned": "pod-a"}}})
+    assert delete(34, before) is False
+    assert read(env, f"{P}34")["metadata"]["name"] == f"{P}34"  # still there
+    assert delete(34) is True
+    with pytest.raises(client.ApiException) as gone:
+        read(env, f"{P}34")
+    assert gone.value.status == 404
+    assert read(env, f"{P}31")["spec"]["holderIdentity"] == "pod-b"  # untouched
 
 
 def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_it(
@@ -674,8 +688,6 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
     mark (kgroup_operator.kube, conditional on the lock as read, under the operator's
     token) moves it to the new uid, and then it is allowed (a new session re-acquiring the
     name's lock), after which the new pod is the holder and its release is allowed."""
-    import asyncio
-
     from kgroup_operator.kube import Kube
 
     core = client.CoreV1Api(kube)
@@ -737,9 +749,8 @@ def test_a_pod_re_created_under_its_name_acquires_only_once_the_operator_marked_
         message = refusal(acquire("pod-r", 1, session="s-2", uid=new_uid))
         assert (f"pod pod-r (uid {new_uid}) may not take partition lock {P}20: it is "
                 f"assigned to the pod of that name with uid {old_uid}") in message, message
-        kube_op = Kube(env.operator.api_client, identity="e2e")
         seen = read(env, f"{P}20")["metadata"]["resourceVersion"]
-        stored = asyncio.run(kube_op.mark_partition_lease(
+        stored = as_operator(env, lambda api: Kube(api, identity="e2e").mark_partition_lease(
             namespace=env.ns, group=GROUP, partition=20, member="pod-r", uid=new_uid,
             seen_rv=seen))
         assert stored is not None
@@ -762,26 +773,30 @@ def test_the_operators_leader_election_passes_its_policy_and_labels_its_lease(
 
     env.admin.delete_namespaced_lease(LEADER, env.ns)
     env.admin.create_namespaced_lease(env.ns, _lease(LEADER))  # unlabelled, free
-    elector = LeaseElector(env.operator.api_client, namespace=env.ns, name=LEADER,
-                           identity="operator-1", duration=15)
+
+    def elector(api: ApiClient, name: str = LEADER) -> LeaseElector:
+        return LeaseElector(api, namespace=env.ns, name=name, identity="operator-1",
+                            duration=15)
+
+    async def acquire(api: ApiClient) -> bool:
+        return await elector(api)._try_acquire()
 
     def role() -> str | None:
         labels: dict[str, str] = read(env, LEADER)["metadata"].get("labels") or {}
         return labels.get("kgroup.dev/role")
 
     assert role() is None
-    assert elector._try_acquire()  # a replace that adds the labels
+    assert as_operator(env, acquire)  # a replace that adds the labels
     assert role() == "operator-leader" and read(env, LEADER)["spec"]["holderIdentity"] == \
         "operator-1"
-    assert elector._renew()
+
+    assert as_operator(env, lambda api: elector(api)._renew())
     env.admin.delete_namespaced_lease(LEADER, env.ns)
-    assert elector._try_acquire()  # 404: a create, labelled
+    assert as_operator(env, acquire)  # 404: a create, labelled
     assert role() == "operator-leader"
     env.admin.create_namespaced_lease(env.ns, _lease("kgroup-not-mine"))
-    stranger = LeaseElector(env.operator.api_client, namespace=env.ns, name="kgroup-not-mine",
-                            identity="operator-1", duration=15)
-    with pytest.raises(client.ApiException) as info:  # RBAC: only its own leader Lease
-        stranger._try_acquire()
+    with pytest.raises(ApiError) as info:  # RBAC: only its own leader Lease
+        as_operator(env, lambda api: elector(api, "kgroup-not-mine")._try_acquire())
     assert info.value.status == 403
 
 

@@ -23,6 +23,7 @@ from kubernetes import client
 from operator_harness import GROUP, Members, OperatorProcess
 from test_operator import event_reasons, get_status, make_group, make_pods
 
+from kgroup.apiclient import ApiClient, ApiConfig, kubeconfig_config
 from kgroup.core.load import encode_load
 from kgroup.core.operator.status import parse_timestamp
 from kgroup_devcluster import Cluster
@@ -182,13 +183,24 @@ def test_the_charts_rbac_lets_the_operator_scale_and_nothing_more(
 
     impersonated = admin_api_client(cluster)
     impersonated.set_default_header("Impersonate-User", user)  # type: ignore[no-untyped-call]
-    ops = Kube(impersonated, identity="e2e")
+    admin = kubeconfig_config(cluster.kubeconfig)
+
+    class AsOperator(ApiConfig):  # the shipped client, impersonating the operator
+        def headers(self) -> dict[str, str]:
+            return {**super().headers(), "Impersonate-User": user}
+
+    as_operator = AsOperator(admin.server, admin.ssl_context, admin.token, admin.token_file)
     try:
         async def scale() -> dict[str, Any] | None:
-            seen = await ops.read_scale(namespace, "Deployment", TARGET)
-            assert seen is not None and seen["spec"]["replicas"] == 1
-            return await ops.patch_scale(namespace, "Deployment", TARGET, replicas=2,
-                                         seen_rv=seen["metadata"]["resourceVersion"])
+            api = ApiClient(as_operator)
+            try:
+                ops = Kube(api, identity="e2e")
+                seen = await ops.read_scale(namespace, "Deployment", TARGET)
+                assert seen is not None and seen["spec"]["replicas"] == 1
+                return await ops.patch_scale(namespace, "Deployment", TARGET, replicas=2,
+                                             seen_rv=seen["metadata"]["resourceVersion"])
+            finally:
+                await api.close()
 
         stored = asyncio.run(scale())
         assert stored is not None and stored["spec"]["replicas"] == 2
@@ -198,7 +210,6 @@ def test_the_charts_rbac_lets_the_operator_scale_and_nothing_more(
                 TARGET, namespace, {"spec": {"replicas": 3}})
         assert refused.value.status == 403
     finally:
-        ops.close()
         impersonated.close()  # type: ignore[no-untyped-call]
 
 

@@ -7,11 +7,11 @@ member Leases it would have watched), so no watch runs."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 from kubernetes import client
+from operator_harness import operator_api, run_closing
 
 from kgroup import constants as C
 from kgroup.core import lease_codec as codec
@@ -71,7 +71,7 @@ def make_group(kube: client.ApiClient, namespace: str) -> Obj:
     return body
 
 
-def controller(kube: client.ApiClient, namespace: str, body: Obj, now: list[float]
+def controller(cluster: Cluster, namespace: str, body: Obj, now: list[float]
                ) -> tuple[GroupController, Recording]:
     cache = Cache(synced=True, known={(namespace, GROUP)})
     cache.put_pod(namespace, {"metadata": {"name": "a", "labels": {"app": "crt"},
@@ -84,7 +84,7 @@ def controller(kube: client.ApiClient, namespace: str, body: Obj, now: list[floa
                      "labels": {C.LABEL_GROUP: GROUP, C.LABEL_ROLE: C.ROLE_MEMBER,
                                 C.LABEL_MEMBER: "a"}},
         "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}, now[0])
-    rec = Recording(kube, identity="e2e-creates")
+    rec = Recording(operator_api(cluster), identity="e2e-creates")
     rec.calls, rec.down, rec.bodies = [], set(), []
     ctl = GroupController((namespace, GROUP), cache=cache, kube=rec, metrics=Metrics(),
                           settings=OperatorSettings(), clock=lambda: now[0])
@@ -107,8 +107,8 @@ def test_a_pass_creates_each_missing_lock_as_the_codec_builds_it_and_a_squatter_
     coord.create_namespaced_lease(namespace, {
         "metadata": {"name": squat, "labels": {"app": "other"}}, "spec": {}})
     body, now = make_group(kube, namespace), [100.0]
-    ctl, rec = controller(kube, namespace, body, now)
-    asyncio.run(ctl.reconcile())
+    ctl, rec = controller(cluster, namespace, body, now)
+    run_closing(rec.api, ctl.reconcile())
     creates = [("create", f"{GROUP}-partition-{p}") for p in range(4)]
     # the 409 is read back on the create lane, before the status write
     assert rec.calls[:4] == creates
@@ -121,7 +121,7 @@ def test_a_pass_creates_each_missing_lock_as_the_codec_builds_it_and_a_squatter_
     assert stored[squat].metadata.labels == {"app": "other"}  # left as it was
     rec.calls = []
     now[0] += 6.0  # past the 5 s recheck of a create: not yet the 30 s of a squatted name
-    asyncio.run(ctl.reconcile())
+    run_closing(rec.api, ctl.reconcile())
     # not shown by the watch (none runs): asked again, the squatted name not yet
     assert [c for c in rec.calls if c[0] == "create"] == [creates[0], creates[1], creates[3]]
     assert ("event", "LeaseNameTaken") in rec.calls
@@ -134,9 +134,9 @@ def test_a_create_without_an_answer_ends_the_pass_before_the_status_write(
     cluster: Cluster, kube: client.ApiClient, crd: list[str], namespace: str,
 ) -> None:
     body, now = make_group(kube, namespace), [100.0]
-    ctl, rec = controller(kube, namespace, body, now)
+    ctl, rec = controller(cluster, namespace, body, now)
     rec.down.add(f"{GROUP}-partition-1")
-    assert asyncio.run(ctl.reconcile()) == API_RETRY_SECONDS
+    assert run_closing(rec.api, ctl.reconcile()) == API_RETRY_SECONDS
     assert rec.calls == [("create", f"{GROUP}-partition-{p}") for p in range(4)]
     assert f"{GROUP}-partition-1" not in locks(kube, namespace)
     custom: Any = client.CustomObjectsApi(kube)
@@ -144,7 +144,7 @@ def test_a_create_without_an_answer_ends_the_pass_before_the_status_write(
         C.API_GROUP, C.API_VERSION, namespace, C.PLURAL, GROUP).get("status")
     rec.calls, rec.down = [], set()
     now[0] += API_RETRY_SECONDS
-    asyncio.run(ctl.reconcile())
+    run_closing(rec.api, ctl.reconcile())
     assert rec.calls == [("create", f"{GROUP}-partition-1"), ("replace-status", 1),
                          ("event", "RebalanceStarted")]
     assert f"{GROUP}-partition-1" in locks(kube, namespace)

@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from operator_harness import operator_api, run_closing
 
 from kgroup import constants as C
+from kgroup.apiclient import ApiClient
 from kgroup.core.objects import Obj
 from kgroup.core.operator.lease_cache import Cache
 from kgroup.core.ranges import parse_ranges
@@ -117,8 +119,8 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         cache.put_pod(namespace, pod(name))
         cache.put_lease(namespace, member_lease(name, "1" + name.encode().hex()), now[0])
 
-    async def scenario() -> None:
-        rec = Recording(kube, identity="e2e-driver")
+    async def scenario(api: ApiClient) -> None:
+        rec = Recording(api, identity="e2e-driver")
         rec.calls = []
         ctl = GroupController((namespace, GROUP), cache=cache, kube=rec, metrics=Metrics(),
                               settings=OperatorSettings(), clock=lambda: now[0])
@@ -211,7 +213,8 @@ def test_one_pass_makes_exactly_the_calls_its_plan_asks_for(
         assert (notes[C.ANNOTATION_ASSIGNED], notes[C.ANNOTATION_ASSIGNED_UID]) == (
             owner[victim], f"uid-{owner[victim]}")
 
-    asyncio.run(scenario())
+    api = operator_api(cluster)
+    run_closing(api, scenario(api))
 
 
 def test_queued_marks_give_way_to_a_newer_target_and_go_before_creates(
@@ -255,8 +258,8 @@ def test_queued_marks_give_way_to_a_newer_target_and_go_before_creates(
     join("a")
     join("b")
 
-    async def scenario() -> None:
-        rec = Recording(kube, identity="e2e-driver")
+    async def scenario(api: ApiClient) -> None:
+        rec = Recording(api, identity="e2e-driver")
         rec.calls = []
         rec.gate = LockGate(1)
         rec.completions = True
@@ -317,4 +320,5 @@ def test_queued_marks_give_way_to_a_newer_target_and_go_before_creates(
         assert marks_stored() == owners()
         assert set(owners().values()) == {"a", "b", "c", "d", "e"}
 
-    asyncio.run(scenario())
+    api = operator_api(cluster)
+    run_closing(api, scenario(api))

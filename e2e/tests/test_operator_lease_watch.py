@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from operator_harness import operator_api
 
 from kgroup import constants as C
+from kgroup.apiclient import kubeconfig_config
 from kgroup.core.objects import Obj
 from kgroup.core.operator.wakeup import BUSY_READ_PAUSE, QUIET_AFTER, QUIET_READ_PAUSE
 from kgroup_devcluster.cluster import Cluster
@@ -74,7 +76,7 @@ def test_the_watch_sees_its_group_only_and_lists_again_after_410_and_a_restart(
     a, b = C.member_lease_name("g", "a"), C.member_lease_name("g", "b")
 
     async def go() -> None:
-        http = Http(kube.configuration)
+        http = Http(kubeconfig_config(cluster.kubeconfig))
         seen = Seen()
         w = LeaseWatch(http, namespace, "g", on_list=seen.on_list, on_event=seen.on_event)
         try:
@@ -118,7 +120,7 @@ def test_the_watch_sees_its_group_only_and_lists_again_after_410_and_a_restart(
 
 
 def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
-        kube: client.ApiClient, namespace: str) -> None:
+        cluster: Cluster, kube: client.ApiClient, namespace: str) -> None:
     """The pace of the reads (``pause``: ``GroupController.read_pause``): after a read the
     watch leaves the stream alone for that long, and a poke of the group (``hurry``) ends
     the pause at once."""
@@ -126,7 +128,7 @@ def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
     names = [C.member_lease_name("g", m) for m in ("a", "b", "c")]
 
     async def go() -> None:
-        http = Http(kube.configuration)
+        http = Http(kubeconfig_config(cluster.kubeconfig))
         seen = Seen()
         pace = [60.0]  # quiet; then, as a poke makes the group busy, fast
         w = LeaseWatch(http, namespace, "g", on_list=seen.on_list, on_event=seen.on_event,
@@ -169,7 +171,8 @@ def test_the_watch_pauses_between_reads_as_told_and_a_hurry_ends_the_pause(
 
 
 def test_a_group_created_and_deleted_while_running_starts_and_stops_its_watch(
-        kube: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: Cluster, kube: client.ApiClient, namespace: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """GroupLoops' own wiring (the group loop's passes left out: only the cache is
     looked at): a group seen lists its Leases into the cache, its events follow, its
     watch reads at the group's pace and a poke hurries it; deleted,
@@ -185,7 +188,8 @@ def test_a_group_created_and_deleted_while_running_starts_and_stops_its_watch(
             "spec": {"selector": {"matchLabels": {"app": "late"}}, "partitions": 2}}
 
     async def go() -> None:
-        rt = GroupLoops(kube=Kube(kube, identity="test"), settings=OperatorSettings())
+        rt = GroupLoops(kube=Kube(operator_api(cluster), identity="test"),
+                        settings=OperatorSettings())
         try:
             rt.group_seen(key, body)
             c = rt.controllers[key]
@@ -216,5 +220,6 @@ def test_a_group_created_and_deleted_while_running_starts_and_stops_its_watch(
             assert set(rt.cache.group(key).members) == {"a", "b", "c"}
         finally:
             await rt.stop()
+            await rt.kube.api.close()
 
     asyncio.run(go())

@@ -25,11 +25,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kgroup.apiclient import ApiClient, kubeconfig_config
 from kgroup.client import SidecarClient, SidecarError
 from kgroup_devcluster.cluster import Cluster
 from kgroup_devcluster.pytest_plugin import wait_for
 from kgroup_devcluster.tokens import api_client_from_kubeconfig, pod_kubeconfig
-from kgroup_sidecar.apiclient import ApiClient, kubeconfig_config
 from kgroup_sidecar.events import EventPoster, Pod
 from kgroup_testing.sidecar_harness import ScriptedTarget, SidecarProcess
 

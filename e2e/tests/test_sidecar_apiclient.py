@@ -1,4 +1,4 @@
-"""The sidecar's own Kubernetes client (kgroup_sidecar.apiclient, aiohttp) and its watches
+"""The sidecar's own Kubernetes client (kgroup.apiclient, aiohttp) and its watches
 (kgroup_sidecar.kube) on the real API server, at the edges a client library would
 otherwise cover: a watch whose resourceVersion is gone (410, re-list), a watch broken by
 an API server restart, a stale conditional write (409), a rotated service-account token,
@@ -20,19 +20,20 @@ import pytest
 from kubernetes import client
 
 from kgroup import kube_watch
-from kgroup.core import watch_stream as ws
-from kgroup.core.lease_codec import slim
-from kgroup.core.objects import Obj
-from kgroup_devcluster.cluster import Cluster
-from kgroup_devcluster.tokens import request_token
-from kgroup_sidecar.apiclient import (
+from kgroup.apiclient import (
+    LEASES,
     ApiClient,
     ApiError,
     Resource,
     in_cluster_config,
     kubeconfig_config,
 )
-from kgroup_sidecar.kube import LEASES, KubeAdapter
+from kgroup.core import watch_stream as ws
+from kgroup.core.lease_codec import slim
+from kgroup.core.objects import Obj
+from kgroup_devcluster.cluster import Cluster
+from kgroup_devcluster.tokens import request_token
+from kgroup_sidecar.kube import KubeAdapter
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
@@ -296,7 +297,7 @@ def test_in_cluster_config_reads_a_rotated_token_at_once(
 
 
 def test_in_cluster_config_needs_the_service_host(tmp_path: Path) -> None:
-    from kgroup_sidecar.apiclient import ConfigError
+    from kgroup.apiclient import ConfigError
     with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster_config({}, tmp_path)
 

@@ -43,10 +43,9 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
-from urllib3.exceptions import HTTPError
 
+from kgroup.apiclient import ApiError
 from kgroup.core.lease_codec import not_older
 from kgroup.core.operator import lock_requests
 from kgroup.core.operator.assignment_marks import mark_chains
@@ -85,7 +84,7 @@ from kgroup.core.operator.retention import Deletion, deletion_chains
 from kgroup.core.operator.wakeup import Quiet, after_pass, on_timer, pass_pause, read_pause
 from kgroup.crd_models import ConsumerGroupSpec, LabelSelector
 
-from .kube import Conflict, Kube, Superseded
+from .kube import API_ERRORS, Conflict, Kube, Superseded
 from .lock_gate import Urgency
 from .metrics import Metrics
 from .settings import OperatorSettings
@@ -212,7 +211,7 @@ class GroupController:
             if not task.result():
                 return
             log.warning("lock writes of %s/%s: API unavailable; deciding again", *self.key)
-        elif isinstance(exc, (ApiException, HTTPError, OSError)):
+        elif isinstance(exc, API_ERRORS):
             log.warning("lock writes of %s/%s: API unavailable (%s); deciding again",
                         *self.key, type(exc).__name__)
         else:
@@ -245,7 +244,7 @@ class GroupController:
                 self.failures = 0
             except asyncio.CancelledError:
                 raise
-            except (ApiException, HTTPError, OSError) as exc:
+            except API_ERRORS as exc:
                 self.quiet = None
                 log.warning("reconcile of %s/%s: API unavailable (%s); retrying", *self.key,
                             type(exc).__name__)
@@ -346,7 +345,7 @@ class GroupController:
         self.scale_ref, self.scale_read_at = key, now
         try:
             self.scale = await self.kube.read_scale(self.key[0], ref.kind, ref.name)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status not in (401, 403):
                 raise
             self.scale = None
@@ -370,8 +369,8 @@ class GroupController:
         try:
             stored = await self.kube.patch_scale(self.key[0], kind, target,
                                                  replicas=change.replicas, seen_rv=str(seen))
-        except (ApiException, HTTPError, OSError) as exc:
-            why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) \
+        except API_ERRORS as exc:
+            why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiError) \
                 else type(exc).__name__
             self.scale_problem = f"cannot set the replicas of {kind} {target}: {why}"
             log.warning("%s/%s: %s", *self.key, self.scale_problem)
@@ -464,7 +463,7 @@ class GroupController:
                     deleted = await self.kube.delete_partition_lease(
                         namespace=namespace, name=request.name, seen_rv=request.seen_rv,
                         uid=request.uid)
-                except ApiException as exc:
+                except ApiError as exc:
                     if exc.status != 403:
                         raise
                     log.warning("%s/%s: delete of Lease %s forbidden: %s", *self.key,
@@ -480,7 +479,7 @@ class GroupController:
                 raise TypeError(f"unknown request {request!r}")
         except Superseded:
             return lock_requests.Superseded()
-        except (ApiException, HTTPError, OSError) as exc:
+        except API_ERRORS as exc:
             return NoAnswer(type(exc).__name__)
         return Ok(stored) if stored is not None else Refused(409)  # 409 or 404: changed
 

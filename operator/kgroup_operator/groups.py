@@ -102,7 +102,7 @@ class GroupLoops:
                 self.lease_event(namespace, kind, body)
 
         if self.http is None:
-            self.http = Http(self.kube.api.configuration)
+            self.http = Http(self.kube.api.config)
         w = LeaseWatch(self.http, namespace, key[1], on_list=listed, on_event=event,
                        pause=c.read_pause)
         c.hurry = w.hurry  # a poke of the group ends the watch's pause between reads

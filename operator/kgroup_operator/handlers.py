@@ -14,12 +14,14 @@ and move partitions).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
 import orjson
 
 from kgroup import constants as C
+from kgroup.apiclient import SERVICE_ACCOUNT
 from kgroup.core.operator.injection import needs_sidecar
 
 from .groups import GroupLoops
@@ -30,6 +32,31 @@ log = logging.getLogger(__name__)
 def _rt(memo: Any) -> GroupLoops:
     rt: GroupLoops = memo.groups
     return rt
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's credentials, from the source the operator's own client reads
+    (:func:`kgroup.apiclient.default_config`): ``KUBECONFIG`` or, outside a pod,
+    ``~/.kube/config`` (kopf's own kubeconfig login); in a pod the service account at
+    ``KUBERNETES_SERVICE_HOST``/``_PORT``, as client-go reaches it (kopf's own
+    service-account login names ``kubernetes.default.svc``, a name to resolve). kopf calls
+    this again after a 401, so a rotated token is read again. Registering it also keeps
+    kopf from logging in through the ``kubernetes`` client when one is installed."""
+    account_token = SERVICE_ACCOUNT / "token"
+    if os.environ.get("KUBECONFIG") or not account_token.exists():
+        return kopf.login_with_kubeconfig(settings=settings, **kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get(
+        "KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise kopf.LoginError("in a pod without KUBERNETES_SERVICE_HOST/PORT")
+    namespace = SERVICE_ACCOUNT / "namespace"
+    return kopf.ConnectionInfo(
+        server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
+        ca_path=str(SERVICE_ACCOUNT / "ca.crt"),
+        token=account_token.read_text().strip() or None,
+        default_namespace=namespace.read_text().strip() if namespace.exists() else None,
+        trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()

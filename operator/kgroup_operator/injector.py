@@ -36,15 +36,14 @@ from typing import Any
 
 import jsonpatch
 import kopf
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kgroup import constants as C
+from kgroup.apiclient import ApiClient
 from kgroup.core.operator.injection import InjectionRefused, SidecarDefaults, inject
 
 from .certs import write_pair
 from .injector_cert import SecretStore, Stored, settle
-from .kube import publish_webhook_ca
+from .kube import API_ERRORS, publish_webhook_ca
 from .settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -114,7 +113,7 @@ def _server(s: OperatorSettings, cert: Path, key: Path) -> kopf.WebhookServer:
                               file_check_interval=_check_interval(s))
 
 
-async def _keep_in_step(inj: Injector, api: client.ApiClient, store: SecretStore, cert_dir: Path,
+async def _keep_in_step(inj: Injector, api: ApiClient, store: SecretStore, cert_dir: Path,
                         stored: Stored) -> None:
     """Serve what the Secret holds, for ever: its files rewritten when the Secret
     changes (kopf's server reloads them), its CA bundle published when it changes, a
@@ -130,17 +129,16 @@ async def _keep_in_step(inj: Injector, api: client.ApiClient, store: SecretStore
                 served = stored.data
                 log.info("injector certificate files replaced from the Secret")
             if s.injector_webhook and stored.data["ca.crt"] != published:
-                n = await asyncio.to_thread(publish_webhook_ca, api, s.injector_webhook,
-                                            stored.data["ca.crt"])
+                n = await publish_webhook_ca(api, s.injector_webhook, stored.data["ca.crt"])
                 published = stored.data["ca.crt"]
                 log.info("injector CA written to %d webhook(s) of %s", n, s.injector_webhook)
-        except (OSError, ApiException) as exc:  # retried at the next turn
+        except API_ERRORS as exc:  # retried at the next turn
             log.error("injector certificate: %s", exc)
         await asyncio.sleep(_check_interval(s))
         stored = await settle(store, names, s.injector_cert_seconds, settle_seconds(s))
 
 
-async def _run(inj: Injector, api: client.ApiClient) -> None:
+async def _run(inj: Injector, api: ApiClient) -> None:
     s = inj.settings
     if s.injector_cert_dir:
         d = Path(s.injector_cert_dir)
@@ -157,7 +155,7 @@ async def _run(inj: Injector, api: client.ApiClient) -> None:
                          _keep_in_step(inj, api, store, cert_dir, stored))
 
 
-def start(inj: Injector, api: client.ApiClient) -> asyncio.Task[None]:
+def start(inj: Injector, api: ApiClient) -> asyncio.Task[None]:
     """Serve the injector from now until the task is cancelled; a failure is logged and
     the process's readiness (the webhook's handshake) shows it."""
 

@@ -17,14 +17,13 @@ import base64
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
+from kgroup.apiclient import SECRETS, ApiClient, ApiError
 from kgroup.constants import MANAGED_BY
 
 from .certs import Step, held, make_pair, next_step
+from .kube import API_ERRORS, REQUEST_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +42,21 @@ class Stored:
 
 
 class SecretStore:
-    """Reads and conditional writes of the one Secret (blocking calls: run in a thread)."""
+    """Reads and conditional writes of the one Secret."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
-        self.core = client.CoreV1Api(api)
+    def __init__(self, api: ApiClient, namespace: str, name: str) -> None:
+        self.api = api
         self.namespace = namespace
         self.name = name
 
-    def read(self) -> Stored:
-        try:
-            s: Any = self.core.read_namespaced_secret(self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return Stored({}, None)
-            raise
-        data = {k: base64.b64decode(v) for k, v in (s.data or {}).items()}
-        return Stored(data, s.metadata.resource_version)
+    async def read(self) -> Stored:
+        s = await self.api.get(SECRETS, self.namespace, self.name, timeout=REQUEST_TIMEOUT)
+        if s is None:
+            return Stored({}, None)
+        data = {k: base64.b64decode(v) for k, v in (s.get("data") or {}).items()}
+        return Stored(data, s["metadata"]["resourceVersion"])
 
-    def write(self, seen: Stored, data: dict[str, bytes]) -> bool:
+    async def write(self, seen: Stored, data: dict[str, bytes]) -> bool:
         """Replace what ``seen`` read with ``data``; False when another writer was first."""
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
                                 "labels": {MANAGED_BY: "kgroup-operator"}}
@@ -68,12 +64,12 @@ class SecretStore:
                 "data": {k: base64.b64encode(v).decode("ascii") for k, v in data.items()}}
         try:
             if seen.resource_version is None:
-                self.core.create_namespaced_secret(self.namespace, cast(Any, body))
+                await self.api.create(SECRETS, self.namespace, body, timeout=REQUEST_TIMEOUT)
             else:
                 meta["resourceVersion"] = seen.resource_version
-                self.core.replace_namespaced_secret(self.name, self.namespace,
-                                                    cast(Any, body))
-        except ApiException as exc:
+                await self.api.replace(SECRETS, self.namespace, body,
+                                       timeout=REQUEST_TIMEOUT)
+        except ApiError as exc:
             if exc.status in (409, 404):  # someone else wrote (or deleted) it first
                 return False
             raise
@@ -90,12 +86,12 @@ def _held(stored: Stored) -> Any:
         return None
 
 
-def step_once(store: SecretStore, names: list[str], valid_seconds: float,
-              settle_seconds: float, now: datetime | None = None) -> Stored:
-    """One read, then at most one conditional write (blocking). Returns what the Secret
+async def step_once(store: SecretStore, names: list[str], valid_seconds: float,
+                    settle_seconds: float, now: datetime | None = None) -> Stored:
+    """One read, then at most one conditional write. Returns what the Secret
     holds afterwards: the written pair, or after a lost race the winner's (read again)."""
     now = now or datetime.now(UTC)
-    seen = store.read()
+    seen = await store.read()
     step = next_step(_held(seen), now, settle_seconds)
     if step is Step.KEEP:
         return seen
@@ -106,10 +102,10 @@ def step_once(store: SecretStore, names: list[str], valid_seconds: float,
         pair = make_pair(names, now, valid_seconds)
         bundle = pair.ca_pem + (seen.data.get("ca.crt", b"") if step is Step.RENEW else b"")
         data = {"tls.crt": pair.cert_pem, "tls.key": pair.key_pem, "ca.crt": bundle}
-    if store.write(seen, data):
+    if await store.write(seen, data):
         log.info("injector certificate: %s (Secret %s/%s)", step.value, store.namespace,
                  store.name)
-    return store.read()  # ours, or after a lost race the winner's
+    return await store.read()  # ours, or after a lost race the winner's
 
 
 async def settle(store: SecretStore, names: list[str], valid_seconds: float,
@@ -118,13 +114,13 @@ async def settle(store: SecretStore, names: list[str], valid_seconds: float,
     the API server refuses or cannot be reached)."""
     while True:
         try:
-            got = await asyncio.to_thread(step_once, store, names, valid_seconds,
-                                          settle_seconds)
+            got = await step_once(store, names, valid_seconds, settle_seconds)
             if got.usable():
                 return got
-        except ApiException as exc:
+        except ApiError as exc:
             log.warning("injector Secret %s/%s: %s %s", store.namespace, store.name,
                         exc.status, exc.reason)
-        except OSError as exc:
-            log.warning("injector Secret %s/%s: %s", store.namespace, store.name, exc)
+        except API_ERRORS as exc:
+            log.warning("injector Secret %s/%s: %s", store.namespace, store.name,
+                        type(exc).__name__)
         await asyncio.sleep(2.0)

@@ -2,9 +2,9 @@
 
 The decisions (when a standby may take the Lease, when the leader must stop) are
 :class:`kgroup.core.operator.leader_election.Election`'s, on the monotonic clock this adapter passes
-in; here are the calls. An attempt is one read, then at most one write (a create, or a
-replace with the read's resourceVersion as precondition); a renewal is one read and one
-replace.
+in; here are the calls (:class:`kgroup.apiclient.ApiClient`). An attempt is one read, then
+at most one write (a create, or a replace with the read's resourceVersion as
+precondition); a renewal is one read and one replace, conditional the same way.
 
 The Lease carries kgroup's labels (``kgroup.dev/role=operator-leader``): the chart's
 admission policy lets the operator write no Lease without them (a Lease left unlabelled by
@@ -14,20 +14,24 @@ an older version is labelled at the next write).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
+from kgroup.apiclient import LEASES, ApiClient, ApiError
 from kgroup.constants import LABEL_ROLE, MANAGED_BY, ROLE_LEADER
+from kgroup.core.objects import Obj
 from kgroup.core.operator.leader_election import Election, LeaderLease, Write
+
+from .kube import API_ERRORS
 
 log = logging.getLogger(__name__)
 
+REQUEST_TIMEOUT = 5.0
+"""Seconds one read or write of the leader Lease may take."""
 
 LABELS = {LABEL_ROLE: ROLE_LEADER, MANAGED_BY: "kgroup-operator"}
 """The leader Lease's labels (no kgroup.dev/group: it is no group's Lease)."""
@@ -37,20 +41,28 @@ def _now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _labelled(lease: Any) -> Any:
-    """A read Lease (client model) with kgroup's labels added, for a replace."""
-    lease.metadata.labels = {**(lease.metadata.labels or {}), **LABELS}
-    return lease
+def _with(lease: Obj, **spec: Any) -> Obj:
+    """A read Lease with ``spec`` changed and kgroup's labels added, for a replace (its
+    resourceVersion kept: the replace is conditional on the read)."""
+    new = copy.deepcopy(lease)
+    meta = new.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **LABELS}
+    new["spec"] = {**(new.get("spec") or {}), **spec}
+    return new
+
+
+def _why(exc: BaseException) -> str:
+    return f"{exc.status} {exc.reason}" if isinstance(exc, ApiError) else type(exc).__name__
 
 
 class LeaseElector:
     """Acquire, hold and release one leader Lease."""
 
     def __init__(
-        self, api: client.ApiClient, *, namespace: str, name: str, identity: str, duration: float,
+        self, api: ApiClient, *, namespace: str, name: str, identity: str, duration: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.coord = client.CoordinationV1Api(api)
+        self.api = api
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -58,10 +70,9 @@ class LeaseElector:
         self.clock = clock
         self.election = Election(identity, duration)
 
-    def _body(self, rv: str | None, transitions: int) -> dict[str, Any]:
+    def _body(self, rv: str | None, transitions: int) -> Obj:
         now = _now_micro()
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
-                                "labels": dict(LABELS)}
+        meta: Obj = {"name": self.name, "namespace": self.namespace, "labels": dict(LABELS)}
         if rv:
             meta["resourceVersion"] = rv
         return {
@@ -77,37 +88,35 @@ class LeaseElector:
             },
         }
 
-    def _try_acquire(self) -> bool:
-        """One attempt (blocking): one read, then the write the election decides; True when
-        we hold the Lease now."""
-        try:
-            lease = self.coord.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            lease = None
+    async def _read(self) -> Obj | None:
+        return await self.api.get(LEASES, self.namespace, self.name, timeout=REQUEST_TIMEOUT)
+
+    async def _try_acquire(self) -> bool:
+        """One attempt: one read, then the write the election decides; True when we hold
+        the Lease now."""
+        lease = await self._read()
         now = self.clock()
         if lease is None:
             attempt = self.election.after_read(None, now)
         else:
-            spec = lease.spec
-            assert spec is not None and lease.metadata is not None
-            seen = LeaderLease(spec.holder_identity, str(spec.renew_time),
-                               spec.lease_duration_seconds, int(spec.lease_transitions or 0))
+            spec = lease.get("spec") or {}
+            seen = LeaderLease(spec.get("holderIdentity"), spec.get("renewTime"),
+                               spec.get("leaseDurationSeconds"),
+                               int(spec.get("leaseTransitions") or 0))
             attempt = self.election.after_read(seen, now)
         if attempt.write is Write.NONE:
             return False
         try:
             if attempt.write is Write.CREATE:
-                self.coord.create_namespaced_lease(self.namespace, cast(Any, self._body(None, 0)))
+                await self.api.create(LEASES, self.namespace, self._body(None, 0),
+                                      timeout=REQUEST_TIMEOUT)
             else:
-                assert lease is not None and lease.metadata is not None
-                self.coord.replace_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    cast(Any, self._body(lease.metadata.resource_version, attempt.transitions)),
-                )
-        except ApiException as exc:
+                assert lease is not None
+                rv = lease["metadata"]["resourceVersion"]
+                await self.api.replace(LEASES, self.namespace,
+                                       self._body(rv, attempt.transitions),
+                                       timeout=REQUEST_TIMEOUT)
+        except ApiError as exc:
             if exc.status == 409:
                 return False
             raise
@@ -118,7 +127,7 @@ class LeaseElector:
         """Wait until this replica is the leader."""
         while True:
             try:
-                if await asyncio.to_thread(self._try_acquire):
+                if await self._try_acquire():
                     log.info(
                         "leader Lease %s/%s acquired by %s",
                         self.namespace,
@@ -126,16 +135,17 @@ class LeaseElector:
                         self.identity,
                     )
                     return
-            except ApiException as exc:
-                log.warning("leader election: %s", exc.reason)
+            except API_ERRORS as exc:
+                log.warning("leader election: %s", _why(exc))
             await asyncio.sleep(self.election.retry_interval)
 
-    def _renew(self) -> bool:
-        lease = self.coord.read_namespaced_lease(self.name, self.namespace)
-        if lease.spec is None or lease.spec.holder_identity != self.identity:
+    async def _renew(self) -> bool:
+        lease = await self._read()
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             return False
-        lease.spec.renew_time = datetime.now(UTC)
-        self.coord.replace_namespaced_lease(self.name, self.namespace, _labelled(lease))
+        # conditional on the read: a 409 (written since) is a failed renewal, retried
+        await self.api.replace(LEASES, self.namespace, _with(lease, renewTime=_now_micro()),
+                               timeout=REQUEST_TIMEOUT)
         return True
 
     async def hold(self, stop: asyncio.Event) -> None:
@@ -147,30 +157,27 @@ class LeaseElector:
             except TimeoutError:
                 pass
             try:
-                if await asyncio.to_thread(self._renew):
+                if await self._renew():
                     self.election.renewed(self.clock())
                 else:
                     log.error("leader Lease taken by another replica; stopping")
                     stop.set()
                     return
-            except ApiException as exc:
-                log.warning("leader Lease renewal failed: %s", exc.reason)
+            except API_ERRORS as exc:
+                log.warning("leader Lease renewal failed: %s", _why(exc))
             if self.election.must_stop(self.clock()):
                 log.error("could not renew the leader Lease in time; stopping")
                 stop.set()
                 return
 
     async def release(self) -> None:
-        def call() -> None:
-            try:
-                lease = self.coord.read_namespaced_lease(self.name, self.namespace)
-                if lease.spec is not None and lease.spec.holder_identity == self.identity:
-                    lease.spec.holder_identity = None
-                    lease.spec.renew_time = None
-                    lease.spec.acquire_time = None
-                    self.coord.replace_namespaced_lease(self.name, self.namespace,
-                                                        _labelled(lease))
-            except Exception as exc:  # best effort: a standby takes over after a duration
-                log.warning("could not release the leader Lease: %s", exc)
-
-        await asyncio.to_thread(call)
+        try:
+            lease = await self._read()
+            if lease is not None and (lease.get("spec") or {}).get(
+                    "holderIdentity") == self.identity:
+                await self.api.replace(LEASES, self.namespace,
+                                       _with(lease, holderIdentity=None, renewTime=None,
+                                             acquireTime=None),
+                                       timeout=REQUEST_TIMEOUT)
+        except Exception as exc:  # best effort: a standby takes over after a duration
+            log.warning("could not release the leader Lease: %s", exc)

@@ -28,8 +28,8 @@ fresh); a 410 Gone lists again, any other break watches again from the last vers
 after a spread backoff when it failed (:class:`kgroup.core.watch_stream.Resume`). Nothing
 polls.
 
-Authentication is the ``kubernetes`` client's configuration (kubeconfig or in-cluster),
-read per request: a rotated in-cluster token is used at once (its refresh hook).
+Address and credentials are the operator's :class:`kgroup.apiclient.ApiConfig` (kubeconfig
+or in-cluster), the token read per request: a rotated in-cluster token is used at once.
 """
 
 from __future__ import annotations
@@ -37,16 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
-from kubernetes import client
 
 from kgroup import constants as C
 from kgroup import kube_watch
+from kgroup.apiclient import ApiConfig
 from kgroup.core import watch_stream as ws
 from kgroup.core.objects import Obj
 
@@ -59,36 +58,24 @@ the watch's owner says otherwise (``pause``)."""
 
 
 class Http:
-    """One aiohttp session to the API server for every Lease watch of the process, its
-    address and credentials from a ``kubernetes`` client configuration. Made lazily,
-    inside the running loop."""
+    """One aiohttp session to the API server for every Lease watch of the process (its
+    connections unbounded: one per watched group), its address and credentials the
+    operator's :class:`ApiConfig`. Made lazily, inside the running loop."""
 
-    def __init__(self, configuration: client.Configuration) -> None:
-        self.configuration = configuration
-        self.server = str(configuration.host).rstrip("/")
+    def __init__(self, config: ApiConfig) -> None:
+        self.config = config
+        self.server = config.server.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
-
-    def _ssl(self) -> ssl.SSLContext | bool:
-        cfg = self.configuration
-        if not self.server.startswith("https:"):
-            return False
-        if not cfg.verify_ssl:
-            return False
-        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-        if cfg.cert_file:
-            ctx.load_cert_chain(cfg.cert_file, cfg.key_file or None)
-        return ctx
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=0),
+                connector=aiohttp.TCPConnector(ssl=self.config.ssl_context, limit=0),
                 cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     def headers(self) -> dict[str, str]:
-        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-        return {"Accept": "application/json", **({"Authorization": token} if token else {})}
+        return {"Accept": "application/json", **self.config.headers()}
 
     def leases_url(self, namespace: str) -> str:
         return f"{self.server}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"

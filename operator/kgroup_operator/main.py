@@ -16,20 +16,19 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from typing import TYPE_CHECKING
 
 import kopf
 from aiohttp import web
-from kubernetes import client, config
 
 from kgroup import __version__
+from kgroup.apiclient import ApiClient, ConfigError, default_config
 from kgroup.logs import FORMATS, LEVELS
 
 from .groups import GroupLoops
-from .kube import Kube
+from .kube import CONNECTIONS, Kube
 from .leader import LeaseElector
 from .metrics import Metrics, serve
 from .settings import OperatorSettings
@@ -101,16 +100,6 @@ def parse_args(argv: list[str] | None, settings: OperatorSettings) -> OperatorSe
     return settings
 
 
-def _load_config() -> client.ApiClient:
-    if os.environ.get("KUBECONFIG") or not os.path.exists(
-        "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    ):
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
-
-
 async def serve_standby_health(port: int, identity: str) -> web.AppRunner | None:
     """``GET /healthz`` → 200 ``{"state": "standby"}`` on 127.0.0.1:``port`` while this
     replica waits for the leader Lease. None when the port cannot be bound (logged: the
@@ -138,7 +127,11 @@ async def run(settings: OperatorSettings) -> int:
 
     log.info("kgroup-operator %s starting as %s", __version__, settings.identity)
     injector = injector_settings(settings)
-    api = _load_config()
+    try:
+        config = default_config()
+    except (ConfigError, OSError, KeyError, ValueError) as exc:
+        raise SystemExit(f"kgroup-operator: no API server configuration: {exc}") from None
+    api = ApiClient(config, connections=CONNECTIONS)  # kopf has its own session
     metrics = Metrics()
     metrics.set_leader(False)
     served = (await serve(metrics, settings.metrics_host, settings.metrics_port)
@@ -154,6 +147,7 @@ async def run(settings: OperatorSettings) -> int:
             from .injector import stop as stop_injector
 
             await stop_injector(injector)
+        await api.close()
         if served is not None:
             await served.cleanup()
 
@@ -178,7 +172,7 @@ def injector_settings(settings: OperatorSettings) -> Injector | None:
         raise SystemExit(f"KGROUP_INJECTOR_SIDECAR: {exc}") from None
 
 
-async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metrics) -> int:
+async def _run(settings: OperatorSettings, api: ApiClient, metrics: Metrics) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -228,7 +222,6 @@ async def _run(settings: OperatorSettings, api: client.ApiClient, metrics: Metri
         )
     finally:
         metrics.set_leader(False)
-        kube.close()
         lost = hold is not None and hold.done() and stop.is_set()
         if hold is not None:
             hold.cancel()

@@ -11,9 +11,9 @@ import logging
 import signal
 
 from kgroup import __version__
+from kgroup.apiclient import ConfigError
 from kgroup.logs import configure as configure_logging
 from kgroup_sidecar import metrics as metrics_http
-from kgroup_sidecar.apiclient import ConfigError
 from kgroup_sidecar.events import EventPoster, Pod
 from kgroup_sidecar.http_api import serve, serve_probes
 from kgroup_sidecar.kube import KubeAdapter

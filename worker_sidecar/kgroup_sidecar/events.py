@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kgroup_sidecar.apiclient import ApiClient, ApiError, Resource
+from kgroup.apiclient import EVENTS, ApiClient, ApiError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,6 @@ AGGREGATE_SECONDS = 600.0
 COMPONENT = "kgroup-sidecar"
 REPORTING_COMPONENT = "kgroup.dev/sidecar"
 MAX_MESSAGE = 1024
-EVENTS = Resource("", "v1", "events")
 REQUEST_TIMEOUT = 10.0
 
 

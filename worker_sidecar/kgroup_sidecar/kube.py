@@ -1,6 +1,6 @@
 """Kubernetes adapter of the sidecar: list+watch tasks and writes, all on the asyncio loop.
 
-Everything runs in the sidecar's one event loop (:mod:`kgroup_sidecar.apiclient`, aiohttp
+Everything runs in the sidecar's one event loop (:mod:`kgroup.apiclient`, aiohttp
 straight to the API server): no threads. Each watch is a task that lists, hands the list to
 ``on_list``, then watches from the list's resourceVersion (with bookmarks) and hands every
 event to ``on_event``: the list+watch loop the operator's Lease watch runs too
@@ -52,20 +52,17 @@ from functools import partial
 import aiohttp
 
 from kgroup import kube_watch
+from kgroup.apiclient import GROUPS, LEASES, ApiClient, ApiError, Gone, Resource, load_config
 from kgroup.constants import (
-    API_GROUP,
-    API_VERSION,
     LABEL_GROUP,
     LABEL_PARTITION,
     LABEL_ROLE,
-    PLURAL,
     ROLE_MEMBER,
     ROLE_PARTITION,
 )
 from kgroup.core import watch_stream as ws
 from kgroup.core.lease_codec import slim
 from kgroup.core.objects import Obj
-from kgroup_sidecar.apiclient import ApiClient, ApiError, Gone, Resource, load_config
 from kgroup_sidecar.metrics import Metrics
 from kgroup_sidecar.settings import Settings
 
@@ -76,8 +73,6 @@ Scope = frozenset[int] | None
 ListHandler = Callable[[str, list[Obj], Scope], None]
 EventHandler = Callable[[str, str, Obj], None]
 
-LEASES = Resource("coordination.k8s.io", "v1", "leases")
-GROUPS = Resource(API_GROUP, API_VERSION, PLURAL)
 LIST_TIMEOUT = 10.0
 LIST_PAGE = 250
 """Objects per list page: the peak of a list is one page decoded whole (≈ 1.2 MB of

@@ -1,12 +1,14 @@
-"""The sidecar's Kubernetes API client: aiohttp straight to the API server.
+"""kgroup's Kubernetes API client, for the sidecar and the operator: aiohttp straight to
+the API server, the library kopf (the operator's framework) talks to it with.
 
-Why not the official ``kubernetes`` package: it is synchronous (the sidecar needed a thread
-per watch and a thread pool for writes) and importing it costs about 10 MB of a process
-whose whole budget is 40 MB (docs/design.md, "The sidecar talks to the API server with
-aiohttp"). The sidecar needs seven requests on three resources: list, watch (JSON lines,
-read by :mod:`kgroup.kube_watch`, as the operator's Lease watch), get, create, conditional
-replace, delete with preconditions, and a merge patch (Events).
-kopf, the operator's framework, talks to the API server the same way.
+Why not the official ``kubernetes`` package: it is synchronous (a thread per watch and a
+thread pool for writes), importing it costs about 10 MB of a sidecar whose whole budget
+is 40 MB and 19 MB of the operator, and it is 123 MB of the operator image's files
+(docs/design.md, "One Kubernetes client stack per process"). Both processes need a handful
+of verbs: list, watch (JSON lines, read by :mod:`kgroup.kube_watch`), get, create,
+replace (conditional on a resourceVersion), delete with preconditions, a JSON merge patch
+and a JSON patch, on namespaced and cluster-scoped resources and on the ``status`` and
+``scale`` subresources.
 
 Configuration, as client-go reads it:
 
@@ -31,7 +33,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from kgroup.constants import API_GROUP, API_VERSION, PLURAL
 from kgroup.core.objects import Obj
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -64,16 +67,38 @@ class Gone(ApiError):
 
 @dataclass(frozen=True)
 class Resource:
-    """A namespaced resource: ``group`` "" is the core API."""
+    """A resource: ``group`` "" is the core API; ``namespaced`` False for a cluster-scoped
+    one (its namespace is then ignored)."""
 
     group: str
     version: str
     plural: str
+    namespaced: bool = True
 
-    def path(self, namespace: str, name: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        """The object's path; the collection's without ``name`` (every namespace's when
+        ``namespace`` is None)."""
         base = "/api/" + self.version if not self.group else f"/apis/{self.group}/{self.version}"
-        path = f"{base}/namespaces/{quote(namespace, safe='')}/{self.plural}"
-        return path if name is None else f"{path}/{quote(name, safe='')}"
+        if self.namespaced and namespace is not None:
+            base = f"{base}/namespaces/{quote(namespace, safe='')}"
+        path = f"{base}/{self.plural}"
+        if name is None:
+            return path
+        path = f"{path}/{quote(name, safe='')}"
+        return path if subresource is None else f"{path}/{subresource}"
+
+
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
+GROUPS = Resource(API_GROUP, API_VERSION, PLURAL)
+"""ConsumerGroups."""
+EVENTS = Resource("", "v1", "events")
+PODS = Resource("", "v1", "pods")
+SECRETS = Resource("", "v1", "secrets")
+STATEFULSETS = Resource("apps", "v1", "statefulsets")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
+                             "mutatingwebhookconfigurations", namespaced=False)
 
 
 class TokenFile:
@@ -142,11 +167,20 @@ def _named(items: list[Obj], name: str, key: str) -> Obj:
     raise ConfigError(f"kubeconfig: no {key} named {name!r}")
 
 
-def kubeconfig_config(path: str | Path) -> ApiConfig:
-    """The current context of a kubeconfig: server, CA, client certificate or token."""
+def kubeconfig_context(path: str | Path, context: str | None = None) -> Obj:
+    """The named context of a kubeconfig (its current one when ``context`` is None)."""
+    doc = _read_config(Path(path))
+    return _named(doc.get("contexts") or [], context or str(doc.get("current-context")),
+                  "context")
+
+
+def kubeconfig_config(path: str | Path, context_name: str | None = None) -> ApiConfig:
+    """A context of a kubeconfig (its current one by default): server, CA, client
+    certificate or token."""
     path = Path(path)
     doc = _read_config(path)
-    context = _named(doc.get("contexts") or [], str(doc.get("current-context")), "context")
+    context = _named(doc.get("contexts") or [], context_name or str(doc.get("current-context")),
+                     "context")
     cluster = _named(doc.get("clusters") or [], str(context.get("cluster")), "cluster")
     user = _named(doc.get("users") or [], str(context.get("user")), "user")
     here = path.parent
@@ -189,6 +223,19 @@ def load_config(kubeconfig: str | None) -> ApiConfig:
     return kubeconfig_config(kubeconfig) if kubeconfig else in_cluster_config()
 
 
+def default_config(environ: Mapping[str, str] | None = None,
+                   account: Path = SERVICE_ACCOUNT) -> ApiConfig:
+    """client-go's rule: ``KUBECONFIG`` (its first file) when set; else the service
+    account when in a pod; else ``~/.kube/config``."""
+    env = os.environ if environ is None else environ
+    kubeconfig = (env.get("KUBECONFIG") or "").split(os.pathsep)[0]
+    if kubeconfig:
+        return kubeconfig_config(kubeconfig)
+    if (account / "token").exists():
+        return in_cluster_config(env, account)
+    return kubeconfig_config(Path.home() / ".kube" / "config")
+
+
 def _query(params: Mapping[str, str | None]) -> dict[str, str]:
     return {k: v for k, v in params.items() if v is not None}
 
@@ -199,31 +246,41 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 
 
 class ApiClient:
-    """Requests to one API server over one aiohttp session (its own connection pool).
-
-    Create it inside the running loop; :meth:`close` it when done."""
+    """Requests to one API server over one aiohttp session (its own connection pool),
+    made at the first request, inside the loop that runs them all; :meth:`close` it when
+    done."""
 
     def __init__(self, config: ApiConfig, *, connections: int = 16) -> None:
         self.config = config
-        connector = aiohttp.TCPConnector(ssl=config.ssl_context, limit=connections)
-        # no cookies, no proxy from the environment: an API server is reached directly
-        self._http = aiohttp.ClientSession(connector=connector,
-                                           cookie_jar=aiohttp.DummyCookieJar(),
-                                           json_serialize=json.dumps)
+        self.connections = connections
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            connector = aiohttp.TCPConnector(ssl=self.config.ssl_context,
+                                             limit=self.connections)
+            # no cookies, no proxy from the environment: an API server is reached directly
+            self._http = aiohttp.ClientSession(connector=connector,
+                                               cookie_jar=aiohttp.DummyCookieJar(),
+                                               json_serialize=json.dumps)
+        return self._http
 
     async def close(self) -> None:
-        await self._http.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def request(self, method: str, path: str, *, timeout: float,
                       params: Mapping[str, str | None] | None = None,
-                      body: Obj | None = None, content_type: str = "application/json") -> Obj:
+                      body: Obj | list[Obj] | None = None,
+                      content_type: str = "application/json") -> Obj:
         """One request; the answer's JSON object (``{}`` for an empty body)."""
         headers = self.config.headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
-        async with self._http.request(method, self.config.server + path,
+        async with self._session().request(method, self.config.server + path,
                                       params=_query(params or {}), data=data,
                                       headers=headers, timeout=_timeout(timeout)) as resp:
             raw = await resp.read()
@@ -234,48 +291,64 @@ class ApiClient:
 
     # ---- the verbs (names as the API's own: RBAC is checked against them) ---------------
 
-    async def get(self, res: Resource, namespace: str, name: str, *, timeout: float
-                  ) -> Obj | None:
-        """The object, or None when it does not exist (404)."""
+    async def get(self, res: Resource, namespace: str | None, name: str, *, timeout: float,
+                  subresource: str | None = None) -> Obj | None:
+        """The object (or its ``subresource``), or None when it does not exist (404).
+        Without a resourceVersion: a quorum read, served from etcd."""
         try:
-            return await self.request("GET", res.path(namespace, name), timeout=timeout)
+            return await self.request("GET", res.path(namespace, name, subresource),
+                                      timeout=timeout)
         except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    async def list(self, res: Resource, namespace: str, *, timeout: float,
+    async def list(self, res: Resource, namespace: str | None, *, timeout: float,
                    label_selector: str | None = None, field_selector: str | None = None,
                    limit: int | None = None, continue_token: str | None = None) -> Obj:
-        """One list answer; with ``limit`` one page of at most that many objects, the next
-        asked for with its ``metadata.continue`` (the same snapshot: every page carries the
-        first one's resourceVersion; a token too old is answered 410 Gone)."""
+        """One list answer (every namespace's when ``namespace`` is None); with ``limit``
+        one page of at most that many objects, the next asked for with its
+        ``metadata.continue`` (the same snapshot: every page carries the first one's
+        resourceVersion; a token too old is answered 410 Gone)."""
         return await self.request("GET", res.path(namespace), timeout=timeout, params={
             "labelSelector": label_selector, "fieldSelector": field_selector,
             "limit": None if limit is None else str(limit), "continue": continue_token})
 
-    async def create(self, res: Resource, namespace: str, body: Obj, *, timeout: float) -> Obj:
+    async def create(self, res: Resource, namespace: str | None, body: Obj, *,
+                     timeout: float) -> Obj:
         return await self.request("POST", res.path(namespace), timeout=timeout, body=body)
 
-    async def replace(self, res: Resource, namespace: str, body: Obj, *, timeout: float
-                      ) -> Obj:
+    async def replace(self, res: Resource, namespace: str | None, body: Obj, *,
+                      timeout: float, subresource: str | None = None) -> Obj:
         """PUT; with ``metadata.resourceVersion`` in the body it is conditional (409)."""
         name = str(body["metadata"]["name"])
-        return await self.request("PUT", res.path(namespace, name), timeout=timeout, body=body)
+        return await self.request("PUT", res.path(namespace, name, subresource),
+                                  timeout=timeout, body=body)
 
-    async def patch(self, res: Resource, namespace: str, name: str, patch: Obj, *,
-                    timeout: float) -> Obj:
-        """A JSON merge patch (RFC 7386)."""
+    async def patch(self, res: Resource, namespace: str | None, name: str, patch: Obj, *,
+                    timeout: float, subresource: str | None = None) -> Obj:
+        """A JSON merge patch (RFC 7386); with ``metadata.resourceVersion`` in it, it is
+        conditional (409)."""
+        return await self.request("PATCH", res.path(namespace, name, subresource),
+                                  timeout=timeout, body=patch,
+                                  content_type="application/merge-patch+json")
+
+    async def json_patch(self, res: Resource, namespace: str | None, name: str,
+                         ops: Sequence[Obj], *, timeout: float) -> Obj:
+        """A JSON patch (RFC 6902): its ``test`` operations make it conditional (422)."""
         return await self.request("PATCH", res.path(namespace, name), timeout=timeout,
-                                  body=patch, content_type="application/merge-patch+json")
+                                  body=[*ops], content_type="application/json-patch+json")
 
-    async def delete(self, res: Resource, namespace: str, name: str, *, timeout: float,
-                     resource_version: str | None = None) -> bool:
-        """Delete; with ``resource_version`` only that version (409 otherwise). False when
-        it did not exist (404)."""
+    async def delete(self, res: Resource, namespace: str | None, name: str, *,
+                     timeout: float, resource_version: str | None = None,
+                     uid: str | None = None) -> bool:
+        """Delete; with ``resource_version`` (and ``uid``) only that version of that object
+        (409 otherwise). False when it did not exist (404)."""
         body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if resource_version:
-            body["preconditions"] = {"resourceVersion": resource_version}
+        preconditions = {k: v for k, v in (("resourceVersion", resource_version),
+                                            ("uid", uid)) if v}
+        if preconditions:
+            body["preconditions"] = preconditions
         try:
             await self.request("DELETE", res.path(namespace, name), timeout=timeout, body=body)
         except ApiError as exc:
@@ -290,7 +363,7 @@ class ApiClient:
         """A watch request (``watch=true`` among ``params``), its stream read by
         :mod:`kgroup.kube_watch` (one line bound, 410 Gone, bookmarks, for both
         processes' watches)."""
-        return self._http.get(self.config.server + res.path(namespace),
+        return self._session().get(self.config.server + res.path(namespace),
                               params=_query(params), headers=self.config.headers(),
                               timeout=timeout)
 
