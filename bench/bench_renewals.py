@@ -10,7 +10,8 @@ is the operator's cost of the renewals: its cores (``/proc/<pid>/stat``) and pla
 passes per second (its ``/metrics``) over ``--window`` seconds. It isolates the
 operator's per-renewal path from the swarm, whose own member-Lease fan-out (O(members²))
 does not fit this machine at 200 members. ``--operator-from`` runs another checkout's
-operator (a before/after).
+operator (a before/after); ``KGROUP_OPERATOR_BIN`` another install's (e.g. a venv with
+the ``operator`` extra only, as the image holds).
 
     .venv/bin/python bench/bench_renewals.py --members 200,1000 [--window 30]
         [--operator-from /path/to/checkout] [--profile /tmp/op.txt]
@@ -151,7 +152,8 @@ def one(members: int, *, partitions: int, window: float, settle: float,
         operator_from: Path | None, profile: Path | None = None) -> Obj:
     st = Stage("bench-renew")
     result: Obj = {"members": members, "partitions": partitions,
-                   "operator": str(operator_from) if operator_from else "this checkout"}
+                   "operator": str(operator_from) if operator_from
+                   else os.environ.get("KGROUP_OPERATOR_BIN") or "this checkout"}
     renewer = None
     try:
         pods = [f"w-{i}" for i in range(members)]

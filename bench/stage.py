@@ -206,8 +206,11 @@ class Stage:
     def start_operator(self, *, metrics_port: int = 0,
                        env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """The operator scoped to this namespace; ``metrics_port`` 0: no /metrics; ``env``
-        added to its environment (e.g. PYTHONPATH of another checkout's code)."""
-        exe = Path(sys.executable).with_name("kgroup-operator")
+        added to its environment (e.g. PYTHONPATH of another checkout's code);
+        ``KGROUP_OPERATOR_BIN`` names another install's ``kgroup-operator`` (e.g. a venv
+        with the ``operator`` extra only, as the image holds)."""
+        exe = Path(os.environ.get("KGROUP_OPERATOR_BIN")
+                   or Path(sys.executable).with_name("kgroup-operator"))
         with (self.workdir / "operator.log").open("ab") as out:
             self.operator = subprocess.Popen(
                 [str(exe), "--namespace", self.ns, "--leader-namespace", self.ns,

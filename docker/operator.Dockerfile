@@ -2,8 +2,9 @@
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/kgroup/kgroup-operator:0.1.0 .
 # Runs as a non-root user with a read-only root filesystem (the chart mounts /tmp).
 # Holds the core (kgroup/) and the operator only, with the `operator` extra's packages
-# (kopf, kubernetes, aiohttp, prometheus-client, python-json-logger, pydantic): no sidecar,
-# pipeline or dev-cluster code.
+# (kopf, aiohttp, orjson, prometheus-client, python-json-logger, cryptography, jsonpatch,
+# pydantic): no kubernetes client (the operator talks to the API server over aiohttp,
+# kgroup/apiclient.py), no sidecar, pipeline or dev-cluster code.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

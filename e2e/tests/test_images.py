@@ -31,7 +31,7 @@ TAGS = {
 }
 # What each image's Python must and must not be able to import.
 HOLDS = {
-    "operator": {"kgroup", "kgroup_operator", "kopf", "kubernetes", "aiohttp", "pydantic"},
+    "operator": {"kgroup", "kgroup_operator", "kopf", "aiohttp", "pydantic"},
     "sidecar": {"kgroup", "kgroup_sidecar", "aiohttp", "prometheus_client"},
     "worker": {"kgroup", "kgroup_pipeline", "pyspark", "redis", "pyarrow", "pandas"},
 }
@@ -40,7 +40,7 @@ TOOLING = {"kgroup_sim", "kgroup_testing", "kgroup_devcluster", "kgroup_devtools
 """Test tooling: the simulation (with its broken variants), the harnesses, the dev cluster."""
 LACKS = {
     "operator": TOOLING | {"kgroup_sidecar", "kgroup_pipeline", "pyspark", "redis",
-                           "pyarrow", "pandas"},
+                           "pyarrow", "pandas", "kubernetes", "urllib3"},  # one client stack
     "sidecar": TOOLING | {"kopf", "kubernetes", "kgroup_operator", "kgroup_pipeline",
                           "pyspark", "redis", "pyarrow", "pandas"},
     "worker": TOOLING | {"kopf", "kubernetes", "aiohttp", "kgroup_operator",
