@@ -18,8 +18,9 @@ Configuration, as client-go reads it:
   token is used at once;
 - a kubeconfig (``KUBECONFIG``, tests and the local runner): a context's (the current one
   unless named) server, ``certificate-authority(-data)``, and ``client-certificate(-data)``
-  + ``client-key(-data)`` or ``token``/``tokenFile``. Nothing else (no exec plugins, no auth providers). JSON
-  kubeconfigs are read with the standard library; YAML ones with PyYAML, imported then.
+  + ``client-key(-data)`` or ``token``/``tokenFile``. Nothing else (no exec plugins, no
+  auth providers). JSON kubeconfigs are read with the standard library; YAML ones with
+  PyYAML, imported then.
 
 Errors: an answer other than 2xx raises :class:`ApiError` (its ``status``, and the
 ``reason`` of the Status body); a request that got no answer raises what aiohttp raises
